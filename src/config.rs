@@ -1,0 +1,171 @@
+//! Outbox configuration: a `Default` with documented values and builder-style setters.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
+/// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
+#[derive(Debug, Clone)]
+pub struct OutboxConfig {
+    pub(crate) cache_capacity: usize,
+    pub(crate) page_size: usize,
+    pub(crate) gap_grace: Duration,
+    pub(crate) gap_poll: Duration,
+    pub(crate) gap_fill_timeout: Duration,
+    pub(crate) resync_interval: Duration,
+    pub(crate) notify_debounce: Duration,
+    pub(crate) notify_channel: String,
+    pub(crate) cross_process_wakeups: bool,
+    pub(crate) sequencer: bool,
+    pub(crate) fold_batch: usize,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            cache_capacity: 8_192,
+            page_size: 2_000,
+            gap_grace: Duration::from_millis(25),
+            gap_poll: Duration::from_millis(2),
+            gap_fill_timeout: Duration::from_secs(5),
+            resync_interval: Duration::from_millis(100),
+            notify_debounce: Duration::from_millis(3),
+            notify_channel: "ordo_events".to_owned(),
+            cross_process_wakeups: true,
+            sequencer: true,
+            fold_batch: 5_000,
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The defaults; same as [`OutboxConfig::default`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many recent events (and placeholders) the process-wide cache keeps for listeners.
+    /// A listener further behind reads from the table by pages. Default 8,192 events.
+    pub fn cache_capacity(mut self, events: usize) -> Self {
+        self.cache_capacity = events;
+        self
+    }
+
+    /// Rows per page when a listener backfills from `ordo.events` and when the lane fetches new
+    /// rows. Default 2,000 rows.
+    pub fn page_size(mut self, rows: usize) -> Self {
+        self.page_size = rows;
+        self
+    }
+
+    /// How long a hole in the sequence may stay open before the lane starts proving it
+    /// abandoned. Holes are normal (transactions commit out of order) and nearly all close by
+    /// themselves within a commit's latency. Never a skip: after the grace the lane still waits
+    /// for proof. Default 25 ms.
+    pub fn gap_grace(mut self, grace: Duration) -> Self {
+        self.gap_grace = grace;
+        self
+    }
+
+    /// How often the lane looks again at an open hole (the first look; it backs off up to the
+    /// resync interval). Default 2 ms.
+    pub fn gap_poll(mut self, interval: Duration) -> Self {
+        self.gap_poll = interval;
+        self
+    }
+
+    /// How long the abandonment proof may be held up (by an unrelated long-running transaction
+    /// that was in flight when the hole was seen) before the lane resolves the hole by writing a
+    /// placeholder anyway, which waits for the hole's writer if it is still alive. Default 5 s.
+    pub fn gap_fill_timeout(mut self, timeout: Duration) -> Self {
+        self.gap_fill_timeout = timeout;
+        self
+    }
+
+    /// How often an idle lane polls the sequence head, so that events from plain-SQL writers,
+    /// from crashed processes or behind a lost notification are found. Default 100 ms.
+    pub fn resync_interval(mut self, interval: Duration) -> Self {
+        self.resync_interval = interval;
+        self
+    }
+
+    /// The least time between two cross-process wake-ups (`pg_notify`) sent by this process.
+    /// The first commit after a quiet spell notifies at once. Default 3 ms.
+    pub fn notify_debounce(mut self, interval: Duration) -> Self {
+        self.notify_debounce = interval;
+        self
+    }
+
+    /// The `LISTEN`/`NOTIFY` channel for wake-ups. Default `ordo_events`.
+    pub fn notify_channel(mut self, channel: impl Into<String>) -> Self {
+        self.notify_channel = channel.into();
+        self
+    }
+
+    /// Whether this process sends and listens for cross-process wake-ups. When off, events from
+    /// other processes are found by the idle resync only. Default on.
+    pub fn cross_process_wakeups(mut self, enabled: bool) -> Self {
+        self.cross_process_wakeups = enabled;
+        self
+    }
+
+    /// Whether this process runs the commit-lane sequencer. Any number of processes may run it
+    /// at once; turn it off only where another process (or `ordo fold`) does. Default on.
+    pub fn sequencer(mut self, enabled: bool) -> Self {
+        self.sequencer = enabled;
+        self
+    }
+
+    /// The most events the sequencer appends to the commit log in one statement. Default 5,000.
+    pub fn fold_batch(mut self, events: usize) -> Self {
+        self.fold_batch = events;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let invalid = |setting, reason: &str| {
+            Err(Error::InvalidConfig {
+                setting,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.cache_capacity < 16 {
+            return invalid("cache_capacity", "must hold at least 16 events");
+        }
+        if self.page_size == 0 || self.page_size > 100_000 {
+            return invalid("page_size", "must be between 1 and 100,000 rows");
+        }
+        if self.fold_batch == 0 || self.fold_batch > 1_000_000 {
+            return invalid("fold_batch", "must be between 1 and 1,000,000 events");
+        }
+        if self.gap_poll.is_zero() || self.resync_interval.is_zero() {
+            return invalid("gap_poll/resync_interval", "must be greater than zero");
+        }
+        if self.gap_poll > self.resync_interval {
+            return invalid(
+                "gap_poll/resync_interval",
+                "gap_poll must not exceed resync_interval (the poll backs off up to it)",
+            );
+        }
+        if self.gap_fill_timeout <= self.gap_grace {
+            return invalid(
+                "gap_fill_timeout/gap_grace",
+                "gap_fill_timeout must exceed gap_grace: the proof starts after the grace",
+            );
+        }
+        let channel_ok = !self.notify_channel.is_empty()
+            && self.notify_channel.len() < 64
+            && self
+                .notify_channel
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !channel_ok {
+            return invalid(
+                "notify_channel",
+                "must be 1 to 63 ASCII letters, digits or underscores",
+            );
+        }
+        Ok(())
+    }
+}

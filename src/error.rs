@@ -1,0 +1,62 @@
+//! The one error type of ordo's public surface.
+
+use std::sync::Arc;
+
+use crate::position::EventSequence;
+
+/// Everything that can go wrong in ordo.
+///
+/// Variants are named for the cause, and their messages name the table, position or setting
+/// involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database refused or failed a statement, or the connection was lost.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// Running ordo's migrations failed.
+    #[error("migrating the ordo schema failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// A payload or header map could not be serialised to JSON at publish time.
+    #[error("could not serialise an event for ordo.events: {0}")]
+    Encode(#[source] serde_json::Error),
+
+    /// The payload stored at `sequence` does not decode as the outbox's payload type. The
+    /// listener goes on with the next event.
+    #[error("the payload of ordo.events sequence {sequence} does not decode: {source}")]
+    UndecodablePayload {
+        /// The event whose payload failed to decode.
+        sequence: EventSequence,
+        /// What serde said.
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+
+    /// A configuration value is out of range, or two settings contradict each other.
+    #[error("invalid ordo configuration: {setting}: {reason}")]
+    InvalidConfig {
+        /// The setting (or settings) at fault.
+        setting: &'static str,
+        /// Why it is refused, and what would be accepted.
+        reason: String,
+    },
+
+    /// A row the lane had already resolved is missing from `ordo.events` (deleted by hand, or
+    /// dropped by retention), so the listener cannot continue without a hole.
+    #[error(
+        "ordo.events has no row at sequence {missing} although the insert lane resolved it; was it deleted?"
+    )]
+    MissingHistory {
+        /// The first sequence that could not be read.
+        missing: EventSequence,
+    },
+
+    /// The outbox was shut down; its listeners end and new work is refused.
+    #[error("the ordo outbox has been shut down")]
+    Shutdown,
+}
+
+/// `Result` with ordo's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,272 @@
+//! The frontier task: advances the insert lane's contiguity frontier.
+//!
+//! Inputs: committed batches from this process's writers (no round trip), wake-ups (another
+//! process's `pg_notify`, a `publish_in` hint), and its own timers: a fast poll while a hole
+//! blocks the frontier, an idle resync of the sequence head otherwise. A hole that outlives the
+//! grace is handed to a [`Resolver`]; the frontier never moves past a sequence that has no row.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::cache::Slot;
+use super::resolve::{Resolution, Resolver};
+use super::rows;
+use super::{CommittedBatch, LaneShared};
+use crate::config::OutboxConfig;
+use crate::error::Result;
+use crate::task::StopSignal;
+
+/// At most this many missing sequences are asked for by name in one fetch.
+const MAX_MISSING_PER_FETCH: usize = 512;
+/// After a failed statement, wait this long before the next attempt (doubling up to the max).
+const ERROR_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A hole the frontier is waiting on.
+struct Hole {
+    at: u64,
+    since: Instant,
+    poll: Duration,
+}
+
+pub(crate) struct FrontierTask<P> {
+    shared: Arc<LaneShared<P>>,
+    commits: mpsc::UnboundedReceiver<CommittedBatch<P>>,
+    stop: StopSignal,
+    config: OutboxConfig,
+    frontier: u64,
+    /// Resolved slots above the frontier, waiting for the sequences below them.
+    pending: BTreeMap<u64, Slot<P>>,
+    /// The highest sequence known to exist (drawn), whether or not it is visible yet.
+    known_head: u64,
+    hole: Option<Hole>,
+    resolver: Option<(u64, JoinHandle<Result<Resolution>>)>,
+    next_poll: Instant,
+    error_backoff: Duration,
+}
+
+impl<P> FrontierTask<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    pub(crate) fn new(
+        shared: Arc<LaneShared<P>>,
+        commits: mpsc::UnboundedReceiver<CommittedBatch<P>>,
+        stop: StopSignal,
+        config: OutboxConfig,
+    ) -> Self {
+        let frontier = shared.frontier();
+        let next_poll = Instant::now() + config.resync_interval;
+        Self {
+            shared,
+            commits,
+            stop,
+            config,
+            frontier,
+            pending: BTreeMap::new(),
+            known_head: frontier,
+            hole: None,
+            resolver: None,
+            next_poll,
+            error_backoff: ERROR_BACKOFF,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        // Anything committed while the outbox was starting is found by this first look.
+        let mut look = true;
+        loop {
+            if look {
+                if let Err(error) = self.look().await {
+                    tracing::warn!(%error, "insert lane: reading ordo.events failed; retrying");
+                    self.next_poll = Instant::now() + self.error_backoff;
+                    self.error_backoff = (self.error_backoff * 2).min(MAX_ERROR_BACKOFF);
+                } else {
+                    self.error_backoff = ERROR_BACKOFF;
+                }
+            }
+            self.advance();
+            self.manage_hole();
+            look = tokio::select! {
+                biased;
+                _ = self.stop.stopped() => break,
+                batch = self.commits.recv() => match batch {
+                    Some(batch) => {
+                        self.ingest(batch);
+                        while let Ok(more) = self.commits.try_recv() {
+                            self.ingest(more);
+                        }
+                        false
+                    }
+                    None => break,
+                },
+                done = wait_resolver(&mut self.resolver) => {
+                    self.resolver = None;
+                    match done {
+                        Ok(Ok(resolution)) => tracing::debug!(?resolution, "hole resolved"),
+                        Ok(Err(error)) => tracing::warn!(%error, "resolving a hole failed; will retry"),
+                        Err(error) if error.is_cancelled() => {}
+                        Err(error) => tracing::error!(%error, "hole resolver panicked"),
+                    }
+                    true
+                }
+                _ = self.shared.poke.notified() => {
+                    self.known_head = self.known_head.max(self.shared.head_hint.load(Ordering::Acquire));
+                    // A bare poke (a reconnect, an unparsable wake-up) carries no head: look.
+                    true
+                }
+                _ = tokio::time::sleep_until(self.next_poll) => true,
+            };
+        }
+        if let Some((_, resolver)) = self.resolver.take() {
+            resolver.abort();
+        }
+    }
+
+    /// The highest sequence this task holds a slot for.
+    fn max_known(&self) -> u64 {
+        self.pending
+            .last_key_value()
+            .map_or(self.frontier, |(sequence, _)| *sequence)
+    }
+
+    fn ingest(&mut self, batch: CommittedBatch<P>) {
+        for slot in batch {
+            self.known_head = self.known_head.max(slot.sequence);
+            if slot.sequence > self.frontier && self.pending.len() < self.config.cache_capacity {
+                self.pending.entry(slot.sequence).or_insert(slot);
+            }
+            // Past the pending bound the slot is dropped here and read from the table later.
+        }
+    }
+
+    /// One look at the table: the holes below what we know, anything new above it, and the
+    /// sequence head when idle.
+    async fn look(&mut self) -> Result<()> {
+        let pool = &self.shared.pool;
+        if self.hole.is_none() && self.known_head <= self.max_known() {
+            self.known_head = self.known_head.max(rows::head(pool).await?);
+            if self.known_head <= self.max_known() {
+                self.schedule(self.config.resync_interval);
+                return Ok(());
+            }
+        }
+        let mut missing = Vec::new();
+        let mut sequence = self.frontier + 1;
+        let top = self.max_known();
+        while sequence <= top && missing.len() < MAX_MISSING_PER_FETCH {
+            if !self.pending.contains_key(&sequence) {
+                missing.push(rows::to_i64(sequence));
+            }
+            sequence += 1;
+        }
+        let room = self
+            .config
+            .cache_capacity
+            .saturating_sub(self.pending.len())
+            .min(self.config.page_size);
+        let slots = rows::fetch::<P>(pool, &missing, top, room).await?;
+        let full_page = room > 0 && slots.iter().filter(|s| s.sequence > top).count() == room;
+        for slot in slots {
+            self.known_head = self.known_head.max(slot.sequence);
+            if slot.sequence > self.frontier {
+                self.pending.entry(slot.sequence).or_insert(slot);
+            }
+        }
+        if full_page {
+            // More is waiting right behind this page: look again at once.
+            self.next_poll = Instant::now();
+            self.shared.poke.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Moves every contiguous pending slot into the cache and publishes the new frontier.
+    fn advance(&mut self) {
+        if !self.pending.contains_key(&(self.frontier + 1)) {
+            return;
+        }
+        if let Ok(mut cache) = self.shared.cache.write() {
+            while let Some(slot) = self.pending.remove(&(self.frontier + 1)) {
+                self.frontier = slot.sequence;
+                cache.push(slot);
+            }
+        }
+        self.shared.frontier.send_replace(self.frontier);
+    }
+
+    /// Decides when to look next, and starts a resolver for a hole that outlived the grace.
+    fn manage_hole(&mut self) {
+        let now = Instant::now();
+        if let Some((from, resolver)) = &self.resolver {
+            if *from <= self.frontier {
+                // The hole closed by itself; the proof is no longer needed.
+                resolver.abort();
+                self.resolver = None;
+            }
+        }
+        let blocked = !self.pending.is_empty();
+        let waiting = self.known_head > self.max_known();
+        if !blocked && !waiting {
+            self.hole = None;
+            self.schedule(self.config.resync_interval);
+            return;
+        }
+        let at = self.frontier + 1;
+        let hole = match &mut self.hole {
+            Some(hole) if hole.at == at => hole,
+            _ => self.hole.insert(Hole {
+                at,
+                since: now,
+                poll: self.config.gap_poll,
+            }),
+        };
+        let due = self.next_poll <= now;
+        let poll = hole.poll;
+        if due {
+            // Back off only as polls actually happen, not per commit seen meanwhile.
+            hole.poll = (hole.poll * 2).min(self.config.resync_interval);
+        }
+        let outlived_grace = now.duration_since(hole.since) >= self.config.gap_grace;
+        // Only a hole with a committed row above it blocks anyone; a hole at the top is left to
+        // its writer until something commits above it.
+        if blocked && outlived_grace && self.resolver.is_none() {
+            let upto = self.known_head.max(self.max_known());
+            let resolver = Resolver {
+                pool: self.shared.pool.clone(),
+                poll: self.config.gap_poll,
+                max_poll: self.config.resync_interval,
+                timeout: self.config.gap_fill_timeout,
+            };
+            tracing::debug!(from = at, upto, "hole outlived the grace; proving it abandoned");
+            let handle = tokio::spawn(async move { resolver.resolve(at, upto).await });
+            self.resolver = Some((at, handle));
+        }
+        if due {
+            self.schedule(poll);
+        }
+    }
+
+    fn schedule(&mut self, after: Duration) {
+        let at = Instant::now() + after;
+        if self.next_poll <= Instant::now() || at < self.next_poll {
+            self.next_poll = at;
+        }
+    }
+}
+
+async fn wait_resolver(
+    resolver: &mut Option<(u64, JoinHandle<Result<Resolution>>)>,
+) -> Result<Result<Resolution>, tokio::task::JoinError> {
+    match resolver {
+        Some((_, handle)) => handle.await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,63 @@
+//! The insert-ordered lane: committed rows of `ordo.events` in `sequence` order, every hole
+//! resolved (a committed row, or a placeholder once the hole is proven abandoned), never skipped.
+//!
+//! One [`frontier`] task per outbox advances the contiguity frontier and fills the shared
+//! [`cache`]; listeners ([`reader`]) read the cache, or the table by pages when they are further
+//! behind, and wait on the frontier when caught up. Nothing depends on anyone listening: the
+//! frontier advances regardless, so the sequencer can always fold.
+
+pub(crate) mod cache;
+pub(crate) mod frontier;
+pub(crate) mod listener;
+pub(crate) mod reader;
+pub(crate) mod resolve;
+pub(crate) mod rows;
+pub(crate) mod wakeup;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, watch};
+
+use cache::{Cache, Slot};
+
+/// State shared by the frontier task, the writers of this process and every listener.
+pub(crate) struct LaneShared<P> {
+    pub(crate) pool: PgPool,
+    pub(crate) cache: RwLock<Cache<P>>,
+    /// The highest sequence such that every sequence at or below it is resolved.
+    pub(crate) frontier: watch::Sender<u64>,
+    /// The highest sequence known to have been drawn (hints from `publish_in` and from other
+    /// processes' wake-ups).
+    pub(crate) head_hint: AtomicU64,
+    /// Asks the frontier task to look at the table now.
+    pub(crate) poke: Notify,
+    pub(crate) page_size: usize,
+}
+
+impl<P> LaneShared<P> {
+    pub(crate) fn new(pool: PgPool, frontier: u64, capacity: usize, page_size: usize) -> Self {
+        Self {
+            pool,
+            cache: RwLock::new(Cache::new(frontier, capacity)),
+            frontier: watch::Sender::new(frontier),
+            head_hint: AtomicU64::new(frontier),
+            poke: Notify::new(),
+            page_size,
+        }
+    }
+
+    pub(crate) fn frontier(&self) -> u64 {
+        *self.frontier.borrow()
+    }
+
+    /// Records that `sequence` has been drawn and wakes the frontier task.
+    pub(crate) fn hint_head(&self, sequence: u64) {
+        self.head_hint.fetch_max(sequence, Ordering::AcqRel);
+        self.poke.notify_one();
+    }
+}
+
+/// Committed events handed from this process's writers straight to the frontier task.
+pub(crate) type CommittedBatch<P> = Vec<Slot<P>>;

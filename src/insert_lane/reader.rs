@@ -1,0 +1,144 @@
+//! Reading the insert lane from any position: the cache when it holds the position, the table
+//! by pages when the reader is further behind, the frontier watch when caught up.
+//!
+//! A reader never sees a hole or a repeat: it only reads positions at or below the frontier,
+//! every one of which has a row (an event or a placeholder), and it checks that each page it
+//! reads is contiguous.
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::LaneShared;
+use super::cache::{Lookup, Slot};
+use super::rows::{self, ReadMode};
+use crate::error::{Error, Result};
+use crate::position::EventSequence;
+use crate::task::StopSignal;
+
+/// Slots copied out of the cache per lock.
+const CACHE_BATCH: usize = 512;
+
+pub(crate) struct LaneReader<P> {
+    shared: Arc<LaneShared<P>>,
+    frontier: watch::Receiver<u64>,
+    stop: StopSignal,
+    mode: ReadMode,
+    /// The next sequence to hand out.
+    next: u64,
+}
+
+impl<P> LaneReader<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    /// A reader whose first slot is the one right after `after`.
+    pub(crate) fn new(
+        shared: Arc<LaneShared<P>>,
+        stop: StopSignal,
+        mode: ReadMode,
+        after: u64,
+    ) -> Self {
+        let frontier = shared.frontier.subscribe();
+        Self {
+            shared,
+            frontier,
+            stop,
+            mode,
+            next: after + 1,
+        }
+    }
+
+    /// The last position handed out.
+    pub(crate) fn position(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// Moves the reader so that its next slot is the one after `after`.
+    pub(crate) fn seek(&mut self, after: u64) {
+        self.next = after + 1;
+    }
+
+    /// The next contiguous run of resolved slots, waiting for one when caught up. `None` once
+    /// the outbox stops.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the reader's position only moves when slots are returned.
+    pub(crate) async fn next_batch(&mut self) -> Option<Result<Vec<Slot<P>>>> {
+        loop {
+            if self.stop.is_stopped() {
+                return None;
+            }
+            let frontier = *self.frontier.borrow_and_update();
+            if self.next <= frontier {
+                return Some(self.read_upto(frontier).await);
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.stopped() => return None,
+                changed = self.frontier.changed() => if changed.is_err() { return None },
+            }
+        }
+    }
+
+    /// Waits until the frontier is at least `sequence` (or the outbox stops).
+    pub(crate) async fn wait_frontier(&mut self, sequence: u64) -> bool {
+        loop {
+            if *self.frontier.borrow_and_update() >= sequence {
+                return true;
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.stopped() => return false,
+                changed = self.frontier.changed() => if changed.is_err() { return false },
+            }
+        }
+    }
+
+    async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {
+        let mut out = Vec::new();
+        let lookup = match self.shared.cache.read() {
+            Ok(cache) => cache.read(self.next, CACHE_BATCH, &mut out),
+            Err(_) => Lookup::Behind { before: frontier + 1 },
+        };
+        match lookup {
+            Lookup::Hit(_) => {}
+            Lookup::Ahead => return Ok(out),
+            Lookup::Behind { before } => {
+                let upto = before.saturating_sub(1).min(frontier);
+                out = rows::read_page(
+                    &self.shared.pool,
+                    self.mode,
+                    self.next - 1,
+                    upto,
+                    self.shared.page_size,
+                )
+                .await?;
+                check_contiguous(self.next, &out)?;
+            }
+        }
+        if let Some(last) = out.last() {
+            self.next = last.sequence + 1;
+        }
+        Ok(out)
+    }
+}
+
+fn check_contiguous<P>(first: u64, slots: &[Slot<P>]) -> Result<()> {
+    let mut expected = first;
+    if slots.is_empty() {
+        return Err(Error::MissingHistory {
+            missing: EventSequence::new(first),
+        });
+    }
+    for slot in slots {
+        if slot.sequence != expected {
+            return Err(Error::MissingHistory {
+                missing: EventSequence::new(expected),
+            });
+        }
+        expected += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Hole resolution: prove a sequence abandoned, then write a placeholder so every process
+//! agrees. Never a skip on a timer.
+//!
+//! A hole at `s` is a sequence some transaction drew but nobody can see yet. Every sequence the
+//! lane asks about was drawn before the resolver starts (it was below a row or a head the lane
+//! had already read), and every writer obtains its xid before it draws (see `write::sql` and the
+//! column order of `ordo.events`). So the transaction behind the hole was either over before the
+//! snapshot taken here, or is in that snapshot's in-progress list. Once every transaction of
+//! that list has ended, a hole still without a row can never be filled by its writer: the
+//! placeholder written then never waits on, or collides with, a live writer.
+//!
+//! If an unrelated long transaction holds the proof up past `gap_fill_timeout`, the placeholder
+//! is written anyway with `ON CONFLICT DO NOTHING`: a writer that already inserted its row makes
+//! that statement wait for its outcome, so the lane still never passes a row that commits.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use super::rows::to_i64;
+use crate::error::Result;
+
+const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+
+/// True once no transaction that was in progress in snapshot `$1` is still in progress.
+const ABANDONED: &str = r#"
+SELECT NOT EXISTS (
+    SELECT 1
+    FROM pg_snapshot_xip($1::pg_snapshot) AS held(xid)
+    JOIN pg_snapshot_xip(pg_current_snapshot()) AS running(xid) USING (xid)
+)
+"#;
+
+/// Placeholders for every sequence of `[$1, $2]` that has no row. Explicit NULLs: a placeholder
+/// belongs to no transaction, not to the one writing it.
+const FILL: &str = r#"
+INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
+SELECT NULL, s, gen_random_uuid(), NULL, '{}'::jsonb
+FROM generate_series($1::bigint, $2::bigint) AS s
+ON CONFLICT (sequence) DO NOTHING
+"#;
+
+/// How the resolution ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resolution {
+    /// Every writer of the range has ended; placeholders written where rows were missing.
+    Proven { filled: u64 },
+    /// The proof was held up past the timeout; placeholders written under conflict checks.
+    TimedOut { filled: u64 },
+}
+
+pub(crate) struct Resolver {
+    pub(crate) pool: PgPool,
+    pub(crate) poll: Duration,
+    pub(crate) max_poll: Duration,
+    pub(crate) timeout: Duration,
+}
+
+impl Resolver {
+    /// Resolves every hole in `[from, upto]`. The caller guarantees each of those sequences was
+    /// drawn before this call.
+    pub(crate) async fn resolve(&self, from: u64, upto: u64) -> Result<Resolution> {
+        let snapshot: String = sqlx::query_scalar(SNAPSHOT).fetch_one(&self.pool).await?;
+        let deadline = Instant::now() + self.timeout;
+        let mut poll = self.poll;
+        loop {
+            let abandoned: bool = sqlx::query_scalar(ABANDONED)
+                .bind(&snapshot)
+                .fetch_one(&self.pool)
+                .await?;
+            if abandoned {
+                let filled = self.fill(from, upto).await?;
+                return Ok(Resolution::Proven { filled });
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    from,
+                    upto,
+                    "abandonment proof held up by a long transaction; filling under conflict checks"
+                );
+                let filled = self.fill(from, upto).await?;
+                return Ok(Resolution::TimedOut { filled });
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(self.max_poll);
+        }
+    }
+
+    async fn fill(&self, from: u64, upto: u64) -> Result<u64> {
+        let done = sqlx::query(FILL)
+            .bind(to_i64(from))
+            .bind(to_i64(upto))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}

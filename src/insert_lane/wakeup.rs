@@ -1,0 +1,77 @@
+//! Cross-process wake-ups, receiving side: a `LISTEN` connection whose notifications only
+//! hint that something was committed. The table stays the only data channel: after a
+//! reconnect the lane looks at the table again, so a lost notification costs latency, never an
+//! event.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+
+use super::LaneShared;
+use crate::task::StopSignal;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+pub(crate) async fn run<P>(
+    pool: PgPool,
+    channel: String,
+    shared: Arc<LaneShared<P>>,
+    mut stop: StopSignal,
+) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let connected = tokio::select! {
+            biased;
+            _ = stop.stopped() => return,
+            listener = connect(&pool, &channel) => listener,
+        };
+        match connected {
+            Ok(mut listener) => {
+                backoff = FIRST_BACKOFF;
+                // Whatever was notified while we were away is in the table: look now.
+                shared.poke.notify_one();
+                tokio::select! {
+                    biased;
+                    _ = stop.stopped() => return,
+                    reason = receive(&mut listener, &shared) => {
+                        tracing::warn!(%reason, "wake-up connection lost; reconnecting");
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, ?backoff, "could not LISTEN for wake-ups; retrying");
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.stopped() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn connect(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    // We reconnect ourselves, so that every reconnect is followed by a look at the table.
+    listener.ignore_pool_close_event(true);
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Forwards notifications until the connection fails; returns why.
+async fn receive<P>(listener: &mut PgListener, shared: &LaneShared<P>) -> String {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => match notification.payload().parse::<u64>() {
+                Ok(sequence) => shared.hint_head(sequence),
+                Err(_) => shared.poke.notify_one(),
+            },
+            Ok(None) => return "connection closed".to_owned(),
+            Err(error) => return error.to_string(),
+        }
+    }
+}

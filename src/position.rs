@@ -1,0 +1,87 @@
+//! Positions in the two lanes: distinct newtypes, so a commit-lane cursor can never be handed
+//! to the insert lane by mistake.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A position in the insert-ordered lane: the `sequence` column of `ordo.events`.
+///
+/// Sequences are dense once resolved: every value from 1 up to the lane's frontier is either a
+/// committed event or a placeholder for a sequence no transaction can ever commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventSequence(u64);
+
+/// A position in the commit-ordered lane: the `commit_seq` column of `ordo.commit_log`.
+///
+/// Commit sequences are dense from 1: the log never has a hole and never repeats a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommitSequence(u64);
+
+macro_rules! position {
+    ($name:ident) => {
+        impl $name {
+            /// The position before the first event: reading after it starts at the beginning.
+            pub const BEGIN: Self = Self(0);
+
+            /// Wraps a raw position.
+            pub const fn new(value: u64) -> Self {
+                Self(value)
+            }
+
+            /// The raw position.
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+
+            /// The position right after this one.
+            pub const fn next(self) -> Self {
+                Self(self.0 + 1)
+            }
+
+            pub(crate) fn as_i64(self) -> i64 {
+                // Positions come from BIGINT columns, so they always fit.
+                i64::try_from(self.0).unwrap_or(i64::MAX)
+            }
+
+            pub(crate) fn from_i64(value: i64) -> Self {
+                Self(u64::try_from(value).unwrap_or(0))
+            }
+        }
+
+        impl From<u64> for $name {
+            fn from(value: u64) -> Self {
+                Self(value)
+            }
+        }
+
+        impl From<$name> for u64 {
+            fn from(value: $name) -> Self {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+position!(EventSequence);
+position!(CommitSequence);
+
+/// Where a listener starts reading a lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Start<Pos> {
+    /// From the first event ever recorded.
+    Beginning,
+    /// From the event right after this position (exclusive).
+    After(Pos),
+    /// From the first event that becomes visible after the listener is created.
+    Now,
+}

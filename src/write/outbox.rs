@@ -1,0 +1,242 @@
+//! [`Outbox`]: the handle an application holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::{mpsc, watch};
+
+use super::insert::{self, Buffered};
+use super::notifier;
+use super::transaction::OutboxTransaction;
+use crate::config::OutboxConfig;
+use crate::envelope::Headers;
+use crate::error::{Error, Result};
+use crate::insert_lane::cache::Slot;
+use crate::insert_lane::frontier::FrontierTask;
+use crate::insert_lane::listener::{self, EventStream};
+use crate::insert_lane::reader::LaneReader;
+use crate::insert_lane::rows::{self, ReadMode};
+use crate::insert_lane::{CommittedBatch, LaneShared, wakeup};
+use crate::position::{EventSequence, Start};
+use crate::task::Tasks;
+
+/// How long [`Outbox::shutdown`] waits for each background task.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// An outbox of events of type `P` on one database.
+///
+/// Cheap to clone: clones share the background tasks (the insert lane's frontier task, the
+/// wake-up listener and notifier, the sequencer). The tasks stop when
+/// [`shutdown`](Self::shutdown) is called or the last clone is dropped.
+///
+/// ```no_run
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPlaced { id: u64 }
+/// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// use futures::StreamExt;
+/// use ordo::{Outbox, OutboxConfig, Start};
+///
+/// ordo::migrate(&pool).await?;
+/// let outbox = Outbox::<OrderPlaced>::new(pool, OutboxConfig::default()).await?;
+/// let mut events = outbox.listen_inserted(Start::Now);
+///
+/// let mut tx = outbox.begin().await?;
+/// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
+/// tx.publish(OrderPlaced { id: 42 })?;
+/// tx.commit().await?;
+///
+/// let event = events.next().await.expect("the outbox is running")?;
+/// assert_eq!(event.payload.id, 42);
+/// # Ok(()) }
+/// ```
+pub struct Outbox<P> {
+    inner: Arc<Inner<P>>,
+}
+
+struct Inner<P> {
+    pool: PgPool,
+    config: OutboxConfig,
+    lane: Arc<LaneShared<P>>,
+    commits: mpsc::UnboundedSender<CommittedBatch<P>>,
+    /// The highest sequence committed by this process, for the wake-up notifier.
+    committed: watch::Sender<u64>,
+    tasks: Tasks,
+}
+
+impl<P> Clone for Outbox<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<P> Outbox<P>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Starts an outbox on `pool`: finds the insert lane's frontier in the table, then spawns
+    /// the background tasks. The schema must exist ([`migrate`](crate::migrate)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::Database`] if the table
+    /// cannot be read (for instance, the schema was not migrated).
+    pub async fn new(pool: PgPool, config: OutboxConfig) -> Result<Self> {
+        config.validate()?;
+        let frontier = rows::initial_frontier(&pool).await?;
+        let lane = Arc::new(LaneShared::new(
+            pool.clone(),
+            frontier,
+            config.cache_capacity,
+            config.page_size,
+        ));
+        let tasks = Tasks::new();
+        let (commits, commits_rx) = mpsc::unbounded_channel();
+        let committed = watch::Sender::new(0);
+
+        let frontier_task =
+            FrontierTask::new(Arc::clone(&lane), commits_rx, tasks.signal(), config.clone());
+        tasks.spawn("insert_lane.frontier", frontier_task.run());
+        if config.cross_process_wakeups {
+            tasks.spawn(
+                "insert_lane.wakeup",
+                wakeup::run(
+                    pool.clone(),
+                    config.notify_channel.clone(),
+                    Arc::clone(&lane),
+                    tasks.signal(),
+                ),
+            );
+            tasks.spawn(
+                "write.notifier",
+                notifier::run(
+                    pool.clone(),
+                    config.notify_channel.clone(),
+                    config.notify_debounce,
+                    committed.subscribe(),
+                    tasks.signal(),
+                ),
+            );
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                lane,
+                commits,
+                committed,
+                tasks,
+            }),
+        })
+    }
+
+    /// The pool this outbox writes and reads with.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The configuration this outbox runs with.
+    pub fn config(&self) -> &OutboxConfig {
+        &self.inner.config
+    }
+
+    /// Opens a transaction to write domain rows and publish events in.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if no connection can be had; [`Error::Shutdown`] after
+    /// [`shutdown`](Self::shutdown).
+    pub async fn begin(&self) -> Result<OutboxTransaction<P>> {
+        if self.inner.tasks.signal().is_stopped() {
+            return Err(Error::Shutdown);
+        }
+        let tx = self.inner.pool.begin().await?;
+        Ok(OutboxTransaction::new(tx, self.clone()))
+    }
+
+    /// Inserts `events` into `ordo.events` now, inside a transaction the caller owns and will
+    /// commit (or roll back) itself. Returns their sequences.
+    ///
+    /// Because ordo does not see that commit, this process's listeners find the events through
+    /// the table (the lane polls quickly, having been told their sequences), and other
+    /// processes on their next wake-up or resync.
+    ///
+    /// **Causal order caveat.** The commit lane orders transactions by their lowest sequence,
+    /// which is causal only if a transaction inserts its events *after* every read it makes.
+    /// Call `publish_in` last, right before committing, as [`OutboxTransaction::commit`] does.
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if an event does not serialise; [`Error::Database`] if the insert
+    /// fails (the caller's transaction is then aborted, as with any failed statement).
+    pub async fn publish_in(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        events: impl IntoIterator<Item = P>,
+    ) -> Result<Vec<EventSequence>> {
+        let buffered = events
+            .into_iter()
+            .map(|event| Buffered::new(event, Headers::new()))
+            .collect::<Result<Vec<_>>>()?;
+        if buffered.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = insert::insert(tx, &buffered).await?;
+        let sequences = insert::sequences(&rows);
+        if let Some(last) = sequences.last() {
+            self.inner.lane.hint_head(last.get());
+        }
+        Ok(sequences)
+    }
+
+    /// A stream of the insert-ordered lane from `start`: every committed event once, in
+    /// strictly increasing sequence, none missing. See [`EventStream`] for its error items.
+    ///
+    /// A listener that is behind the process-wide cache reads the table by pages and joins
+    /// live delivery without a hole or repeat. Events are shared `Arc`s, never deep-copied.
+    ///
+    /// `Start::Now` starts after the lane's current frontier: every event that becomes
+    /// visible to this process from then on.
+    pub fn listen_inserted(&self, start: Start<EventSequence>) -> EventStream<P> {
+        let after = match start {
+            Start::Beginning => 0,
+            Start::After(position) => position.get(),
+            Start::Now => self.inner.lane.frontier(),
+        };
+        let reader = LaneReader::new(
+            Arc::clone(&self.inner.lane),
+            self.inner.tasks.signal(),
+            ReadMode::Full,
+            after,
+        );
+        listener::stream(reader)
+    }
+
+    /// The insert lane's frontier in this process: every sequence at or below it is resolved
+    /// (a committed event or a placeholder).
+    pub fn insert_frontier(&self) -> EventSequence {
+        EventSequence::new(self.inner.lane.frontier())
+    }
+
+    /// Stops the background tasks, each after the step in hand, and ends every listener
+    /// stream. Idempotent; also started (without waiting) when the last clone is dropped.
+    pub async fn shutdown(&self) {
+        self.inner.tasks.stop(SHUTDOWN_GRACE).await;
+    }
+
+    /// Hands events this process just committed to its own lane, and wakes other processes.
+    pub(crate) fn committed(&self, slots: Vec<Slot<P>>) {
+        let Some(last) = slots.last().map(|slot| slot.sequence) else {
+            return;
+        };
+        // A send error means the frontier task has stopped; the table still has the events.
+        let _ = self.inner.commits.send(slots);
+        self.inner.committed.send_if_modified(|sent| {
+            let newer = last > *sent;
+            if newer {
+                *sent = last;
+            }
+            newer
+        });
+    }
+}

@@ -1,0 +1,165 @@
+//! The shared test harness: a fresh database per test on a real PostgreSQL server.
+//!
+//! The server is `DATABASE_URL` when set. Otherwise, when Docker answers, one PostgreSQL
+//! container is started for the whole test binary (testcontainers). Otherwise the test fails
+//! with a message that says how to get a server.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::time::Instant;
+
+/// A database created for one test and dropped when it ends.
+pub struct TestDb {
+    pub pool: PgPool,
+    /// A URL that reaches this database, for other pools and for child processes.
+    pub url: String,
+    name: String,
+}
+
+impl TestDb {
+    /// Creates a database, runs ordo's migrations in it and returns a pool of 20 connections.
+    pub async fn new() -> TestDb {
+        let server = server_url();
+        let name = format!("ordo_test_{}", uuid::Uuid::new_v4().simple());
+        let admin = PgPool::connect(server).await.expect("connect to the test server");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .expect("create the test database");
+        admin.close().await;
+        let url = with_database(server, &name);
+        let pool = Self::pool_for(&url, 20).await;
+        ordo::migrate(&pool).await.expect("migrate the test database");
+        TestDb { pool, url, name }
+    }
+
+    /// A separate pool on the same database (another "process" for the lanes).
+    pub async fn another_pool(&self, size: u32) -> PgPool {
+        Self::pool_for(&self.url, size).await
+    }
+
+    async fn pool_for(url: &str, size: u32) -> PgPool {
+        let options = PgConnectOptions::from_str(url).expect("a valid database URL");
+        PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let server = server_url().to_owned();
+        // Drop runs outside any runtime we may block; use a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database");
+            runtime.block_on(async move {
+                if let Ok(admin) = PgPool::connect(&server).await {
+                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
+                    admin.close().await;
+                }
+            });
+        });
+        let _ = dropped.join();
+    }
+}
+
+/// The server the tests run against.
+pub fn server_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => start_container(),
+    })
+}
+
+fn start_container() -> String {
+    let docker = std::process::Command::new("docker")
+        .arg("info")
+        .output()
+        .map(|out| out.status.success())
+        .unwrap_or(false);
+    if !docker {
+        panic!(
+            "ordo's tests need PostgreSQL 14+: set DATABASE_URL (for example \
+             postgres://postgres@127.0.0.1:5432/postgres, a role that may CREATE DATABASE), \
+             or start Docker so that testcontainers can run one"
+        );
+    }
+    let (sender, receiver) = std::sync::mpsc::channel();
+    // The container lives as long as this thread, which parks for the rest of the test binary.
+    std::thread::spawn(move || {
+        use testcontainers_modules::postgres::Postgres;
+        use testcontainers_modules::testcontainers::runners::AsyncRunner;
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime for testcontainers");
+        runtime.block_on(async move {
+            let container = Postgres::default()
+                .start()
+                .await
+                .expect("start a PostgreSQL container");
+            let port = container
+                .get_host_port_ipv4(5432)
+                .await
+                .expect("the container's port");
+            let _ = sender.send(format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres"));
+            std::future::pending::<()>().await;
+            drop(container);
+        });
+    });
+    receiver.recv().expect("the container's URL")
+}
+
+/// `url` with its database name replaced by `name`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_part = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{host_part}/{name}?{query}"),
+        None => format!("{host_part}/{name}"),
+    }
+}
+
+/// Waits for `condition` to hold, polling every 10 ms, up to `limit`. Returns whether it held.
+pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The payload type most tests publish.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Note {
+    pub writer: u32,
+    pub n: u32,
+}
