@@ -53,6 +53,14 @@ pub enum Error {
         missing: EventSequence,
     },
 
+    /// The commit log has no row at a position at or below its head, or a log row's event is
+    /// gone from `ordo.events`.
+    #[error("ordo.commit_log has no readable row at commit sequence {missing}")]
+    MissingCommitLog {
+        /// The first commit sequence that could not be read.
+        missing: crate::position::CommitSequence,
+    },
+
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod commit_lane;
 mod config;
 mod envelope;
 mod error;
@@ -11,6 +12,7 @@ mod position;
 mod task;
 mod write;
 
+pub use commit_lane::listener::CommitStream;
 pub use config::OutboxConfig;
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};

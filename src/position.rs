@@ -40,15 +40,6 @@ macro_rules! position {
             pub const fn next(self) -> Self {
                 Self(self.0 + 1)
             }
-
-            pub(crate) fn as_i64(self) -> i64 {
-                // Positions come from BIGINT columns, so they always fit.
-                i64::try_from(self.0).unwrap_or(i64::MAX)
-            }
-
-            pub(crate) fn from_i64(value: i64) -> Self {
-                Self(u64::try_from(value).unwrap_or(0))
-            }
         }
 
         impl From<u64> for $name {

@@ -55,8 +55,8 @@ pub(crate) struct Cache<P> {
 
 /// Where a requested sequence stands relative to the cache.
 pub(crate) enum Lookup {
-    /// Served: this many slots were copied out.
-    Hit(usize),
+    /// Served: slots were copied out.
+    Hit,
     /// Older than anything cached: the caller reads the table up to `before` (exclusive).
     Behind { before: u64 },
     /// Not resolved yet.
@@ -82,6 +82,12 @@ impl<P> Cache<P> {
         }
     }
 
+    /// The slot at `sequence`, if cached.
+    pub(crate) fn get(&self, sequence: u64) -> Option<Slot<P>> {
+        let offset = usize::try_from(sequence.checked_sub(self.base)?).ok()?;
+        self.entries.get(offset).cloned()
+    }
+
     /// Copies up to `max` slots starting at `from` into `out`.
     pub(crate) fn read(&self, from: u64, max: usize, out: &mut Vec<Slot<P>>) -> Lookup {
         if from < self.base {
@@ -91,9 +97,7 @@ impl<P> Cache<P> {
         if offset >= self.entries.len() {
             return Lookup::Ahead;
         }
-        let taken = self.entries.range(offset..).take(max);
-        let before = out.len();
-        out.extend(taken.cloned());
-        Lookup::Hit(out.len() - before)
+        out.extend(self.entries.range(offset..).take(max).cloned());
+        Lookup::Hit
     }
 }

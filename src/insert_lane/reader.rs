@@ -82,20 +82,6 @@ where
         }
     }
 
-    /// Waits until the frontier is at least `sequence` (or the outbox stops).
-    pub(crate) async fn wait_frontier(&mut self, sequence: u64) -> bool {
-        loop {
-            if *self.frontier.borrow_and_update() >= sequence {
-                return true;
-            }
-            tokio::select! {
-                biased;
-                _ = self.stop.stopped() => return false,
-                changed = self.frontier.changed() => if changed.is_err() { return false },
-            }
-        }
-    }
-
     async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {
         let mut out = Vec::new();
         let lookup = match self.shared.cache.read() {
@@ -103,7 +89,7 @@ where
             Err(_) => Lookup::Behind { before: frontier + 1 },
         };
         match lookup {
-            Lookup::Hit(_) => {}
+            Lookup::Hit => {}
             Lookup::Ahead => return Ok(out),
             Lookup::Behind { before } => {
                 let upto = before.saturating_sub(1).min(frontier);

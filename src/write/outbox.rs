@@ -11,6 +11,9 @@ use tokio::sync::{mpsc, watch};
 use super::insert::{self, Buffered};
 use super::notifier;
 use super::transaction::OutboxTransaction;
+use crate::commit_lane::listener::{self as commit_listener, CommitReader, CommitStream};
+use crate::commit_lane::sequencer::Sequencer;
+use crate::commit_lane::{CommitShared, HEAD_SQL, watcher};
 use crate::config::OutboxConfig;
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
@@ -20,7 +23,7 @@ use crate::insert_lane::listener::{self, EventStream};
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::{self, ReadMode};
 use crate::insert_lane::{CommittedBatch, LaneShared, wakeup};
-use crate::position::{EventSequence, Start};
+use crate::position::{CommitSequence, EventSequence, Start};
 use crate::task::Tasks;
 
 /// How long [`Outbox::shutdown`] waits for each background task.
@@ -59,6 +62,7 @@ struct Inner<P> {
     pool: PgPool,
     config: OutboxConfig,
     lane: Arc<LaneShared<P>>,
+    commit: Arc<CommitShared>,
     commits: mpsc::UnboundedSender<CommittedBatch<P>>,
     /// The highest sequence committed by this process, for the wake-up notifier.
     committed: watch::Sender<u64>,
@@ -92,6 +96,8 @@ where
             config.cache_capacity,
             config.page_size,
         ));
+        let head: i64 = sqlx::query_scalar(HEAD_SQL).fetch_one(&pool).await?;
+        let commit = Arc::new(CommitShared::new(rows::to_u64(head), config.cache_capacity));
         let tasks = Tasks::new();
         let (commits, commits_rx) = mpsc::unbounded_channel();
         let committed = watch::Sender::new(0);
@@ -120,11 +126,33 @@ where
                 ),
             );
         }
+        if config.sequencer {
+            let sequencer = Sequencer::new(
+                pool.clone(),
+                Arc::clone(&lane),
+                Arc::clone(&commit),
+                tasks.signal(),
+                config.fold_batch,
+            );
+            tasks.spawn("commit_lane.sequencer", sequencer.run());
+        } else {
+            tasks.spawn(
+                "commit_lane.watcher",
+                watcher::run(
+                    pool.clone(),
+                    Arc::clone(&commit),
+                    lane.frontier.subscribe(),
+                    config.resync_interval,
+                    tasks.signal(),
+                ),
+            );
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 config,
                 lane,
+                commit,
                 commits,
                 committed,
                 tasks,
@@ -216,6 +244,34 @@ where
     /// (a committed event or a placeholder).
     pub fn insert_frontier(&self) -> EventSequence {
         EventSequence::new(self.inner.lane.frontier())
+    }
+
+    /// A stream of the commit-ordered lane from `start`: dense [`CommitSequence`]s (+1 each
+    /// time), every source transaction's events contiguous and in insert order, the last one
+    /// of each flagged as its `boundary`. See [`CommitStream`] for its error items.
+    ///
+    /// Groups are ordered by their lowest sequence: causal (a transaction that read another's
+    /// committed row lands after it), not commit-timestamp order. See the crate docs.
+    ///
+    /// `Start::Now` starts after the log head as this process knows it.
+    pub fn listen_committed(&self, start: Start<CommitSequence>) -> CommitStream<P> {
+        let after = match start {
+            Start::Beginning => 0,
+            Start::After(position) => position.get(),
+            Start::Now => self.inner.commit.head(),
+        };
+        let reader = CommitReader::new(
+            Arc::clone(&self.inner.lane),
+            Arc::clone(&self.inner.commit),
+            self.inner.tasks.signal(),
+            after,
+        );
+        commit_listener::stream(reader)
+    }
+
+    /// The commit log's head as this process knows it (`last_commit_seq`).
+    pub fn commit_head(&self) -> CommitSequence {
+        CommitSequence::new(self.inner.commit.head())
     }
 
     /// Stops the background tasks, each after the step in hand, and ends every listener

@@ -163,3 +163,4 @@ pub struct Note {
     pub writer: u32,
     pub n: u32,
 }
+pub mod invariants;

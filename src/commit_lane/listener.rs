@@ -1,0 +1,196 @@
+//! The public commit-lane stream: dense commit sequences, each once, from the log this process
+//! appended (events from the insert lane's cache) or, further behind, from the log joined to
+//! the events by pages.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use serde::de::DeserializeOwned;
+use sqlx::Row;
+use tokio::sync::watch;
+
+use super::sql::PAGE;
+use super::{CommitShared, LogEntry};
+use crate::envelope::{CommitOrderedEnvelope, Envelope};
+use crate::error::{Error, Result};
+use crate::insert_lane::LaneShared;
+use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::rows::{decode_full, to_i64, to_u64};
+use crate::position::{CommitSequence, EventSequence};
+use crate::task::StopSignal;
+
+/// The stream returned by [`Outbox::listen_committed`](crate::Outbox::listen_committed).
+///
+/// Items carry commit sequences that increase by exactly one each time: no hole, no repeat.
+/// `Err` items are as for [`EventStream`](crate::EventStream): an undecodable payload (the
+/// stream goes on), a failed page read (retried at the same position after a backoff), or a
+/// log row whose event is gone ([`Error::MissingCommitLog`]; the stream ends).
+pub type CommitStream<P> = BoxStream<'static, Result<CommitOrderedEnvelope<P>, Error>>;
+
+const LOG_BATCH: usize = 512;
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+pub(crate) struct CommitReader<P> {
+    lane: Arc<LaneShared<P>>,
+    commit: Arc<CommitShared>,
+    head: watch::Receiver<u64>,
+    stop: StopSignal,
+    next: u64,
+}
+
+type Item<P> = Result<CommitOrderedEnvelope<P>>;
+
+impl<P> CommitReader<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    pub(crate) fn new(
+        lane: Arc<LaneShared<P>>,
+        commit: Arc<CommitShared>,
+        stop: StopSignal,
+        after: u64,
+    ) -> Self {
+        let head = commit.head.subscribe();
+        Self {
+            lane,
+            commit,
+            head,
+            stop,
+            next: after + 1,
+        }
+    }
+
+    /// The next run of the log, waiting when caught up; `None` once the outbox stops.
+    pub(crate) async fn next_batch(&mut self) -> Option<Result<Vec<Item<P>>>> {
+        loop {
+            if self.stop.is_stopped() {
+                return None;
+            }
+            let head = *self.head.borrow_and_update();
+            if self.next <= head {
+                let cached = self.from_cache(head);
+                if !cached.is_empty() {
+                    return Some(Ok(cached));
+                }
+                return Some(self.from_table(head).await);
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.stopped() => return None,
+                changed = self.head.changed() => if changed.is_err() { return None },
+            }
+        }
+    }
+
+    /// Serves from the log cache and the insert lane's cache, up to the first miss.
+    fn from_cache(&mut self, head: u64) -> Vec<Item<P>> {
+        let mut entries = Vec::new();
+        if let Ok(log) = self.commit.log.read() {
+            log.read(self.next, LOG_BATCH, &mut entries);
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        let Ok(cache) = self.lane.cache.read() else {
+            return out;
+        };
+        for entry in entries {
+            if entry.commit_seq != self.next || entry.commit_seq > head {
+                break;
+            }
+            let Some(slot) = cache.get(entry.sequence) else {
+                break;
+            };
+            let item = match slot.item {
+                SlotItem::Event(event) => Ok(envelope(entry, event)),
+                SlotItem::Undecodable(source) => Err(Error::UndecodablePayload {
+                    sequence: EventSequence::new(entry.sequence),
+                    source,
+                }),
+                SlotItem::Meta | SlotItem::Placeholder => break,
+            };
+            out.push(item);
+            self.next += 1;
+        }
+        out
+    }
+
+    async fn from_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {
+        let rows = sqlx::query(PAGE)
+            .bind(to_i64(self.next - 1))
+            .bind(to_i64(head))
+            .bind(to_i64(self.lane.page_size as u64))
+            .fetch_all(&self.lane.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let commit_seq = to_u64(row.try_get("commit_seq")?);
+            if commit_seq != self.next {
+                return Err(Error::MissingCommitLog {
+                    missing: CommitSequence::new(self.next),
+                });
+            }
+            let entry = LogEntry {
+                commit_seq,
+                sequence: to_u64(row.try_get("sequence")?),
+                group_last: row.try_get("group_last")?,
+            };
+            let slot = decode_full::<P>(row)?;
+            out.push(match slot.item {
+                SlotItem::Event(event) => Ok(envelope(entry, event)),
+                SlotItem::Undecodable(source) => Err(Error::UndecodablePayload {
+                    sequence: EventSequence::new(entry.sequence),
+                    source,
+                }),
+                SlotItem::Meta | SlotItem::Placeholder => {
+                    return Err(Error::MissingCommitLog {
+                        missing: CommitSequence::new(commit_seq),
+                    });
+                }
+            });
+            self.next += 1;
+        }
+        if out.is_empty() {
+            return Err(Error::MissingCommitLog {
+                missing: CommitSequence::new(self.next),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn envelope<P>(entry: LogEntry, event: Arc<Envelope<P>>) -> CommitOrderedEnvelope<P> {
+    CommitOrderedEnvelope {
+        commit_sequence: CommitSequence::new(entry.commit_seq),
+        boundary: entry.group_last,
+        event,
+    }
+}
+
+pub(crate) fn stream<P>(mut reader: CommitReader<P>) -> CommitStream<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    Box::pin(async_stream::stream! {
+        let mut backoff = FIRST_BACKOFF;
+        while let Some(batch) = reader.next_batch().await {
+            match batch {
+                Ok(items) => {
+                    backoff = FIRST_BACKOFF;
+                    for item in items {
+                        yield item;
+                    }
+                }
+                Err(error @ Error::MissingCommitLog { .. }) => {
+                    yield Err(error);
+                    break;
+                }
+                Err(error) => {
+                    yield Err(error);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    })
+}

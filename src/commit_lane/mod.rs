@@ -1,0 +1,99 @@
+//! The commit-ordered lane: a dense commit log in which every source transaction's events are
+//! contiguous, folded from the insert lane by a leaderless [`sequencer`].
+//!
+//! The [`sequencer`] appends to `ordo.commit_log` and publishes the log head; [`listener`]
+//! streams read the recent log entries this process appended (and the events themselves from
+//! the insert lane's cache), or the log joined to the events by pages when further behind.
+
+pub(crate) mod listener;
+pub(crate) mod sequencer;
+mod sql;
+pub(crate) mod watcher;
+
+use std::collections::VecDeque;
+use std::sync::RwLock;
+
+use tokio::sync::watch;
+
+/// One row of the log: which event sits at a commit sequence, and whether it ends its group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LogEntry {
+    pub(crate) commit_seq: u64,
+    pub(crate) sequence: u64,
+    pub(crate) group_last: bool,
+}
+
+/// The recent tail of the log as this process appended it: `entries[i]` is `base + i`.
+pub(crate) struct LogCache {
+    base: u64,
+    entries: VecDeque<LogEntry>,
+    capacity: usize,
+}
+
+impl LogCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            base: 1,
+            entries: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Appends entries that continue the cached run; anything else restarts the run at them.
+    pub(crate) fn extend(&mut self, appended: &[LogEntry]) {
+        let Some(first) = appended.first() else {
+            return;
+        };
+        if first.commit_seq != self.base + self.entries.len() as u64 {
+            self.entries.clear();
+            self.base = first.commit_seq;
+        }
+        self.entries.extend(appended.iter().copied());
+        while self.entries.len() > self.capacity {
+            self.entries.pop_front();
+            self.base += 1;
+        }
+    }
+
+    /// Copies up to `max` entries from `from` on, if the cache holds `from`.
+    pub(crate) fn read(&self, from: u64, max: usize, out: &mut Vec<LogEntry>) {
+        if from < self.base {
+            return;
+        }
+        let offset = (from - self.base) as usize;
+        out.extend(self.entries.range(offset.min(self.entries.len())..).take(max));
+    }
+}
+
+/// State shared by the sequencer (or the head watcher) and the commit-lane listeners.
+pub(crate) struct CommitShared {
+    /// `last_commit_seq` as this process last saw it.
+    pub(crate) head: watch::Sender<u64>,
+    pub(crate) log: RwLock<LogCache>,
+}
+
+impl CommitShared {
+    pub(crate) fn new(head: u64, capacity: usize) -> Self {
+        Self {
+            head: watch::Sender::new(head),
+            log: RwLock::new(LogCache::new(capacity)),
+        }
+    }
+
+    /// Publishes a head, never moving it backwards, and wakes parked listeners.
+    pub(crate) fn publish_head(&self, head: u64) {
+        self.head.send_if_modified(|known| {
+            let newer = head > *known;
+            if newer {
+                *known = head;
+            }
+            newer
+        });
+    }
+
+    pub(crate) fn head(&self) -> u64 {
+        *self.head.borrow()
+    }
+}
+
+pub(crate) use sql::HEAD as HEAD_SQL;

@@ -1,0 +1,209 @@
+//! The sequencer: folds the insert lane into the commit log.
+//!
+//! For each real event the insert lane yields above the cursor, in sequence order: if its
+//! transaction's group is already logged, skip it; otherwise the whole group is committed and
+//! visible (we see one of its rows), so it is appended at once, in the group's place: after
+//! every group with a lower first sequence. Every ready group of a batch goes into one
+//! statement under one compare-and-set, which advances `logged_through_sequence` to the last
+//! position the batch covered.
+//!
+//! The fold is a pure function of the insert lane and the state row, so every process that
+//! runs it computes the same appends; the CAS only suppresses the duplicates. A refused CAS,
+//! an error, or a start re-reads the state row ([`sql::RESTART`]) and folds on from there.
+//! A process killed at any instant leaves nothing half-written: an append is one statement.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use sqlx::{PgPool, Row};
+
+use super::sql::{APPEND, RESTART};
+use super::{CommitShared, LogEntry};
+use crate::error::Result;
+use crate::insert_lane::LaneShared;
+use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::reader::LaneReader;
+use crate::insert_lane::rows::{ReadMode, to_i64, to_u64};
+use crate::task::StopSignal;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The state row as read at a restart.
+struct Restart {
+    head: u64,
+    cursor: u64,
+    /// Groups logged above the cursor: commit_xid → highest logged sequence.
+    logged: HashMap<i64, u64>,
+}
+
+/// How an append ended.
+enum Appended {
+    Done(Vec<LogEntry>),
+    /// A peer moved the cursor first.
+    Refused,
+}
+
+pub(crate) struct Sequencer<P> {
+    pool: PgPool,
+    lane: Arc<LaneShared<P>>,
+    commit: Arc<CommitShared>,
+    stop: StopSignal,
+    batch: usize,
+}
+
+impl<P> Sequencer<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    pub(crate) fn new(
+        pool: PgPool,
+        lane: Arc<LaneShared<P>>,
+        commit: Arc<CommitShared>,
+        stop: StopSignal,
+        batch: usize,
+    ) -> Self {
+        Self {
+            pool,
+            lane,
+            commit,
+            stop,
+            batch,
+        }
+    }
+
+    pub(crate) async fn run(mut self) {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            match self.fold().await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(%error, ?backoff, "sequencer failed; restarting from the state row");
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.stopped() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Folds until the outbox stops (`Ok`) or a statement fails (`Err`).
+    async fn fold(&mut self) -> Result<()> {
+        let mut state = restart(&self.pool).await?;
+        self.commit.publish_head(state.head);
+        let mut reader = LaneReader::new(
+            Arc::clone(&self.lane),
+            self.stop.clone(),
+            ReadMode::Meta,
+            state.cursor,
+        );
+        // Groups planned but not yet appended, in log order: (commit_xid, first sequence).
+        let mut plan: Vec<(i64, i64)> = Vec::new();
+        let mut planned_events = 0usize;
+        loop {
+            let Some(batch) = reader.next_batch().await else {
+                return Ok(());
+            };
+            for slot in batch? {
+                let Some(xid) = slot.commit_xid else {
+                    continue;
+                };
+                if matches!(slot.item, SlotItem::Placeholder) {
+                    continue;
+                }
+                if state.logged.contains_key(&xid) {
+                    continue;
+                }
+                state.logged.insert(xid, slot.sequence);
+                plan.push((xid, to_i64(slot.sequence)));
+                planned_events += 1;
+            }
+            let covered = reader.position();
+            // Keep reading while more is already resolved, up to a batch: one CAS for a burst.
+            if planned_events < self.batch && covered < self.lane.frontier() {
+                continue;
+            }
+            if plan.is_empty() {
+                continue;
+            }
+            match append(&self.pool, state.cursor, covered, &plan).await? {
+                Appended::Done(entries) => {
+                    let head = entries.last().map_or(state.head, |e| e.commit_seq);
+                    record_appended(&mut state, &plan, &entries, covered);
+                    state.head = head;
+                    if let Ok(mut log) = self.commit.log.write() {
+                        log.extend(&entries);
+                    }
+                    self.commit.publish_head(head);
+                }
+                Appended::Refused => {
+                    state = restart(&self.pool).await?;
+                    self.commit.publish_head(state.head);
+                    reader.seek(state.cursor);
+                }
+            }
+            plan.clear();
+            planned_events = 0;
+        }
+    }
+}
+
+/// Bookkeeping after a successful append: the new cursor, and which appended groups reach
+/// above it (their later members will be met and must be skipped).
+fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[LogEntry], covered: u64) {
+    state.cursor = covered;
+    let mut groups = plan.iter();
+    let mut top = 0u64;
+    for entry in entries {
+        top = top.max(entry.sequence);
+        if entry.group_last {
+            if let Some((xid, _)) = groups.next() {
+                state.logged.insert(*xid, top);
+            }
+            top = 0;
+        }
+    }
+    state.logged.retain(|_, top| *top > covered);
+}
+
+async fn restart(pool: &PgPool) -> Result<Restart> {
+    let row = sqlx::query(RESTART).fetch_one(pool).await?;
+    let xids: Vec<i64> = row.try_get("xids")?;
+    let maxes: Vec<i64> = row.try_get("maxes")?;
+    Ok(Restart {
+        head: to_u64(row.try_get("last_commit_seq")?),
+        cursor: to_u64(row.try_get("logged_through_sequence")?),
+        logged: xids.into_iter().zip(maxes.into_iter().map(to_u64)).collect(),
+    })
+}
+
+async fn append(pool: &PgPool, expected: u64, covered: u64, plan: &[(i64, i64)]) -> Result<Appended> {
+    let xids: Vec<i64> = plan.iter().map(|(xid, _)| *xid).collect();
+    let lows: Vec<i64> = plan.iter().map(|(_, low)| *low).collect();
+    let rows = sqlx::query(APPEND)
+        .bind(to_i64(expected))
+        .bind(to_i64(covered))
+        .bind(xids)
+        .bind(lows)
+        .fetch_all(pool)
+        .await?;
+    if rows.is_empty() {
+        return Ok(Appended::Refused);
+    }
+    let entries = rows
+        .iter()
+        .map(|row| {
+            Ok(LogEntry {
+                commit_seq: to_u64(row.try_get("commit_seq")?),
+                sequence: to_u64(row.try_get("sequence")?),
+                group_last: row.try_get("group_last")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Appended::Done(entries))
+}

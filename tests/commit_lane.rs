@@ -1,0 +1,387 @@
+//! The commit-ordered lane: the sequencer's fold under concurrent sequencers, restarts, kills,
+//! savepoints and large groups, and the commit-lane listener's density.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::{ORDO, check_log, commit_position_of_xid, counts};
+use common::{Note, TestDb, eventually};
+use futures::StreamExt;
+use ordo::{CommitSequence, Outbox, OutboxConfig, Start};
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::time::timeout;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+async fn outbox_on(pool: &PgPool, config: OutboxConfig) -> Outbox<Note> {
+    Outbox::new(pool.clone(), config).await.expect("start the outbox")
+}
+
+/// Waits until every real event is logged, then checks the invariants.
+async fn quiesce_and_check(pool: &PgPool) {
+    let caught_up = eventually(PATIENCE, || async {
+        let (real, logged) = counts(pool).await;
+        logged >= real
+    })
+    .await;
+    let (real, logged) = counts(pool).await;
+    assert!(caught_up, "the log did not catch up: {logged} rows for {real} events");
+    if let Err(broken) = check_log(pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+}
+
+/// 8 writers, 1 to 4 events a transaction, a quarter rolled back, some publishing through
+/// savepoints that are rolled back.
+async fn write_burst(outbox: &Outbox<Note>, transactions_per_writer: u32) {
+    let mut writers = Vec::new();
+    for writer in 0..8u32 {
+        let outbox = outbox.clone();
+        writers.push(tokio::spawn(async move {
+            for n in 0..transactions_per_writer {
+                let (events, fate) = {
+                    let mut rng = rand::rng();
+                    (rng.random_range(1..=4u32), rng.random_range(0..4u32))
+                };
+                let mut tx = outbox.begin().await.expect("begin");
+                tx.publish_all((0..events).map(|k| Note { writer, n: n * 10 + k })).expect("publish");
+                if fate == 0 {
+                    tx.rollback().await.expect("rollback");
+                } else {
+                    tx.commit().await.expect("commit");
+                }
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_sequencers_on_their_own_pools_log_each_event_exactly_once() {
+    let db = TestDb::new().await;
+    let mut sequencers = Vec::new();
+    for _ in 0..4 {
+        let pool = db.another_pool(4).await;
+        sequencers.push(outbox_on(&pool, OutboxConfig::default().fold_batch(7)).await);
+    }
+    let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    write_burst(&writer, 40).await;
+    quiesce_and_check(&db.pool).await;
+    for outbox in &sequencers {
+        outbox.shutdown().await;
+    }
+}
+
+/// The wrong CAS, kept as a test double: a guard on the log (`NOT EXISTS`) instead of a column
+/// of the locked state row. It reads its statement's snapshot, so concurrent folds both pass it.
+/// Four of them over the same burst must break the same invariants the real sequencer keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_not_exists_guard_instead_of_the_state_row_cas_duplicates_groups() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE naive_log (commit_seq BIGINT, sequence BIGINT, group_last BOOLEAN);
+         CREATE TABLE naive_state (last_commit_seq BIGINT NOT NULL DEFAULT 0);
+         INSERT INTO naive_state DEFAULT VALUES;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("naive tables");
+    let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    for n in 0..50u32 {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish_all((0..4).map(|k| Note { writer: 0, n: n * 10 + k })).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let groups: Vec<i64> = sqlx::query_scalar(
+        "SELECT commit_xid FROM ordo.events GROUP BY commit_xid ORDER BY min(sequence)",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("groups");
+    let mut folders = Vec::new();
+    for _ in 0..4 {
+        let pool = db.another_pool(1).await;
+        let groups = groups.clone();
+        folders.push(tokio::spawn(async move {
+            for xid in groups {
+                sqlx::query(
+                    "INSERT INTO naive_log (commit_seq, sequence, group_last)
+                     SELECT (SELECT coalesce(max(commit_seq), 0) FROM naive_log) + row_number() OVER (ORDER BY sequence),
+                            sequence, sequence = max(sequence) OVER ()
+                     FROM ordo.events, pg_sleep(0.002)
+                     WHERE commit_xid = $1
+                       AND NOT EXISTS (SELECT 1 FROM naive_log l JOIN ordo.events e USING (sequence) WHERE e.commit_xid = $1)",
+                )
+                .bind(xid)
+                .execute(&pool)
+                .await
+                .expect("naive append");
+            }
+            sqlx::query("UPDATE naive_state SET last_commit_seq = (SELECT coalesce(max(commit_seq), 0) FROM naive_log)")
+                .execute(&pool)
+                .await
+                .expect("naive state");
+        }));
+    }
+    for folder in folders {
+        folder.await.expect("naive folder");
+    }
+    let tables = common::invariants::LogTables { log: "naive_log", state: "naive_state" };
+    let verdict = check_log(&db.pool, &tables).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM naive_log").fetch_one(&db.pool).await.expect("rows");
+    assert!(verdict.is_err(), "the NOT EXISTS guard should break the invariants; it wrote {rows} rows for 200 events");
+    assert!(rows > 200, "expected duplicated groups, got {rows} rows for 200 events");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_with_a_group_straddling_the_cursor_skips_its_logged_members() {
+    let db = TestDb::new().await;
+    let first = outbox_on(&db.pool, OutboxConfig::default().gap_grace(Duration::from_millis(10))).await;
+    let insert = |n: u32| {
+        sqlx::AssertSqlSafe(format!(r#"INSERT INTO ordo.events (payload) VALUES ('{{"writer": 0, "n": {n}}}')"#))
+    };
+    // A takes 1, C takes 2 and stays open, A takes 3 and commits: the frontier stops at 1, the
+    // fold logs A = {1, 3} whole and its cursor stops at 1, so 3 is logged above the cursor.
+    let mut a = db.pool.begin().await.expect("begin a");
+    sqlx::query(insert(1)).execute(&mut *a).await.expect("a1");
+    let mut c = db.pool.begin().await.expect("begin c");
+    sqlx::query(insert(2)).execute(&mut *c).await.expect("c2");
+    sqlx::query(insert(3)).execute(&mut *a).await.expect("a3");
+    a.commit().await.expect("commit a");
+    let straddling = eventually(PATIENCE, || async {
+        let (head, through, above): (i64, i64, i64) = sqlx::query_as(
+            "SELECT last_commit_seq, logged_through_sequence,
+                    (SELECT count(*) FROM ordo.commit_log l WHERE l.sequence > s.logged_through_sequence)
+             FROM ordo.sequencer_state s",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("state");
+        head == 2 && through == 1 && above == 1
+    })
+    .await;
+    assert!(straddling, "expected A logged whole with the cursor at 1");
+    first.shutdown().await;
+
+    // Restart several sequencers at once on that state while more groups arrive.
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        let pool = db.another_pool(3).await;
+        peers.push(outbox_on(&pool, OutboxConfig::default().fold_batch(2)).await);
+    }
+    c.commit().await.expect("commit c");
+    write_burst(&peers[0], 10).await;
+    quiesce_and_check(&db.pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_spanning_many_pages_is_logged_contiguously() {
+    let db = TestDb::new().await;
+    let config = OutboxConfig::default().page_size(25).cache_capacity(32).fold_batch(10);
+    let outbox = outbox_on(&db.pool, config).await;
+    // The long transaction publishes its first event early, then 200 others commit, then it
+    // publishes its second: its group spans 201 sequences, eight pages.
+    let mut long = db.pool.begin().await.expect("begin");
+    let first = outbox.publish_in(&mut long, [Note { writer: 1, n: 0 }]).await.expect("first");
+    for n in 0..20u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..10).map(|k| Note { writer: 2, n: n * 10 + k })).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let last = outbox.publish_in(&mut long, [Note { writer: 1, n: 1 }]).await.expect("last");
+    long.commit().await.expect("commit");
+    assert!(last[0].get() - first[0].get() > 200);
+    quiesce_and_check(&db.pool).await;
+    let first_two: Vec<i64> =
+        sqlx::query_scalar("SELECT sequence FROM ordo.commit_log WHERE commit_seq <= 2 ORDER BY commit_seq")
+            .fetch_all(&db.pool)
+            .await
+            .expect("log head");
+    assert_eq!(first_two, vec![first[0].get() as i64, last[0].get() as i64]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_with_no_insert_lane_listener_still_folds() {
+    let db = TestDb::new().await;
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    for n in 0..10u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all([Note { writer: 0, n }, Note { writer: 1, n }]).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    for expected in 1..=20u64 {
+        let item = timeout(PATIENCE, committed.next()).await.expect("in time").expect("open").expect("event");
+        assert_eq!(item.commit_sequence, CommitSequence::new(expected));
+        assert_eq!(item.boundary, expected % 2 == 0);
+    }
+    quiesce_and_check(&db.pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savepoint_rollbacks_inside_a_committed_transaction_log_only_surviving_rows() {
+    let db = TestDb::new().await;
+    let outbox = outbox_on(&db.pool, OutboxConfig::default().gap_grace(Duration::from_millis(10))).await;
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    sqlx::raw_sql(
+        r#"BEGIN;
+           INSERT INTO ordo.events (payload) VALUES ('{"writer": 0, "n": 1}');
+           SAVEPOINT s;
+           INSERT INTO ordo.events (payload) VALUES ('{"writer": 0, "n": 2}');
+           ROLLBACK TO SAVEPOINT s;
+           SAVEPOINT t;
+           INSERT INTO ordo.events (payload) VALUES ('{"writer": 0, "n": 3}');
+           RELEASE SAVEPOINT t;
+           COMMIT;"#,
+    )
+    .execute(&db.pool)
+    .await
+    .expect("savepoint transaction");
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let item = timeout(PATIENCE, committed.next()).await.expect("in time").expect("open").expect("event");
+        got.push((item.event.payload.n, item.boundary));
+    }
+    assert_eq!(got, vec![(1, false), (3, true)]);
+    quiesce_and_check(&db.pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_that_read_a_committed_row_lands_after_it() {
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE chain (link INT PRIMARY KEY, author INT NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("chain table");
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    // Four chains; each link's transaction starts early, waits until it can read the previous
+    // link's committed row, then writes its own and publishes.
+    let mut chains = Vec::new();
+    for chain in 0..4u32 {
+        let outbox = outbox.clone();
+        let pool = db.pool.clone();
+        chains.push(tokio::spawn(async move {
+            let mut xids = Vec::new();
+            for step in 0..15u32 {
+                let link = (chain * 100 + step) as i32;
+                let mut tx = outbox.begin().await.expect("begin");
+                if step > 0 {
+                    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM chain WHERE link = $1")
+                        .bind(link - 1)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .expect("read the previous link");
+                    assert_eq!(seen, 1, "the previous link is committed");
+                }
+                sqlx::query("INSERT INTO chain (link, author) VALUES ($1, $2)")
+                    .bind(link)
+                    .bind(chain as i32)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("write link");
+                tx.publish(Note { writer: chain, n: step }).expect("publish");
+                let sequences = tx.commit().await.expect("commit");
+                let xid: i64 = sqlx::query_scalar("SELECT commit_xid FROM ordo.events WHERE sequence = $1")
+                    .bind(sequences[0].get() as i64)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("xid");
+                xids.push(xid);
+            }
+            xids
+        }));
+    }
+    let mut all = Vec::new();
+    for chain in chains {
+        all.push(chain.await.expect("chain"));
+    }
+    quiesce_and_check(&db.pool).await;
+    for xids in all {
+        let mut previous = 0;
+        for xid in xids {
+            let position = commit_position_of_xid(&db.pool, xid).await;
+            assert!(position > previous, "a link landed before the link it read");
+            previous = position;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequencers_killed_at_random_points_leave_the_invariants_true() {
+    let db = TestDb::new().await;
+    let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    let survivor_pool = db.another_pool(3).await;
+    let writing = {
+        let writer = writer.clone();
+        tokio::spawn(async move { write_burst(&writer, 60).await })
+    };
+    // Each victim runs on its own runtime and pool; dropping the runtime drops every task at
+    // whatever await it is in, and closes its connections mid-statement: a killed process.
+    for round in 0..12u64 {
+        let url = db.url.clone();
+        let lifetime = Duration::from_millis(rand::rng().random_range(5..120));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("victim runtime");
+            runtime.block_on(async {
+                let pool = PgPool::connect(&url).await.expect("victim pool");
+                let config = OutboxConfig::default().fold_batch(1 + (round as usize % 5));
+                let _victim = Outbox::<Note>::new(pool, config).await.expect("victim outbox");
+                tokio::time::sleep(lifetime).await;
+            });
+            runtime.shutdown_background();
+        })
+        .join()
+        .expect("victim thread");
+    }
+    writing.await.expect("writers");
+    // A survivor finishes the fold from whatever the victims left.
+    let survivor = outbox_on(&survivor_pool, OutboxConfig::default()).await;
+    quiesce_and_check(&db.pool).await;
+    survivor.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_lane_listener_is_dense_across_backfill_and_live_delivery() {
+    let db = TestDb::new().await;
+    let config = OutboxConfig::default().cache_capacity(32).page_size(20);
+    let outbox = outbox_on(&db.pool, config.clone()).await;
+    write_burst(&outbox, 10).await;
+    quiesce_and_check(&db.pool).await;
+    let (_, logged) = counts(&db.pool).await;
+    // A listener in a process without a sequencer, from the beginning: backfill, then live.
+    let reader = outbox_on(&db.another_pool(3).await, config.sequencer(false)).await;
+    let mut stream = reader.listen_committed(Start::Beginning);
+    let mut expected = 1u64;
+    let mut last_min_sequence = 0u64;
+    let mut group_open = false;
+    let total = logged as u64 + 8;
+    let live = tokio::spawn({
+        let outbox = outbox.clone();
+        async move {
+            for n in 0..4u32 {
+                let mut tx = outbox.begin().await.expect("begin");
+                tx.publish_all([Note { writer: 9, n }, Note { writer: 9, n: n + 100 }]).expect("publish");
+                tx.commit().await.expect("commit");
+            }
+        }
+    });
+    while expected <= total {
+        let item = timeout(PATIENCE, stream.next()).await.expect("in time").expect("open").expect("event");
+        assert_eq!(item.commit_sequence, CommitSequence::new(expected), "dense, +1 each time");
+        if !group_open {
+            assert!(item.event.sequence.get() > last_min_sequence, "group minimums increase");
+            last_min_sequence = item.event.sequence.get();
+        }
+        group_open = !item.boundary;
+        expected += 1;
+    }
+    live.await.expect("live writer");
+}
