@@ -1,0 +1,146 @@
+//! The `ordo` command-line tool, run as real processes: migrate, tail on both lanes, and
+//! several `ordo fold` processes, one killed with SIGKILL mid-run and restarted.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::invariants::{ORDO, check_log, counts};
+use common::{Note, TestDb, eventually};
+use ordo::{Outbox, OutboxConfig};
+use rand::Rng;
+
+const ORDO_BIN: &str = env!("CARGO_BIN_EXE_ordo");
+
+fn ordo(db: &TestDb, args: &[&str]) -> std::process::Output {
+    Command::new(ORDO_BIN)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .expect("run ordo")
+}
+
+fn spawn_fold(db: &TestDb) -> Child {
+    Command::new(ORDO_BIN)
+        .args(["fold", "--progress", "0"])
+        .env("DATABASE_URL", &db.url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ordo fold")
+}
+
+fn terminate(child: &mut Child) -> bool {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    sent && child.wait().map(|s| s.success()).unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_tail_prints_one_json_object_per_event_on_both_lanes() {
+    let db = TestDb::new().await;
+    let migrated = ordo(&db, &["migrate"]);
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_all([Note { writer: 1, n: 1 }, Note { writer: 1, n: 2 }]).expect("publish");
+    tx.commit().await.expect("commit");
+    assert!(
+        eventually(Duration::from_secs(10), || async { outbox.commit_head().get() == 2 }).await,
+        "folded"
+    );
+
+    let tailed = ordo(&db, &["tail", "--lane", "insert", "--limit", "2"]);
+    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&tailed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["lane"], "insert");
+    assert_eq!(lines[0]["sequence"], 1);
+    assert_eq!(lines[1]["payload"]["n"], 2);
+    assert!(lines[0]["id"].is_string() && lines[0]["commit_xid"].is_i64() && lines[0]["recorded_at"].is_string());
+
+    let tailed = ordo(&db, &["tail", "--lane", "commit", "--after", "1"]);
+    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&tailed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "after commit sequence 1 of 2, one event");
+    assert_eq!(lines[0]["lane"], "commit");
+    assert_eq!(lines[0]["commit_sequence"], 2);
+    assert_eq!(lines[0]["sequence"], 2);
+    assert_eq!(lines[0]["boundary"], true);
+
+    let refused = Command::new(ORDO_BIN).args(["tail"]).env_remove("DATABASE_URL").output().expect("run ordo");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("DATABASE_URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fold_processes_killed_with_sigkill_and_restarted_keep_the_log_invariants() {
+    let db = TestDb::new().await;
+    let mut folders: Vec<Child> = (0..3).map(|_| spawn_fold(&db)).collect();
+    let writer = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default().sequencer(false))
+        .await
+        .expect("writer outbox");
+
+    let writing = tokio::spawn({
+        let writer = writer.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for id in 0..6u32 {
+                let writer = writer.clone();
+                tasks.push(tokio::spawn(async move {
+                    for n in 0..150u32 {
+                        let (events, rollback) = {
+                            let mut rng = rand::rng();
+                            (rng.random_range(1..=3u32), rng.random_bool(0.25))
+                        };
+                        let mut tx = writer.begin().await.expect("begin");
+                        tx.publish_all((0..events).map(|k| Note { writer: id, n: n * 10 + k })).expect("publish");
+                        if rollback {
+                            tx.rollback().await.expect("rollback");
+                        } else {
+                            tx.commit().await.expect("commit");
+                        }
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                    }
+                }));
+            }
+            for task in tasks {
+                task.await.expect("writer");
+            }
+        }
+    });
+    // Kill one folder mid-run with SIGKILL, twice, restarting it each time.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..400))).await;
+        folders[0].kill().expect("SIGKILL a folder");
+        let _ = folders[0].wait();
+        folders[0] = spawn_fold(&db);
+    }
+    writing.await.expect("writers");
+
+    let caught_up = eventually(Duration::from_secs(60), || async {
+        let (real, logged) = counts(&db.pool).await;
+        logged >= real
+    })
+    .await;
+    let (real, logged) = counts(&db.pool).await;
+    assert!(caught_up, "folders did not catch up: {logged} of {real}");
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    for folder in &mut folders {
+        assert!(terminate(folder), "ordo fold exits cleanly on SIGTERM");
+    }
+}
