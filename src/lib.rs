@@ -1,4 +1,107 @@
-//! placeholder docs
+//! # ordo: a PostgreSQL table as a reliable, ordered event stream
+//!
+//! ordo is the transactional outbox done right. Application transactions publish events into
+//! `ordo.events` in the same transaction as their domain writes; ordo turns that table into two
+//! ordered streams that lose nothing, repeat nothing and never skip a late commit.
+//!
+//! ## Concepts
+//!
+//! - **Publishing.** [`Outbox::begin`] opens a transaction ([`OutboxTransaction`], which derefs
+//!   to the connection for your domain writes). [`OutboxTransaction::publish`] buffers an event;
+//!   [`OutboxTransaction::commit`] inserts every buffered event in one statement and commits.
+//!   Rollback, or dropping the transaction, publishes nothing. [`Outbox::publish_in`] writes
+//!   into a `sqlx::Transaction` you own. Any SQL client can publish too:
+//!   `INSERT INTO ordo.events (payload) VALUES ('{"k": 1}')` is a valid event.
+//! - **The insert-ordered lane** ([`Outbox::listen_inserted`]): committed events in
+//!   [`EventSequence`] order. Sequences are drawn before commit, so transactions commit out of
+//!   order and rolled-back ones leave holes. The lane never passes a hole until it is
+//!   *resolved*: its row becomes visible, or it is proven that no transaction can ever commit
+//!   it (every transaction that was running when the hole was seen has ended), in which case a
+//!   placeholder row (NULL payload, NULL `commit_xid`) is written so that every process agrees.
+//!   There is no timer that skips.
+//! - **The commit-ordered lane** ([`Outbox::listen_committed`]): a dense log (`ordo.commit_log`,
+//!   [`CommitSequence`] 1, 2, 3, …) in which every source transaction's events are contiguous,
+//!   in insert order, the last one flagged as a `boundary`. An in-process *sequencer* folds the
+//!   insert lane into the log, appending under a compare-and-set on the one row of
+//!   `ordo.sequencer_state`; every [`Outbox`] runs one by default, any number may run at once,
+//!   and the log is the same as if one had.
+//! - **Envelopes.** Listeners receive `Arc`-shared [`Envelope`]s (id, sequence, `commit_xid`,
+//!   payload, headers, `recorded_at`): one allocation per event per process, however many
+//!   listeners.
+//!
+//! ## What the commit order is, and is not
+//!
+//! Groups (the events of one transaction, identified by `commit_xid`) are ordered by their
+//! **lowest** sequence. That order is *causal*: if transaction T read a row that A committed,
+//! and T inserts its events after its reads, then T's sequences were all drawn after A's
+//! commit, so T's group comes after A's. It is **not** a serialisation order of concurrent
+//! transactions and **not** commit-timestamp order: two transactions that did not see each
+//! other may appear in either order relative to when they committed.
+//!
+//! The write discipline it relies on: a transaction inserts its outbox rows *after* all of its
+//! reads. [`OutboxTransaction::commit`] does this for you (events are buffered and inserted
+//! right before `COMMIT`). With [`Outbox::publish_in`] or plain SQL, insert the events last.
+//! Events written by plain SQL are otherwise first-class: they are stamped with `commit_xid`
+//! by the column default, grouped and ordered like any others, and found by the lane's resync
+//! (default every 100 ms) or the next wake-up.
+//!
+//! ## Guarantees
+//!
+//! - Every committed event is delivered to every insert-lane listener exactly once, in strictly
+//!   increasing sequence, none missing, across lag, backfill from the table, reconnects and
+//!   restarts (from a position you kept).
+//! - The commit log is dense, complete (every real event exactly once, no placeholder),
+//!   grouped and causal, under any number of concurrent sequencers, any of them killed at any
+//!   instant (an append is one statement).
+//! - Within one process, a commit reaches in-process listeners without a database round trip.
+//!   Across processes, a debounced `pg_notify` wakes the others (never one per transaction),
+//!   and an idle resync finds anything a lost notification missed.
+//!
+//! ## Failure modes
+//!
+//! - A payload that does not decode as `P` is an `Err` item naming its sequence
+//!   ([`Error::UndecodablePayload`]); the stream goes on.
+//! - A transaction that holds a sequence open holds the lane at that sequence until it ends;
+//!   that is the price of never skipping. An unrelated long transaction can hold up the
+//!   abandonment proof of a rolled-back hole for at most
+//!   [`OutboxConfig::gap_fill_timeout`]; then the placeholder is written under a conflict check
+//!   that waits for the hole's writer if it is still alive.
+//! - Database errors in background tasks are logged (`tracing`) and retried with capped
+//!   backoff; listener page reads that fail are yielded as `Err` items and retried at the same
+//!   position.
+//!
+//! ## Lifecycle
+//!
+//! [`migrate`] once; [`Outbox::new`] starts the background tasks (the insert lane's frontier,
+//! the wake-up listener and notifier, the sequencer); [`Outbox::shutdown`] stops them in order
+//! and ends the listener streams. Dropping the last clone of an `Outbox` also stops them.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use futures::StreamExt;
+//! use ordo::{Outbox, OutboxConfig, Start};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct OrderPlaced { order_id: i64 }
+//!
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+//! ordo::migrate(&pool).await?;
+//! let outbox = Outbox::<OrderPlaced>::new(pool, OutboxConfig::default()).await?;
+//! let mut by_commit = outbox.listen_committed(Start::Beginning);
+//!
+//! let mut tx = outbox.begin().await?;
+//! sqlx::query("UPDATE orders SET placed = true WHERE id = 7").execute(&mut *tx).await?;
+//! tx.publish(OrderPlaced { order_id: 7 })?;
+//! tx.commit().await?;
+//!
+//! while let Some(item) = by_commit.next().await {
+//!     let item = item?;
+//!     println!("{} {} boundary={}", item.commit_sequence, item.event.payload.order_id, item.boundary);
+//! }
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

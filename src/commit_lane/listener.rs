@@ -70,11 +70,11 @@ where
             }
             let head = *self.head.borrow_and_update();
             if self.next <= head {
-                let cached = self.from_cache(head);
+                let cached = self.read_cached(head);
                 if !cached.is_empty() {
                     return Some(Ok(cached));
                 }
-                return Some(self.from_table(head).await);
+                return Some(self.read_table(head).await);
             }
             tokio::select! {
                 biased;
@@ -85,7 +85,7 @@ where
     }
 
     /// Serves from the log cache and the insert lane's cache, up to the first miss.
-    fn from_cache(&mut self, head: u64) -> Vec<Item<P>> {
+    fn read_cached(&mut self, head: u64) -> Vec<Item<P>> {
         let mut entries = Vec::new();
         if let Ok(log) = self.commit.log.read() {
             log.read(self.next, LOG_BATCH, &mut entries);
@@ -115,7 +115,7 @@ where
         out
     }
 
-    async fn from_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {
+    async fn read_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {
         let rows = sqlx::query(PAGE)
             .bind(to_i64(self.next - 1))
             .bind(to_i64(head))

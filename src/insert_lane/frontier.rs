@@ -205,12 +205,12 @@ where
     /// Decides when to look next, and starts a resolver for a hole that outlived the grace.
     fn manage_hole(&mut self) {
         let now = Instant::now();
-        if let Some((from, resolver)) = &self.resolver {
-            if *from <= self.frontier {
-                // The hole closed by itself; the proof is no longer needed.
-                resolver.abort();
-                self.resolver = None;
-            }
+        if let Some((from, resolver)) = &self.resolver
+            && *from <= self.frontier
+        {
+            // The hole closed by itself; the proof is no longer needed.
+            resolver.abort();
+            self.resolver = None;
         }
         let blocked = !self.pending.is_empty();
         let waiting = self.known_head > self.max_known();

@@ -112,19 +112,17 @@ where
 }
 
 fn check_contiguous<P>(first: u64, slots: &[Slot<P>]) -> Result<()> {
-    let mut expected = first;
     if slots.is_empty() {
         return Err(Error::MissingHistory {
             missing: EventSequence::new(first),
         });
     }
-    for slot in slots {
+    for (expected, slot) in (first..).zip(slots) {
         if slot.sequence != expected {
             return Err(Error::MissingHistory {
                 missing: EventSequence::new(expected),
             });
         }
-        expected += 1;
     }
     Ok(())
 }
