@@ -23,7 +23,7 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Creates a database, runs ordo's migrations in it and returns a pool of 20 connections.
+    /// Creates a database, runs ordo's migrations in it and returns a pool of 10 connections.
     pub async fn new() -> TestDb {
         let server = server_url();
         let name = format!("ordo_test_{}", uuid::Uuid::new_v4().simple());
@@ -34,7 +34,7 @@ impl TestDb {
             .expect("create the test database");
         admin.close().await;
         let url = with_database(server, &name);
-        let pool = Self::pool_for(&url, 20).await;
+        let pool = Self::pool_for(&url, 10).await;
         ordo::migrate(&pool).await.expect("migrate the test database");
         TestDb { pool, url, name }
     }
