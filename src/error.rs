@@ -61,6 +61,20 @@ pub enum Error {
         missing: crate::position::CommitSequence,
     },
 
+    /// A subscription is stored on one lane and was started on the other. Switching lanes
+    /// would replay or skip events, so it is refused: use a new subscription name.
+    #[error(
+        "subscription {subscription:?} is stored on the {stored} lane but was started on the {requested} lane; use a new name to switch lanes"
+    )]
+    LaneMismatch {
+        /// The subscription's name.
+        subscription: String,
+        /// The lane in `ordo.subscriptions`.
+        stored: String,
+        /// The lane in the [`JobConfig`](crate::JobConfig).
+        requested: &'static str,
+    },
+
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,

@@ -112,6 +112,7 @@ mod error;
 mod insert_lane;
 mod migrate;
 mod position;
+mod subscription;
 mod task;
 mod write;
 
@@ -122,5 +123,9 @@ pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use position::{CommitSequence, EventSequence, Start};
+pub use subscription::{
+    Batch, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy, StartFrom,
+    Subscriber, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
+};
 pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;

@@ -16,6 +16,10 @@ use tracing::Instrument;
 pub(crate) struct StopSignal(watch::Receiver<bool>);
 
 impl StopSignal {
+    pub(crate) fn new(receiver: watch::Receiver<bool>) -> Self {
+        Self(receiver)
+    }
+
     /// Resolves once a stop is requested. Cancel safe.
     pub(crate) async fn stopped(&mut self) {
         // An error means the owner is gone, which is a stop as well.

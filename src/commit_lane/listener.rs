@@ -40,7 +40,26 @@ pub(crate) struct CommitReader<P> {
     next: u64,
 }
 
-type Item<P> = Result<CommitOrderedEnvelope<P>>;
+/// One log position as the reader found it: the entry, and its event or why it did not decode.
+pub(crate) struct CommitItem<P> {
+    pub(crate) entry: LogEntry,
+    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<serde_json::Error>>,
+}
+
+type Item<P> = CommitItem<P>;
+
+impl<P> CommitItem<P> {
+    /// The public form of this item.
+    pub(crate) fn into_public(self) -> Result<CommitOrderedEnvelope<P>> {
+        match self.event {
+            Ok(event) => Ok(envelope(self.entry, event)),
+            Err(source) => Err(Error::UndecodablePayload {
+                sequence: EventSequence::new(self.entry.sequence),
+                source,
+            }),
+        }
+    }
+}
 
 impl<P> CommitReader<P>
 where
@@ -101,15 +120,12 @@ where
             let Some(slot) = cache.get(entry.sequence) else {
                 break;
             };
-            let item = match slot.item {
-                SlotItem::Event(event) => Ok(envelope(entry, event)),
-                SlotItem::Undecodable(source) => Err(Error::UndecodablePayload {
-                    sequence: EventSequence::new(entry.sequence),
-                    source,
-                }),
+            let event = match slot.item {
+                SlotItem::Event(event) => Ok(event),
+                SlotItem::Undecodable(source) => Err(source),
                 SlotItem::Meta | SlotItem::Placeholder => break,
             };
-            out.push(item);
+            out.push(CommitItem { entry, event });
             self.next += 1;
         }
         out
@@ -136,18 +152,16 @@ where
                 group_last: row.try_get("group_last")?,
             };
             let slot = decode_full::<P>(row)?;
-            out.push(match slot.item {
-                SlotItem::Event(event) => Ok(envelope(entry, event)),
-                SlotItem::Undecodable(source) => Err(Error::UndecodablePayload {
-                    sequence: EventSequence::new(entry.sequence),
-                    source,
-                }),
+            let event = match slot.item {
+                SlotItem::Event(event) => Ok(event),
+                SlotItem::Undecodable(source) => Err(source),
                 SlotItem::Meta | SlotItem::Placeholder => {
                     return Err(Error::MissingCommitLog {
                         missing: CommitSequence::new(commit_seq),
                     });
                 }
-            });
+            };
+            out.push(CommitItem { entry, event });
             self.next += 1;
         }
         if out.is_empty() {
@@ -178,7 +192,7 @@ where
                 Ok(items) => {
                     backoff = FIRST_BACKOFF;
                     for item in items {
-                        yield item;
+                        yield item.into_public();
                     }
                 }
                 Err(error @ Error::MissingCommitLog { .. }) => {

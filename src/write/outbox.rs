@@ -24,6 +24,7 @@ use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::{self, ReadMode};
 use crate::insert_lane::{CommittedBatch, LaneShared, wakeup};
 use crate::position::{CommitSequence, EventSequence, Start};
+use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
 use crate::task::Tasks;
 
 /// How long [`Outbox::shutdown`] waits for each background task.
@@ -272,6 +273,30 @@ where
     /// The commit log's head as this process knows it (`last_commit_seq`).
     pub fn commit_head(&self) -> CommitSequence {
         CommitSequence::new(self.inner.commit.head())
+    }
+
+    /// Starts a durable subscription: `subscriber` handles every event of the configured lane,
+    /// from the stored position (or the configured start for a new subscription), each in a
+    /// transaction that also checkpoints the position. One process runs a given subscription at
+    /// a time; others with the same name wait on standby and take over when its lease expires.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::LaneMismatch`] when the
+    /// stored subscription follows the other lane; [`Error::Database`] if its row cannot be
+    /// read or created.
+    pub async fn subscribe<S>(&self, config: JobConfig, subscriber: S) -> Result<SubscriptionHandle>
+    where
+        S: Subscriber<P>,
+    {
+        subscription::start(
+            self.inner.pool.clone(),
+            Arc::clone(&self.inner.lane),
+            Arc::clone(&self.inner.commit),
+            self.inner.tasks.signal(),
+            config,
+            subscriber,
+        )
+        .await
     }
 
     /// Stops the background tasks, each after the step in hand, and ends every listener

@@ -1,0 +1,219 @@
+//! [`JobConfig`]: how a durable subscription runs.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Which lane a subscription follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Ordering {
+    /// The insert-ordered lane; the position is an [`EventSequence`](crate::EventSequence).
+    #[default]
+    Insert,
+    /// The commit-ordered lane; the position is a [`CommitSequence`](crate::CommitSequence).
+    Commit,
+}
+
+impl Ordering {
+    /// The name stored in `ordo.subscriptions.lane`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Insert => "insert",
+            Self::Commit => "commit",
+        }
+    }
+
+    pub(crate) fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "insert" => Some(Self::Insert),
+            "commit" => Some(Self::Commit),
+            _ => None,
+        }
+    }
+}
+
+/// What happens when an event has failed `max_attempts` times (or does not decode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnExhaustion {
+    /// Stop the subscription at the failing event: its status becomes `halted`, visible in
+    /// `ordo subscriptions`, until an operator resumes it (`ordo subscriptions resume NAME`),
+    /// when the event is tried again.
+    #[default]
+    Halt,
+    /// Copy the event with its error into `ordo.dead_letters` and move on, in one transaction.
+    DeadLetter,
+}
+
+/// Where a subscription that does not exist yet starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StartFrom {
+    /// From the first event of the lane.
+    #[default]
+    Beginning,
+    /// After the lane's current head: only events that come later.
+    Now,
+}
+
+/// How many events one handler transaction covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Batch {
+    /// One event per transaction (and checkpoint).
+    #[default]
+    PerEvent,
+    /// Up to this many events that are already available, in one transaction. On a failure the
+    /// batch is retried one event at a time, so retries and exhaustion apply per event.
+    UpTo(usize),
+    /// One whole source transaction per handler transaction, through
+    /// [`Subscriber::handle_group`](crate::Subscriber::handle_group). Commit lane only.
+    Groups,
+}
+
+/// Capped exponential backoff with full jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries per event, the first included. Default 5.
+    pub max_attempts: u32,
+    /// The backoff ceiling after the first failure. Default 100 ms.
+    pub initial_backoff: Duration,
+    /// The backoff ceiling never exceeds this. Default 30 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait after failed attempt `attempt` (1-based): uniform in `[0, min(max, initial ×
+    /// 2^(attempt-1))]`.
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1u32 << exponent)
+            .min(self.max_backoff);
+        ceiling.mul_f64(fastrand::f64())
+    }
+}
+
+/// The configuration of a durable subscription ("job"), built with setters that state their
+/// defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use ordo::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy};
+///
+/// let config = JobConfig::new("billing-projection")
+///     .ordering(Ordering::Commit)
+///     .batch(Batch::Groups)
+///     .retry(RetryPolicy { max_attempts: 3, ..RetryPolicy::default() })
+///     .on_exhaustion(OnExhaustion::DeadLetter)
+///     .lease(Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    pub(crate) name: String,
+    pub(crate) ordering: Ordering,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) on_exhaustion: OnExhaustion,
+    pub(crate) start: StartFrom,
+    pub(crate) batch: Batch,
+    pub(crate) lease: Duration,
+}
+
+impl JobConfig {
+    /// A subscription named `name` (its key in `ordo.subscriptions`), with the defaults.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ordering: Ordering::Insert,
+            retry: RetryPolicy::default(),
+            on_exhaustion: OnExhaustion::Halt,
+            start: StartFrom::Beginning,
+            batch: Batch::PerEvent,
+            lease: Duration::from_secs(30),
+        }
+    }
+
+    /// The lane to follow. Default [`Ordering::Insert`]. A stored subscription on the other lane
+    /// is refused, never replayed.
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    /// Retries per event. Default [`RetryPolicy::default`] (5 attempts, 100 ms to 30 s).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// What happens after the last attempt. Default [`OnExhaustion::Halt`].
+    pub fn on_exhaustion(mut self, policy: OnExhaustion) -> Self {
+        self.on_exhaustion = policy;
+        self
+    }
+
+    /// Where a new subscription starts. Default [`StartFrom::Beginning`]; ignored once the
+    /// subscription exists.
+    pub fn start(mut self, start: StartFrom) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Events per handler transaction. Default [`Batch::PerEvent`].
+    pub fn batch(mut self, batch: Batch) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// How long the runner's claim on the subscription lasts without renewal. The runner renews
+    /// it at each checkpoint and every third of it while idle; a handler call that runs longer
+    /// than this loses the claim, and its transaction is rolled back. Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let invalid = |setting, reason: &str| {
+            Err(Error::InvalidConfig {
+                setting,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.name.is_empty() || self.name.len() > 200 {
+            return invalid("JobConfig::new", "the name must be 1 to 200 characters");
+        }
+        if self.retry.max_attempts == 0 {
+            return invalid("retry.max_attempts", "must be at least 1");
+        }
+        if self.retry.initial_backoff > self.retry.max_backoff {
+            return invalid(
+                "retry.initial_backoff/retry.max_backoff",
+                "initial_backoff must not exceed max_backoff",
+            );
+        }
+        if self.lease < Duration::from_millis(100) {
+            return invalid("lease", "must be at least 100 ms");
+        }
+        match self.batch {
+            Batch::UpTo(0) => invalid("batch", "Batch::UpTo needs at least 1 event"),
+            Batch::Groups if self.ordering != Ordering::Commit => invalid(
+                "batch/ordering",
+                "Batch::Groups needs Ordering::Commit: only the commit lane keeps groups whole",
+            ),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! [`SubscriptionHandle`] and the status it reports.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::config::Ordering;
+use crate::commit_lane::CommitShared;
+use crate::position::{CommitSequence, EventSequence};
+
+/// A subscription's position, in the unit of its lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Position {
+    /// On the insert lane: every event at or below it has been handled.
+    Insert(EventSequence),
+    /// On the commit lane: every log entry at or below it has been handled.
+    Commit(CommitSequence),
+}
+
+impl Position {
+    pub(crate) fn new(ordering: Ordering, value: u64) -> Self {
+        match ordering {
+            Ordering::Insert => Self::Insert(EventSequence::new(value)),
+            Ordering::Commit => Self::Commit(CommitSequence::new(value)),
+        }
+    }
+
+    /// The raw position.
+    pub fn get(self) -> u64 {
+        match self {
+            Self::Insert(position) => position.get(),
+            Self::Commit(position) => position.get(),
+        }
+    }
+}
+
+/// What a subscription's runner is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SubscriptionState {
+    /// Claiming the subscription.
+    Starting,
+    /// Holding the lease and handling events (or waiting for them).
+    Running,
+    /// Another process holds the lease; this runner takes over if it expires.
+    Standby,
+    /// An operator paused it (`ordo subscriptions pause`).
+    Paused,
+    /// Halted on an event that exhausted its attempts; resumable.
+    Halted,
+    /// Shut down.
+    Stopped,
+}
+
+/// A snapshot of a subscription as its runner sees it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SubscriptionStatus {
+    /// The subscription's name.
+    pub name: String,
+    /// Its lane.
+    pub ordering: Ordering,
+    /// Everything at or below this position has been handled and checkpointed.
+    pub position: Position,
+    /// What the runner is doing.
+    pub state: SubscriptionState,
+    /// Failed attempts on the current event.
+    pub attempts: u32,
+    /// The last handler error, if the current event has failed.
+    pub last_error: Option<String>,
+    /// Positions between the checkpoint and the lane's head in this process (for the insert
+    /// lane, placeholders count).
+    pub lag: u64,
+}
+
+/// The handle returned by [`Outbox::subscribe`](crate::Outbox::subscribe).
+///
+/// Dropping it asks the runner to stop after the event in hand, as
+/// [`shutdown`](Self::shutdown) does, without waiting.
+pub struct SubscriptionHandle {
+    pub(crate) stop: watch::Sender<bool>,
+    pub(crate) task: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) status: watch::Receiver<SubscriptionStatus>,
+    pub(crate) heads: Heads,
+}
+
+/// Where each lane's head is, for the lag.
+pub(crate) struct Heads {
+    pub(crate) insert: watch::Receiver<u64>,
+    pub(crate) commit: Arc<CommitShared>,
+}
+
+impl SubscriptionHandle {
+    /// The subscription's current status, with its lag against this process's view of the
+    /// lane head.
+    pub fn status(&self) -> SubscriptionStatus {
+        let mut status = self.status.borrow().clone();
+        let head = match status.ordering {
+            Ordering::Insert => *self.heads.insert.borrow(),
+            Ordering::Commit => self.heads.commit.head(),
+        };
+        status.lag = head.saturating_sub(status.position.get());
+        status
+    }
+
+    /// Waits until the status satisfies `condition`, or `limit` passes; returns the last status
+    /// seen and whether the condition held.
+    pub async fn wait_for(
+        &self,
+        limit: Duration,
+        mut condition: impl FnMut(&SubscriptionStatus) -> bool,
+    ) -> (SubscriptionStatus, bool) {
+        let mut changes = self.status.clone();
+        let held = tokio::time::timeout(limit, changes.wait_for(|s| condition(s))).await;
+        let held = matches!(held, Ok(Ok(_)));
+        (self.status(), held)
+    }
+
+    /// Stops the runner gracefully: the event in hand is finished and checkpointed, the lease
+    /// is released, and the runner exits. Idempotent.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().ok().and_then(|mut task| task.take());
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for SubscriptionHandle {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}

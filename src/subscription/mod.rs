@@ -1,0 +1,110 @@
+//! Durable subscriptions ("jobs"): a named consumer whose handler's database writes and whose
+//! position commit together, run by one process at a time under a lease, resuming where it
+//! stopped.
+
+pub(crate) mod config;
+pub(crate) mod handle;
+mod runner;
+mod source;
+mod sql;
+pub(crate) mod subscriber;
+
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::commit_lane::CommitShared;
+use crate::error::{Error, Result};
+use crate::insert_lane::LaneShared;
+use crate::insert_lane::rows::to_i64;
+use crate::task::StopSignal;
+pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
+pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};
+pub use subscriber::{HandlerError, Subscriber};
+
+use handle::Heads;
+use runner::Runner;
+
+/// Creates the subscription's row if it is new, refuses a lane mismatch, and starts its runner.
+pub(crate) async fn start<P, S>(
+    pool: PgPool,
+    lane: Arc<LaneShared<P>>,
+    commit: Arc<CommitShared>,
+    mut outbox_stop: StopSignal,
+    config: JobConfig,
+    subscriber: S,
+) -> Result<SubscriptionHandle>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    config.validate()?;
+    let start_at = match (config.start, config.ordering) {
+        (StartFrom::Beginning, _) => 0,
+        (StartFrom::Now, Ordering::Insert) => lane.frontier(),
+        (StartFrom::Now, Ordering::Commit) => commit.head(),
+    };
+    sqlx::query(sql::CREATE)
+        .bind(&config.name)
+        .bind(config.ordering.as_str())
+        .bind(to_i64(start_at))
+        .execute(&pool)
+        .await?;
+    let stored: String = sqlx::query_scalar(sql::LANE)
+        .bind(&config.name)
+        .fetch_one(&pool)
+        .await?;
+    if Ordering::parse(&stored) != Some(config.ordering) {
+        return Err(Error::LaneMismatch {
+            subscription: config.name.clone(),
+            stored,
+            requested: config.ordering.as_str(),
+        });
+    }
+
+    let (stop, stop_rx) = watch::channel(false);
+    // The outbox's shutdown stops its subscriptions too.
+    let forward = stop.clone();
+    let mut own_stop = StopSignal::new(stop_rx.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = outbox_stop.stopped() => { forward.send_replace(true); }
+            _ = own_stop.stopped() => {}
+        }
+    });
+    let initial = SubscriptionStatus {
+        name: config.name.clone(),
+        ordering: config.ordering,
+        position: Position::new(config.ordering, start_at),
+        state: SubscriptionState::Starting,
+        attempts: 0,
+        last_error: None,
+        lag: 0,
+    };
+    let (status, status_rx) = watch::channel(initial);
+    let heads = Heads {
+        insert: lane.frontier.subscribe(),
+        commit: Arc::clone(&commit),
+    };
+    let span = tracing::info_span!("ordo", task = "subscription", subscription = %config.name);
+    let runner = Runner {
+        pool,
+        lane,
+        commit,
+        config,
+        subscriber: Arc::new(subscriber),
+        owner: Uuid::new_v4(),
+        stop: StopSignal::new(stop_rx),
+        status,
+    };
+    let task = tokio::spawn(tracing::Instrument::instrument(runner.run(), span));
+    Ok(SubscriptionHandle {
+        stop,
+        task: Mutex::new(Some(task)),
+        status: status_rx,
+        heads,
+    })
+}

@@ -1,0 +1,492 @@
+//! The subscription runner: claim the lease, read the lane from the stored position, handle
+//! each unit (an event, a batch or a group) in a transaction that also checkpoints, retry,
+//! and apply the exhaustion policy.
+//!
+//! ```text
+//!            claim ok, active                 lease lost / reset / commit unknown
+//!  Starting ───────────────────▶ Running ──────────────────────────────┐
+//!     ▲  claim refused ▲    │ exhausted + Halt          pause          │
+//!     │   ▼            │    ▼                             ▼            │
+//!     │ Standby        │  Halted ── resume ──▶ Running   Paused ─ resume ─▶ Running
+//!     └────────────────┴───────────────────────────────────────────────┘
+//!  any state ── shutdown ──▶ Stopped (lease released)
+//! ```
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::config::{Batch, JobConfig, OnExhaustion};
+use super::handle::{Position, SubscriptionState, SubscriptionStatus};
+use super::source::{Item, Source};
+use super::sql;
+use super::subscriber::Subscriber;
+use crate::commit_lane::CommitShared;
+use crate::envelope::Envelope;
+use crate::insert_lane::LaneShared;
+use crate::insert_lane::rows::{to_i64, to_u64};
+use crate::task::StopSignal;
+
+/// After a database error outside a handler, wait this long before trying again.
+const ERROR_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The stored row, as a claim or renewal returns it.
+struct Row_ {
+    position: u64,
+    status: String,
+    attempts: u32,
+    last_error: Option<String>,
+}
+
+impl Row_ {
+    fn read(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            position: to_u64(row.try_get("position")?),
+            status: row.try_get("status")?,
+            attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+            last_error: row.try_get("last_error")?,
+        })
+    }
+}
+
+/// Why processing from a position ended.
+enum Flow {
+    /// Claim again: the lease was lost, the row changed under us, or a commit's outcome is
+    /// unknown. The stored row is the truth.
+    Reclaim,
+    Stop,
+}
+
+/// How one unit ended.
+enum Outcome {
+    Committed(u64),
+    Flow(Flow),
+}
+
+/// A failed attempt.
+struct Failure {
+    message: String,
+    /// Decoding failures are not retried: they fail the same way every time.
+    retryable: bool,
+}
+
+pub(crate) struct Runner<P, S> {
+    pub(crate) pool: PgPool,
+    pub(crate) lane: Arc<LaneShared<P>>,
+    pub(crate) commit: Arc<CommitShared>,
+    pub(crate) config: JobConfig,
+    pub(crate) subscriber: Arc<S>,
+    pub(crate) owner: Uuid,
+    pub(crate) stop: StopSignal,
+    pub(crate) status: watch::Sender<SubscriptionStatus>,
+}
+
+impl<P, S> Runner<P, S>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    fn lease_ms(&self) -> f64 {
+        self.config.lease.as_secs_f64() * 1000.0
+    }
+
+    fn renew_every(&self) -> Duration {
+        self.config.lease / 3
+    }
+
+    fn set_state(&self, state: SubscriptionState, row: Option<&Row_>) {
+        let ordering = self.config.ordering;
+        self.status.send_modify(|status| {
+            status.state = state;
+            if let Some(row) = row {
+                status.position = Position::new(ordering, row.position);
+                status.attempts = row.attempts;
+                status.last_error = row.last_error.clone();
+            }
+        });
+    }
+
+    pub(crate) async fn run(mut self) {
+        loop {
+            if self.stop.is_stopped() {
+                break;
+            }
+            let flow = match self.claim().await {
+                Ok(Some(row)) if row.status == "active" => {
+                    self.set_state(SubscriptionState::Running, Some(&row));
+                    self.process_from(row.position).await
+                }
+                Ok(Some(row)) => {
+                    let state = if row.status == "halted" {
+                        SubscriptionState::Halted
+                    } else {
+                        SubscriptionState::Paused
+                    };
+                    self.set_state(state, Some(&row));
+                    self.pause(self.renew_every()).await
+                }
+                Ok(None) => {
+                    self.set_state(SubscriptionState::Standby, None);
+                    self.pause(self.renew_every()).await
+                }
+                Err(error) => {
+                    tracing::warn!(%error, subscription = %self.config.name, "claiming failed");
+                    self.pause(ERROR_BACKOFF).await
+                }
+            };
+            if matches!(flow, Flow::Stop) {
+                break;
+            }
+        }
+        if let Err(error) = sqlx::query(sql::RELEASE)
+            .bind(&self.config.name)
+            .bind(self.owner)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(%error, subscription = %self.config.name, "releasing the lease failed; it expires by itself");
+        }
+        self.set_state(SubscriptionState::Stopped, None);
+    }
+
+    async fn pause(&mut self, wait: Duration) -> Flow {
+        tokio::select! {
+            biased;
+            _ = self.stop.stopped() => Flow::Stop,
+            _ = tokio::time::sleep(wait) => Flow::Reclaim,
+        }
+    }
+
+    async fn claim(&self) -> Result<Option<Row_>, sqlx::Error> {
+        let row = sqlx::query(sql::CLAIM)
+            .bind(&self.config.name)
+            .bind(self.owner)
+            .bind(self.lease_ms())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(Row_::read).transpose()
+    }
+
+    async fn renew(&self) -> Result<Option<Row_>, sqlx::Error> {
+        let row = sqlx::query(sql::RENEW)
+            .bind(&self.config.name)
+            .bind(self.owner)
+            .bind(self.lease_ms())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(Row_::read).transpose()
+    }
+
+    /// Handles units from `position` on until the lease is lost, the row changes, or a stop.
+    async fn process_from(&mut self, mut position: u64) -> Flow {
+        let mut source = Source::new(
+            self.config.ordering,
+            &self.lane,
+            &self.commit,
+            self.stop.clone(),
+            position,
+        );
+        let mut renew_at = Instant::now() + self.renew_every();
+        loop {
+            if !source.has_buffered() {
+                tokio::select! {
+                    biased;
+                    _ = self.stop.stopped() => return Flow::Stop,
+                    filled = source.fill() => match filled {
+                        None => return Flow::Stop,
+                        Some(Ok(())) => {}
+                        Some(Err(error)) => {
+                            tracing::warn!(%error, subscription = %self.config.name, "reading the lane failed");
+                            return self.pause(ERROR_BACKOFF).await;
+                        }
+                    },
+                    _ = tokio::time::sleep_until(renew_at) => {
+                        match self.renew().await {
+                            Ok(Some(row)) if row.status == "active" && row.position == position => {
+                                renew_at = Instant::now() + self.renew_every();
+                                continue;
+                            }
+                            // Lost, paused, halted or reset by an operator.
+                            Ok(_) => return Flow::Reclaim,
+                            Err(error) => {
+                                tracing::warn!(%error, subscription = %self.config.name, "renewing the lease failed");
+                                return self.pause(ERROR_BACKOFF).await;
+                            }
+                        }
+                    }
+                }
+            }
+            let Some(unit) = self.take_unit(&mut source).await else {
+                return Flow::Stop;
+            };
+            match self.handle_unit(&unit, position).await {
+                Outcome::Committed(next) => {
+                    position = next;
+                    renew_at = Instant::now() + self.renew_every();
+                    self.status.send_modify(|status| {
+                        status.position = Position::new(self.config.ordering, next);
+                        status.attempts = 0;
+                        status.last_error = None;
+                        status.state = SubscriptionState::Running;
+                    });
+                }
+                Outcome::Flow(flow) => return flow,
+            }
+        }
+    }
+
+    /// The next unit per the batch mode: one event, up to N ready events, or a whole group.
+    async fn take_unit(&self, source: &mut Source<P>) -> Option<Vec<Item<P>>> {
+        let mut unit = Vec::new();
+        match self.config.batch {
+            Batch::PerEvent => unit.extend(source.pop()),
+            Batch::UpTo(limit) => {
+                while unit.len() < limit {
+                    match source.pop() {
+                        Some(item) => unit.push(item),
+                        None => break,
+                    }
+                }
+            }
+            Batch::Groups => loop {
+                if !source.has_buffered() {
+                    // The rest of a group is already in the log: groups are appended whole.
+                    match source.fill().await? {
+                        Ok(()) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, "reading the rest of a group failed");
+                            return None;
+                        }
+                    }
+                }
+                let Some(item) = source.pop() else { continue };
+                let boundary = item.boundary;
+                unit.push(item);
+                if boundary {
+                    break;
+                }
+            },
+        }
+        debug_assert!(!unit.is_empty() || source.peek().is_none());
+        Some(unit)
+    }
+
+    /// Handles a unit with retries; a failed batch of several events is retried one by one.
+    async fn handle_unit(&mut self, unit: &[Item<P>], position: u64) -> Outcome {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let failure = match self.attempt(unit, position).await {
+                Ok(outcome) => return outcome,
+                Err(failure) => failure,
+            };
+            if unit.len() > 1 && matches!(self.config.batch, Batch::UpTo(_)) {
+                return self.one_by_one(unit, position).await;
+            }
+            tracing::warn!(
+                subscription = %self.config.name, attempt, error = %failure.message,
+                "handler failed"
+            );
+            let exhausted = !failure.retryable || attempt >= self.config.retry.max_attempts;
+            if exhausted {
+                return self.exhaust(unit, position, attempt, &failure.message).await;
+            }
+            if let Some(flow) = self.record_failure(attempt, &failure.message).await {
+                return Outcome::Flow(flow);
+            }
+            let wait = self.config.retry.backoff(attempt);
+            if let Flow::Stop = self.pause(wait).await {
+                return Outcome::Flow(Flow::Stop);
+            }
+        }
+    }
+
+    async fn one_by_one(&mut self, unit: &[Item<P>], mut position: u64) -> Outcome {
+        for item in unit {
+            match Box::pin(self.handle_unit(std::slice::from_ref(item), position)).await {
+                Outcome::Committed(next) => position = next,
+                flow => return flow,
+            }
+        }
+        Outcome::Committed(position)
+    }
+
+    /// One try: the handler and the checkpoint in one transaction.
+    async fn attempt(&self, unit: &[Item<P>], position: u64) -> Result<Outcome, Failure> {
+        let mut events: Vec<Arc<Envelope<P>>> = Vec::with_capacity(unit.len());
+        for item in unit {
+            match &item.event {
+                Ok(event) => events.push(Arc::clone(event)),
+                Err(error) => {
+                    return Err(Failure {
+                        message: format!(
+                            "the payload of ordo.events sequence {} does not decode: {error}",
+                            item.sequence
+                        ),
+                        retryable: false,
+                    });
+                }
+            }
+        }
+        let Some(next) = unit.last().map(|item| item.position) else {
+            return Ok(Outcome::Committed(position));
+        };
+        let retryable = |error: sqlx::Error| Failure {
+            message: error.to_string(),
+            retryable: true,
+        };
+        let mut tx = self.pool.begin().await.map_err(retryable)?;
+        let handled = AssertUnwindSafe(async {
+            if matches!(self.config.batch, Batch::Groups) {
+                self.subscriber.handle_group(&mut tx, &events).await
+            } else {
+                for event in &events {
+                    self.subscriber.handle(&mut tx, event).await?;
+                }
+                Ok(())
+            }
+        })
+        .catch_unwind()
+        .await;
+        match handled {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                return Err(Failure {
+                    message: error.to_string(),
+                    retryable: true,
+                });
+            }
+            Err(_) => {
+                return Err(Failure {
+                    message: "the handler panicked".to_owned(),
+                    retryable: true,
+                });
+            }
+        }
+        let fenced = self
+            .checkpoint(&mut tx, position, next)
+            .await
+            .map_err(retryable)?;
+        if !fenced {
+            // Lost the lease, or an operator moved the subscription: the handler's writes go.
+            let _ = tx.rollback().await;
+            return Ok(Outcome::Flow(Flow::Reclaim));
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(Outcome::Committed(next)),
+            // The outcome is unknown (e.g. the connection dropped during COMMIT): the stored
+            // position says what happened.
+            Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),
+        }
+    }
+
+    /// Moves the position from `from` to `to` in `tx`; false when the fence refuses.
+    async fn checkpoint(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        from: u64,
+        to: u64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql::CHECKPOINT)
+            .bind(&self.config.name)
+            .bind(self.owner)
+            .bind(to_i64(to))
+            .bind(to_i64(from))
+            .bind(self.lease_ms())
+            .execute(&mut *tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record_failure(&self, attempt: u32, message: &str) -> Option<Flow> {
+        self.status.send_modify(|status| {
+            status.attempts = attempt;
+            status.last_error = Some(message.to_owned());
+        });
+        let recorded = sqlx::query(sql::FAILED)
+            .bind(&self.config.name)
+            .bind(self.owner)
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(message)
+            .execute(&self.pool)
+            .await;
+        match recorded {
+            Ok(done) if done.rows_affected() == 1 => None,
+            Ok(_) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(%error, "recording a failed attempt failed");
+                None
+            }
+        }
+    }
+
+    async fn exhaust(&mut self, unit: &[Item<P>], position: u64, attempts: u32, message: &str) -> Outcome {
+        match self.config.on_exhaustion {
+            OnExhaustion::Halt => {
+                let halted = sqlx::query(sql::HALT)
+                    .bind(&self.config.name)
+                    .bind(self.owner)
+                    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+                    .bind(message)
+                    .bind(to_i64(position))
+                    .execute(&self.pool)
+                    .await;
+                if let Err(error) = halted {
+                    tracing::warn!(%error, "halting the subscription failed");
+                }
+                tracing::error!(subscription = %self.config.name, position, %message, "subscription halted");
+                Outcome::Flow(Flow::Reclaim)
+            }
+            OnExhaustion::DeadLetter => match self.dead_letter(unit, position, attempts, message).await {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    tracing::warn!(%error, "dead-lettering failed; will try again");
+                    Outcome::Flow(self.pause(ERROR_BACKOFF).await)
+                }
+            },
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        unit: &[Item<P>],
+        position: u64,
+        attempts: u32,
+        message: &str,
+    ) -> Result<Outcome, sqlx::Error> {
+        let Some(next) = unit.last().map(|item| item.position) else {
+            return Ok(Outcome::Committed(position));
+        };
+        let mut tx = self.pool.begin().await?;
+        for item in unit {
+            sqlx::query(sql::DEAD_LETTER)
+                .bind(&self.config.name)
+                .bind(self.config.ordering.as_str())
+                .bind(to_i64(item.position))
+                .bind(to_i64(item.sequence))
+                .bind(message)
+                .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !self.checkpoint(&mut tx, position, next).await? {
+            tx.rollback().await?;
+            return Ok(Outcome::Flow(Flow::Reclaim));
+        }
+        match tx.commit().await {
+            Ok(()) => {
+                tracing::warn!(subscription = %self.config.name, position = next, "dead-lettered");
+                Ok(Outcome::Committed(next))
+            }
+            Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),
+        }
+    }
+}

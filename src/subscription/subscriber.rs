@@ -1,0 +1,74 @@
+//! The trait a durable subscription's handler implements.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use sqlx::PgConnection;
+
+use crate::envelope::Envelope;
+
+/// What a handler returns on failure: any error. It is retried per the job's
+/// [`RetryPolicy`](crate::RetryPolicy), and its message is stored in
+/// `ordo.subscriptions.last_error`.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A durable subscription's handler.
+///
+/// `tx` is the transaction that will also advance the subscription's position: write your
+/// projection through it and the write and the checkpoint commit together, or not at all.
+/// Do not commit or roll it back yourself (savepoints through `sqlx` are fine).
+///
+/// Events arrive as the `Arc` the lanes share; keep it if you need the event past the call
+/// (payloads need not be `Clone`).
+///
+/// ```
+/// use std::sync::Arc;
+/// use ordo::{Envelope, HandlerError, Subscriber};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Deposited { account: i64, cents: i64 }
+///
+/// struct Balances;
+///
+/// impl Subscriber<Deposited> for Balances {
+///     async fn handle(
+///         &self,
+///         tx: &mut sqlx::PgConnection,
+///         event: &Arc<Envelope<Deposited>>,
+///     ) -> Result<(), HandlerError> {
+///         sqlx::query("UPDATE balances SET cents = cents + $2 WHERE account = $1")
+///             .bind(event.payload.account)
+///             .bind(event.payload.cents)
+///             .execute(&mut *tx)
+///             .await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Subscriber<P>: Send + Sync + 'static
+where
+    P: Send + Sync + 'static,
+{
+    /// Handles one event inside `tx`.
+    fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<P>>,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Handles one whole source transaction inside `tx`; called instead of
+    /// [`handle`](Self::handle) when the job uses [`Batch::Groups`](crate::Batch::Groups) on the
+    /// commit lane. The default calls `handle` for each event in order.
+    fn handle_group(
+        &self,
+        tx: &mut PgConnection,
+        events: &[Arc<Envelope<P>>],
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        async move {
+            for event in events {
+                self.handle(tx, event).await?;
+            }
+            Ok(())
+        }
+    }
+}
