@@ -75,6 +75,13 @@ pub enum Error {
         requested: &'static str,
     },
 
+    /// No subscription of that name exists in `ordo.subscriptions`.
+    #[error("no subscription named {name:?} in ordo.subscriptions")]
+    UnknownSubscription {
+        /// The name asked for.
+        name: String,
+    },
+
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,

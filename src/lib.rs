@@ -125,7 +125,8 @@ pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy, StartFrom,
-    Subscriber, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
+    Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState, SubscriptionStatus,
+    list_subscriptions, pause_subscription, reset_subscription, resume_subscription,
 };
 pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;

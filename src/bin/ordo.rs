@@ -4,6 +4,9 @@
 //! ordo migrate                                   create or upgrade the ordo schema
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
+//! ordo subscriptions [--json]                    list durable subscriptions
+//! ordo subscriptions resume|pause NAME
+//! ordo subscriptions reset NAME [--to POSITION]
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
@@ -38,6 +41,34 @@ enum Command {
     Tail(TailArgs),
     /// Run a commit-lane sequencer until SIGINT or SIGTERM. Any number may run at once.
     Fold(FoldArgs),
+    /// List durable subscriptions, or pause, resume or reset one.
+    Subscriptions(SubscriptionsArgs),
+}
+
+#[derive(clap::Args)]
+struct SubscriptionsArgs {
+    #[command(subcommand)]
+    action: Option<SubscriptionAction>,
+    /// Print JSON (one object per subscription) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum SubscriptionAction {
+    /// List every subscription (the default).
+    List,
+    /// Let a paused or halted subscription run again (a halted one retries its event).
+    Resume { name: String },
+    /// Stop a subscription after the event in hand, until resumed.
+    Pause { name: String },
+    /// Move a subscription's position (replay from it, or skip to it).
+    Reset {
+        name: String,
+        /// The new position: everything at or below it counts as handled. Default 0.
+        #[arg(long, default_value_t = 0)]
+        to: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -109,6 +140,7 @@ async fn run(cli: Cli) -> CliResult {
         }
         Command::Tail(args) => tail(pool, args).await,
         Command::Fold(args) => fold(pool, args).await,
+        Command::Subscriptions(args) => subscriptions(pool, args).await,
     }
 }
 
@@ -248,6 +280,50 @@ async fn fold(pool: PgPool, args: FoldArgs) -> CliResult {
     outbox.shutdown().await;
     eprintln!("ordo fold: stopped at commit sequence {}", outbox.commit_head());
     Ok(())
+}
+
+async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
+    match args.action.unwrap_or(SubscriptionAction::List) {
+        SubscriptionAction::List => {
+            let rows = ordo::list_subscriptions(&pool).await?;
+            let mut out = io::stdout().lock();
+            if args.json {
+                for row in &rows {
+                    writeln!(out, "{}", serde_json::to_string(row)?)?;
+                }
+                return Ok(());
+            }
+            writeln!(
+                out,
+                "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  LAST ERROR",
+                "NAME", "LANE", "POSITION", "LAG", "STATUS", "ATTEMPTS"
+            )?;
+            for row in &rows {
+                let error = row.last_error.as_deref().unwrap_or("-");
+                writeln!(
+                    out,
+                    "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
+                    row.name, row.lane, row.position, row.lag, row.status, row.attempts, error
+                )?;
+            }
+            Ok(())
+        }
+        SubscriptionAction::Resume { name } => {
+            ordo::resume_subscription(&pool, &name).await?;
+            eprintln!("ordo: subscription {name:?} resumed");
+            Ok(())
+        }
+        SubscriptionAction::Pause { name } => {
+            ordo::pause_subscription(&pool, &name).await?;
+            eprintln!("ordo: subscription {name:?} paused");
+            Ok(())
+        }
+        SubscriptionAction::Reset { name, to } => {
+            ordo::reset_subscription(&pool, &name, to).await?;
+            eprintln!("ordo: subscription {name:?} reset to position {to}");
+            Ok(())
+        }
+    }
 }
 
 async fn interrupted() {

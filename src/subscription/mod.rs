@@ -2,6 +2,7 @@
 //! position commit together, run by one process at a time under a lease, resuming where it
 //! stopped.
 
+pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod handle;
 mod runner;
@@ -21,6 +22,9 @@ use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
 use crate::insert_lane::rows::to_i64;
 use crate::task::StopSignal;
+pub use admin::{
+    SubscriptionRow, list_subscriptions, pause_subscription, reset_subscription, resume_subscription,
+};
 pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
 pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
