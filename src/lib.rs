@@ -111,6 +111,7 @@ mod envelope;
 mod error;
 mod insert_lane;
 mod migrate;
+mod ops;
 mod position;
 mod subscription;
 mod task;
@@ -122,6 +123,8 @@ pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
+pub use ops::render::{prometheus_text, status_table};
+pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, Stall, SubscriptionLag, status};
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy, StartFrom,

@@ -9,14 +9,18 @@ use serde::{Deserialize, Serialize};
 ///
 /// Sequences are dense once resolved: every value from 1 up to the lane's frontier is either a
 /// committed event or a placeholder for a sequence no transaction can ever commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct EventSequence(u64);
 
 /// A position in the commit-ordered lane: the `commit_seq` column of `ordo.commit_log`.
 ///
 /// Commit sequences are dense from 1: the log never has a hole and never repeats a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct CommitSequence(u64);
 

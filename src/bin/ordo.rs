@@ -4,6 +4,7 @@
 //! ordo migrate                                   create or upgrade the ordo schema
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
+//! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
 //! ordo subscriptions [--json]                    list durable subscriptions
 //! ordo subscriptions resume|pause NAME
 //! ordo subscriptions reset NAME [--to POSITION]
@@ -43,6 +44,21 @@ enum Command {
     Fold(FoldArgs),
     /// List durable subscriptions, or pause, resume or reset one.
     Subscriptions(SubscriptionsArgs),
+    /// Show positions, lag of each lane and subscription, and stalls with who holds them.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// Print one JSON object.
+    #[arg(long, conflicts_with = "prometheus")]
+    json: bool,
+    /// Print the figures in Prometheus text exposition format.
+    #[arg(long)]
+    prometheus: bool,
+    /// Refresh every this many seconds until interrupted.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<f64>,
 }
 
 #[derive(clap::Args)]
@@ -141,6 +157,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Tail(args) => tail(pool, args).await,
         Command::Fold(args) => fold(pool, args).await,
         Command::Subscriptions(args) => subscriptions(pool, args).await,
+        Command::Status(args) => status(pool, args).await,
     }
 }
 
@@ -154,13 +171,17 @@ async fn tail(pool: PgPool, args: TailArgs) -> CliResult {
     match args.lane {
         Lane::Insert => {
             let end = outbox.insert_frontier().get();
-            let start = args.after.map_or(Start::Beginning, |after| Start::After(EventSequence::new(after)));
+            let start = args.after.map_or(Start::Beginning, |after| {
+                Start::After(EventSequence::new(after))
+            });
             let mut events = outbox.listen_inserted(start);
             while printed < limit {
                 if !args.follow && args.after.unwrap_or(0) >= end {
                     break;
                 }
-                let Some(event) = next_or_interrupt(&mut events).await else { break };
+                let Some(event) = next_or_interrupt(&mut events).await else {
+                    break;
+                };
                 let event = event?;
                 let line = InsertLine {
                     lane: "insert",
@@ -181,13 +202,17 @@ async fn tail(pool: PgPool, args: TailArgs) -> CliResult {
         }
         Lane::Commit => {
             let end = outbox.commit_head().get();
-            let start = args.after.map_or(Start::Beginning, |after| Start::After(CommitSequence::new(after)));
+            let start = args.after.map_or(Start::Beginning, |after| {
+                Start::After(CommitSequence::new(after))
+            });
             let mut events = outbox.listen_committed(start);
             while printed < limit {
                 if !args.follow && args.after.unwrap_or(0) >= end {
                     break;
                 }
-                let Some(item) = next_or_interrupt(&mut events).await else { break };
+                let Some(item) = next_or_interrupt(&mut events).await else {
+                    break;
+                };
                 let item = item?;
                 let line = CommitLine {
                     lane: "commit",
@@ -254,7 +279,8 @@ fn emit(out: &mut impl Write, line: &impl Serialize, flush: bool) -> io::Result<
 }
 
 async fn fold(pool: PgPool, args: FoldArgs) -> CliResult {
-    let outbox = Outbox::<Box<serde_json::value::RawValue>>::new(pool, OutboxConfig::default()).await?;
+    let outbox =
+        Outbox::<Box<serde_json::value::RawValue>>::new(pool, OutboxConfig::default()).await?;
     eprintln!(
         "ordo fold: folding from commit sequence {} (insert frontier {}); SIGINT or SIGTERM stops",
         outbox.commit_head(),
@@ -278,7 +304,10 @@ async fn fold(pool: PgPool, args: FoldArgs) -> CliResult {
         }
     }
     outbox.shutdown().await;
-    eprintln!("ordo fold: stopped at commit sequence {}", outbox.commit_head());
+    eprintln!(
+        "ordo fold: stopped at commit sequence {}",
+        outbox.commit_head()
+    );
     Ok(())
 }
 
@@ -326,13 +355,47 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
     }
 }
 
+async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
+    if let Some(every) = args.watch
+        && !(every.is_finite() && every >= 0.1)
+    {
+        return Err("--watch takes a number of seconds, at least 0.1".into());
+    }
+    loop {
+        let status = ordo::status(&pool).await?;
+        let text = if args.json {
+            format!("{}\n", serde_json::to_string(&status)?)
+        } else if args.prometheus {
+            ordo::prometheus_text(&status)
+        } else {
+            ordo::status_table(&status)
+        };
+        let mut out = io::stdout().lock();
+        if args.watch.is_some() && !args.json && !args.prometheus {
+            // Clear the screen and go home, as `watch` does.
+            write!(out, "\x1b[2J\x1b[H")?;
+        }
+        write!(out, "{text}")?;
+        out.flush()?;
+        drop(out);
+        let Some(every) = args.watch else {
+            return Ok(());
+        };
+        tokio::select! {
+            _ = interrupted() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
+        }
+    }
+}
+
 async fn interrupted() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => return std::future::pending().await,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return std::future::pending().await,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

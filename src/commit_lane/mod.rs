@@ -61,7 +61,11 @@ impl LogCache {
             return;
         }
         let offset = (from - self.base) as usize;
-        out.extend(self.entries.range(offset.min(self.entries.len())..).take(max));
+        out.extend(
+            self.entries
+                .range(offset.min(self.entries.len())..)
+                .take(max),
+        );
     }
 }
 

@@ -178,11 +178,19 @@ async fn restart(pool: &PgPool) -> Result<Restart> {
     Ok(Restart {
         head: to_u64(row.try_get("last_commit_seq")?),
         cursor: to_u64(row.try_get("logged_through_sequence")?),
-        logged: xids.into_iter().zip(maxes.into_iter().map(to_u64)).collect(),
+        logged: xids
+            .into_iter()
+            .zip(maxes.into_iter().map(to_u64))
+            .collect(),
     })
 }
 
-async fn append(pool: &PgPool, expected: u64, covered: u64, plan: &[(i64, i64)]) -> Result<Appended> {
+async fn append(
+    pool: &PgPool,
+    expected: u64,
+    covered: u64,
+    plan: &[(i64, i64)],
+) -> Result<Appended> {
     let xids: Vec<i64> = plan.iter().map(|(xid, _)| *xid).collect();
     let lows: Vec<i64> = plan.iter().map(|(_, low)| *low).collect();
     let rows = sqlx::query(APPEND)

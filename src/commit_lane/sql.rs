@@ -63,8 +63,7 @@ RETURNING commit_seq, sequence, group_last
 "#;
 
 /// The log head, for processes that do not run a sequencer.
-pub(crate) const HEAD: &str =
-    "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton";
+pub(crate) const HEAD: &str = "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton";
 
 /// A page of the log joined to its events, in `(after, upto]`.
 pub(super) const PAGE: &str = r#"

@@ -34,7 +34,10 @@ pub(crate) async fn run(
             }
             _ = tokio::time::sleep(resync) => {}
         }
-        match sqlx::query_scalar::<_, i64>(HEAD_SQL).fetch_one(&pool).await {
+        match sqlx::query_scalar::<_, i64>(HEAD_SQL)
+            .fetch_one(&pool)
+            .await
+        {
             Ok(head) => commit.publish_head(to_u64(head)),
             Err(error) => tracing::warn!(%error, "reading the commit log head failed"),
         }

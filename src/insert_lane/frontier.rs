@@ -245,7 +245,11 @@ where
                 max_poll: self.config.resync_interval,
                 timeout: self.config.gap_fill_timeout,
             };
-            tracing::debug!(from = at, upto, "hole outlived the grace; proving it abandoned");
+            tracing::debug!(
+                from = at,
+                upto,
+                "hole outlived the grace; proving it abandoned"
+            );
             let handle = tokio::spawn(async move { resolver.resolve(at, upto).await });
             self.resolver = Some((at, handle));
         }

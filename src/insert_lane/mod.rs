@@ -14,8 +14,8 @@ pub(crate) mod resolve;
 pub(crate) mod rows;
 pub(crate) mod wakeup;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};

@@ -86,7 +86,9 @@ where
         let mut out = Vec::new();
         let lookup = match self.shared.cache.read() {
             Ok(cache) => cache.read(self.next, CACHE_BATCH, &mut out),
-            Err(_) => Lookup::Behind { before: frontier + 1 },
+            Err(_) => Lookup::Behind {
+                before: frontier + 1,
+            },
         };
         match lookup {
             Lookup::Hit => {}

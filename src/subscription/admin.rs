@@ -110,17 +110,29 @@ pub async fn resume_subscription(pool: &PgPool, name: &str) -> Result<()> {
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription.
 pub async fn reset_subscription(pool: &PgPool, name: &str, to: u64) -> Result<()> {
-    let done = sqlx::query(RESET).bind(name).bind(to_i64(to)).execute(pool).await?;
+    let done = sqlx::query(RESET)
+        .bind(name)
+        .bind(to_i64(to))
+        .execute(pool)
+        .await?;
     if done.rows_affected() == 0 {
-        return Err(Error::UnknownSubscription { name: name.to_owned() });
+        return Err(Error::UnknownSubscription {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }
 
 async fn set_status(pool: &PgPool, name: &str, status: &str) -> Result<()> {
-    let done = sqlx::query(SET_STATUS).bind(name).bind(status).execute(pool).await?;
+    let done = sqlx::query(SET_STATUS)
+        .bind(name)
+        .bind(status)
+        .execute(pool)
+        .await?;
     if done.rows_affected() == 0 {
-        return Err(Error::UnknownSubscription { name: name.to_owned() });
+        return Err(Error::UnknownSubscription {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }

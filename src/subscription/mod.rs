@@ -23,7 +23,8 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::rows::to_i64;
 use crate::task::StopSignal;
 pub use admin::{
-    SubscriptionRow, list_subscriptions, pause_subscription, reset_subscription, resume_subscription,
+    SubscriptionRow, list_subscriptions, pause_subscription, reset_subscription,
+    resume_subscription,
 };
 pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
 pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};

@@ -297,7 +297,9 @@ where
             );
             let exhausted = !failure.retryable || attempt >= self.config.retry.max_attempts;
             if exhausted {
-                return self.exhaust(unit, position, attempt, &failure.message).await;
+                return self
+                    .exhaust(unit, position, attempt, &failure.message)
+                    .await;
             }
             if let Some(flow) = self.record_failure(attempt, &failure.message).await {
                 return Outcome::Flow(flow);
@@ -428,7 +430,13 @@ where
         }
     }
 
-    async fn exhaust(&mut self, unit: &[Item<P>], position: u64, attempts: u32, message: &str) -> Outcome {
+    async fn exhaust(
+        &mut self,
+        unit: &[Item<P>],
+        position: u64,
+        attempts: u32,
+        message: &str,
+    ) -> Outcome {
         match self.config.on_exhaustion {
             OnExhaustion::Halt => {
                 let halted = sqlx::query(sql::HALT)
@@ -445,13 +453,15 @@ where
                 tracing::error!(subscription = %self.config.name, position, %message, "subscription halted");
                 Outcome::Flow(Flow::Reclaim)
             }
-            OnExhaustion::DeadLetter => match self.dead_letter(unit, position, attempts, message).await {
-                Ok(outcome) => outcome,
-                Err(error) => {
-                    tracing::warn!(%error, "dead-lettering failed; will try again");
-                    Outcome::Flow(self.pause(ERROR_BACKOFF).await)
+            OnExhaustion::DeadLetter => {
+                match self.dead_letter(unit, position, attempts, message).await {
+                    Ok(outcome) => outcome,
+                    Err(error) => {
+                        tracing::warn!(%error, "dead-lettering failed; will try again");
+                        Outcome::Flow(self.pause(ERROR_BACKOFF).await)
+                    }
                 }
-            },
+            }
         }
     }
 

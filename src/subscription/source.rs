@@ -49,9 +49,12 @@ where
         after: u64,
     ) -> Self {
         let reader = match ordering {
-            Ordering::Insert => {
-                Reader::Insert(LaneReader::new(Arc::clone(lane), stop, ReadMode::Full, after))
-            }
+            Ordering::Insert => Reader::Insert(LaneReader::new(
+                Arc::clone(lane),
+                stop,
+                ReadMode::Full,
+                after,
+            )),
             Ordering::Commit => Reader::Commit(CommitReader::new(
                 Arc::clone(lane),
                 Arc::clone(commit),

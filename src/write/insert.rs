@@ -48,7 +48,10 @@ pub(crate) struct Inserted {
 }
 
 /// Inserts every buffered event in one statement on `conn`.
-pub(crate) async fn insert<P>(conn: &mut PgConnection, events: &[Buffered<P>]) -> Result<Vec<Inserted>> {
+pub(crate) async fn insert<P>(
+    conn: &mut PgConnection,
+    events: &[Buffered<P>],
+) -> Result<Vec<Inserted>> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload_json.as_str()).collect();
     let headers: Vec<&str> = events.iter().map(|e| e.headers_json.as_str()).collect();
@@ -72,7 +75,8 @@ pub(crate) async fn insert<P>(conn: &mut PgConnection, events: &[Buffered<P>]) -
 
 /// Pairs each committed row with its typed event, giving the lane's slots in sequence order.
 pub(crate) fn into_slots<P>(events: Vec<Buffered<P>>, rows: Vec<Inserted>) -> Vec<Slot<P>> {
-    let in_order = events.len() == rows.len() && events.iter().zip(&rows).all(|(e, r)| e.id == r.id);
+    let in_order =
+        events.len() == rows.len() && events.iter().zip(&rows).all(|(e, r)| e.id == r.id);
     let mut pairs: Vec<(Buffered<P>, Inserted)> = if in_order {
         events.into_iter().zip(rows).collect()
     } else {
@@ -103,7 +107,10 @@ pub(crate) fn into_slots<P>(events: Vec<Buffered<P>>, rows: Vec<Inserted>) -> Ve
 }
 
 pub(crate) fn sequences(rows: &[Inserted]) -> Vec<EventSequence> {
-    let mut out: Vec<EventSequence> = rows.iter().map(|r| EventSequence::new(r.sequence)).collect();
+    let mut out: Vec<EventSequence> = rows
+        .iter()
+        .map(|r| EventSequence::new(r.sequence))
+        .collect();
     out.sort();
     out
 }

@@ -103,8 +103,12 @@ where
         let (commits, commits_rx) = mpsc::unbounded_channel();
         let committed = watch::Sender::new(0);
 
-        let frontier_task =
-            FrontierTask::new(Arc::clone(&lane), commits_rx, tasks.signal(), config.clone());
+        let frontier_task = FrontierTask::new(
+            Arc::clone(&lane),
+            commits_rx,
+            tasks.signal(),
+            config.clone(),
+        );
         tasks.spawn("insert_lane.frontier", frontier_task.run());
         if config.cross_process_wakeups {
             tasks.spawn(
@@ -297,6 +301,16 @@ where
             subscriber,
         )
         .await
+    }
+
+    /// The outbox's state as the database shows it: positions, lag of each lane and each
+    /// subscription, and stalls with the transaction holding them. Same as
+    /// [`status`](crate::status) on this outbox's pool; made for health endpoints.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if a query fails.
+    pub async fn status(&self) -> Result<crate::OutboxStatus> {
+        crate::status(&self.inner.pool).await
     }
 
     /// Stops the background tasks, each after the step in hand, and ends every listener

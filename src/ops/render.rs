@@ -1,0 +1,243 @@
+//! [`OutboxStatus`] for people (a table) and for Prometheus (text exposition format).
+
+use std::fmt::Write;
+
+use super::status::{LagClock, OutboxStatus, Stall};
+
+fn age(seconds: Option<f64>) -> String {
+    match seconds {
+        None => "-".to_owned(),
+        Some(s) if s < 1.0 => format!("{:.0}ms", s * 1e3),
+        Some(s) if s < 120.0 => format!("{s:.1}s"),
+        Some(s) if s < 7_200.0 => format!("{:.1}m", s / 60.0),
+        Some(s) => format!("{:.1}h", s / 3_600.0),
+    }
+}
+
+/// A readable report of `status`, as `ordo status` prints it.
+pub fn status_table(status: &OutboxStatus) -> String {
+    let mut out = String::new();
+    let clock = match status.lag_clock {
+        LagClock::CommitTimestamp => "commit time (track_commit_timestamp = on)",
+        LagClock::RecordedAt => "recorded_at (turn on track_commit_timestamp for commit-time lag)",
+    };
+    let _ = writeln!(
+        out,
+        "ordo status at {}",
+        status.measured_at.format("%Y-%m-%d %H:%M:%S%.3f UTC")
+    );
+    let _ = writeln!(out, "lag measured from {clock}");
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>12} {:>10}",
+        "LANE", "POSITION", "LAG EVENTS", "LAG AGE"
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>12} {:>10}   (head {}, highest committed {})",
+        "insert",
+        status.insert_frontier,
+        status.insert_lane.events,
+        age(status.insert_lane.seconds),
+        status.sequence_head,
+        status.committed_head
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>12} {:>10}   (logged through sequence {}, last append {} ago)",
+        "commit",
+        status.commit_head,
+        status.commit_lane.events,
+        age(status.commit_lane.seconds),
+        status.logged_through_sequence,
+        age(status.sequencer_idle_seconds)
+    );
+    let _ = writeln!(out);
+    if status.subscriptions.is_empty() {
+        let _ = writeln!(out, "no subscriptions");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7}  LAST ERROR",
+            "SUBSCRIPTION", "LANE", "POSITION", "LAG", "OLDEST", "STATUS"
+        );
+        for sub in &status.subscriptions {
+            let _ = writeln!(
+                out,
+                "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7}  {}",
+                sub.name,
+                sub.lane,
+                sub.position,
+                sub.lag,
+                age(sub.oldest_unprocessed_seconds),
+                sub.status,
+                sub.last_error.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    let _ = writeln!(out);
+    if status.stalls.is_empty() {
+        let _ = writeln!(out, "no stalls");
+    }
+    for stall in &status.stalls {
+        write_stall(&mut out, stall);
+    }
+    out
+}
+
+fn write_stall(out: &mut String, stall: &Stall) {
+    let _ = writeln!(
+        out,
+        "STALL on the {} lane for {}: {}",
+        stall.lane,
+        age(stall.seconds),
+        stall.reason
+    );
+    let backends = stall
+        .holder
+        .iter()
+        .map(|b| ("holder", b))
+        .chain(stall.suspects.iter().map(|b| ("suspect", b)));
+    for (role, backend) in backends {
+        let _ = writeln!(
+            out,
+            "  {role}: pid {} application {:?} state {:?} transaction age {}  query: {}",
+            backend.pid,
+            backend.application_name,
+            backend.state,
+            age(backend.transaction_seconds),
+            backend.query.replace('\n', " ")
+        );
+    }
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `status` in Prometheus text exposition format (gauges), as `ordo status --prometheus`
+/// prints it.
+pub fn prometheus_text(status: &OutboxStatus) -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, samples: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let plain = |value: f64| vec![(String::new(), value)];
+    gauge(
+        "ordo_sequence_head",
+        "Highest sequence drawn, committed or not.",
+        &plain(status.sequence_head.get() as f64),
+    );
+    gauge(
+        "ordo_committed_head",
+        "Highest committed sequence.",
+        &plain(status.committed_head.get() as f64),
+    );
+    gauge(
+        "ordo_insert_frontier",
+        "Every sequence at or below it is resolved.",
+        &plain(status.insert_frontier.get() as f64),
+    );
+    gauge(
+        "ordo_commit_head",
+        "Rows in the commit log.",
+        &plain(status.commit_head.get() as f64),
+    );
+    gauge(
+        "ordo_logged_through_sequence",
+        "Every real event at or below it is logged.",
+        &plain(status.logged_through_sequence.get() as f64),
+    );
+    let lanes = |events: bool| {
+        [
+            ("insert", &status.insert_lane),
+            ("commit", &status.commit_lane),
+        ]
+        .iter()
+        .filter_map(|(lane, lag)| {
+            let value = if events {
+                Some(lag.events as f64)
+            } else {
+                lag.seconds
+            };
+            value.map(|v| (format!("{{lane=\"{lane}\"}}"), v))
+        })
+        .collect::<Vec<_>>()
+    };
+    gauge(
+        "ordo_lane_lag_events",
+        "Committed events a lane has not passed yet.",
+        &lanes(true),
+    );
+    gauge(
+        "ordo_lane_lag_seconds",
+        "Age of the oldest event a lane has not passed yet.",
+        &lanes(false),
+    );
+    let subs = |value: &dyn Fn(&super::status::SubscriptionLag) -> Option<f64>| {
+        status
+            .subscriptions
+            .iter()
+            .filter_map(|s| {
+                value(s).map(|v| {
+                    (
+                        format!(
+                            "{{subscription=\"{}\",lane=\"{}\"}}",
+                            escape(&s.name),
+                            s.lane
+                        ),
+                        v,
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    gauge(
+        "ordo_subscription_position",
+        "A subscription's checkpoint.",
+        &subs(&|s| Some(s.position as f64)),
+    );
+    gauge(
+        "ordo_subscription_lag",
+        "Positions between a subscription's checkpoint and its lane's head.",
+        &subs(&|s| Some(s.lag as f64)),
+    );
+    gauge(
+        "ordo_subscription_oldest_unprocessed_seconds",
+        "Age of the first event a subscription has not handled.",
+        &subs(&|s| s.oldest_unprocessed_seconds),
+    );
+    gauge(
+        "ordo_subscription_halted",
+        "1 when a subscription is halted.",
+        &subs(&|s| Some(f64::from(u8::from(s.status == "halted")))),
+    );
+    let stalls: Vec<(String, f64)> = status
+        .stalls
+        .iter()
+        .map(|s| {
+            let holder = s
+                .holder
+                .as_ref()
+                .map_or(String::new(), |b| b.pid.to_string());
+            (
+                format!("{{lane=\"{}\",holder_pid=\"{holder}\"}}", s.lane),
+                s.seconds.unwrap_or(0.0),
+            )
+        })
+        .collect();
+    gauge(
+        "ordo_stall_seconds",
+        "How long a lane has been held back, by lane and holder.",
+        &stalls,
+    );
+    out
+}

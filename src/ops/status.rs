@@ -1,0 +1,331 @@
+//! [`OutboxStatus`]: is it delivering, how far behind is each consumer, and if it is stuck,
+//! who is holding it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use super::sql;
+use crate::error::Result;
+use crate::insert_lane::rows::{initial_frontier, to_i64, to_u64};
+use crate::position::{CommitSequence, EventSequence};
+
+/// Which clock the ages are measured on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LagClock {
+    /// `track_commit_timestamp` is on: ages run from the source transaction's commit.
+    CommitTimestamp,
+    /// Ages run from `recorded_at`, the source transaction's start (an overestimate by the
+    /// transaction's duration). Turn on `track_commit_timestamp` for commit-time lag.
+    RecordedAt,
+}
+
+/// How far a lane is behind.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct LaneLag {
+    /// Committed events the lane has not passed yet.
+    pub events: u64,
+    /// The age of the oldest of them, in seconds, on [`OutboxStatus::lag_clock`].
+    pub seconds: Option<f64>,
+}
+
+/// A durable subscription's progress.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct SubscriptionLag {
+    /// The subscription's name.
+    pub name: String,
+    /// `insert` or `commit`.
+    pub lane: String,
+    /// Its checkpoint.
+    pub position: u64,
+    /// Positions between the checkpoint and the lane's head.
+    pub lag: u64,
+    /// Seconds since the first event it has not handled was committed (or recorded).
+    pub oldest_unprocessed_seconds: Option<f64>,
+    /// `active`, `paused` or `halted`.
+    pub status: String,
+    /// Failed attempts on its current event.
+    pub attempts: u32,
+    /// Its last handler error.
+    pub last_error: Option<String>,
+}
+
+/// A database backend, as `pg_stat_activity` shows it.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct Backend {
+    /// Its process id (`pg_terminate_backend(pid)` ends it).
+    pub pid: i32,
+    /// Its `application_name`.
+    pub application_name: String,
+    /// Its state (`active`, `idle in transaction`, …).
+    pub state: String,
+    /// Seconds since its transaction started.
+    pub transaction_seconds: Option<f64>,
+    /// The first 200 characters of its current or last query.
+    pub query: String,
+}
+
+/// A lane waiting on something, and who is holding it.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct Stall {
+    /// `insert` or `commit`.
+    pub lane: &'static str,
+    /// What the lane waits on, in words.
+    pub reason: String,
+    /// The unresolved sequence the insert lane waits on.
+    pub waiting_on: Option<EventSequence>,
+    /// How long it has been waiting, in seconds, at least.
+    pub seconds: Option<f64>,
+    /// The transaction holding it, when it could be identified for certain (its row for the
+    /// sequence exists, uncommitted).
+    pub holder: Option<Backend>,
+    /// When the holder has not written its row yet: the open transactions with an xid older than
+    /// the wait, oldest first.
+    pub suspects: Vec<Backend>,
+}
+
+/// Everything `ordo status` shows.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct OutboxStatus {
+    /// When the figures were read (database clock).
+    pub measured_at: DateTime<Utc>,
+    /// The highest sequence drawn (committed or not).
+    pub sequence_head: EventSequence,
+    /// The highest committed sequence.
+    pub committed_head: EventSequence,
+    /// Every sequence at or below it is resolved (an event or a placeholder).
+    pub insert_frontier: EventSequence,
+    /// Rows in the commit log.
+    pub commit_head: CommitSequence,
+    /// Every real event at or below it is in the commit log.
+    pub logged_through_sequence: EventSequence,
+    /// Seconds since a sequencer last appended.
+    pub sequencer_idle_seconds: Option<f64>,
+    /// The clock ages are measured on.
+    pub lag_clock: LagClock,
+    /// Committed events above the insert frontier (waiting on a hole).
+    pub insert_lane: LaneLag,
+    /// Resolved real events the commit log does not hold yet.
+    pub commit_lane: LaneLag,
+    /// Every durable subscription.
+    pub subscriptions: Vec<SubscriptionLag>,
+    /// What holds a lane back, with the transaction responsible where it can be named.
+    pub stalls: Vec<Stall>,
+}
+
+/// Below this, a wait is a transaction committing out of order, not a stall worth naming.
+const STALL_AFTER: Duration = Duration::from_millis(200);
+
+fn seconds(row: &PgRow, column: &str) -> Result<Option<f64>> {
+    Ok(row.try_get::<Option<f64>, _>(column)?)
+}
+
+/// Reads the outbox's state from the database behind `pool`, names the transactions holding a
+/// lane, and returns it all. Cheap on large tables while a sequencer keeps up (every query is
+/// bounded by the frontier or the log's cursor); probing a stall's holder takes up to 0.4 s.
+///
+/// # Errors
+/// [`Error::Database`](crate::Error::Database) if a query fails (for instance, the schema is
+/// not migrated).
+pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
+    let row = sqlx::query(sql::POSITIONS).fetch_one(pool).await?;
+    let sequence_head = to_u64(row.try_get("sequence_head")?);
+    let committed_head = to_u64(row.try_get("committed_head")?);
+    let commit_head = to_u64(row.try_get("last_commit_seq")?);
+    let logged_through = to_u64(row.try_get("logged_through_sequence")?);
+    let idle: Option<sqlx::postgres::types::PgInterval> = row.try_get("sequencer_idle")?;
+    let commit_timestamps: bool = row.try_get("commit_timestamps")?;
+    let measured_at: DateTime<Utc> = row.try_get("measured_at")?;
+    let frontier = initial_frontier(pool).await?;
+
+    let lag = sqlx::query(sql::INSERT_LAG)
+        .bind(to_i64(frontier))
+        .bind(commit_timestamps)
+        .fetch_one(pool)
+        .await?;
+    let insert_lane = LaneLag {
+        events: to_u64(lag.try_get("events")?),
+        seconds: seconds(&lag, "age")?,
+    };
+    let lag = sqlx::query(sql::COMMIT_LAG)
+        .bind(to_i64(logged_through))
+        .bind(to_i64(frontier))
+        .bind(commit_timestamps)
+        .fetch_one(pool)
+        .await?;
+    let commit_lane = LaneLag {
+        events: to_u64(lag.try_get("events")?),
+        seconds: seconds(&lag, "age")?,
+    };
+    let subscriptions = subscriptions(pool, commit_head, committed_head, commit_timestamps).await?;
+    let sequencer_idle_seconds =
+        idle.map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
+
+    let mut stalls = Vec::new();
+    let stuck_for = insert_lane.seconds.unwrap_or(0.0);
+    if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
+        stalls.push(insert_stall(pool, frontier + 1, stuck_for).await?);
+    }
+    let folded_late = commit_lane.seconds.unwrap_or(0.0);
+    if commit_lane.events > 0 && folded_late >= 1.0 {
+        stalls.push(Stall {
+            lane: "commit",
+            reason: format!(
+                "{} resolved events wait for the sequencer, which last appended {} ago; is any process folding (an Outbox with the sequencer on, or `ordo fold`)?",
+                commit_lane.events,
+                sequencer_idle_seconds.map_or("never".to_owned(), |s| format!("{s:.1}s"))
+            ),
+            waiting_on: None,
+            seconds: Some(folded_late),
+            holder: None,
+            suspects: Vec::new(),
+        });
+    }
+    Ok(OutboxStatus {
+        measured_at,
+        sequence_head: EventSequence::new(sequence_head),
+        committed_head: EventSequence::new(committed_head),
+        insert_frontier: EventSequence::new(frontier),
+        commit_head: CommitSequence::new(commit_head),
+        logged_through_sequence: EventSequence::new(logged_through),
+        sequencer_idle_seconds,
+        lag_clock: if commit_timestamps {
+            LagClock::CommitTimestamp
+        } else {
+            LagClock::RecordedAt
+        },
+        insert_lane,
+        commit_lane,
+        subscriptions,
+        stalls,
+    })
+}
+
+async fn subscriptions(
+    pool: &PgPool,
+    commit_head: u64,
+    committed_head: u64,
+    commit_timestamps: bool,
+) -> Result<Vec<SubscriptionLag>> {
+    let rows = sqlx::query(sql::SUBSCRIPTIONS)
+        .bind(to_i64(commit_head))
+        .bind(to_i64(committed_head))
+        .bind(commit_timestamps)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(SubscriptionLag {
+                name: row.try_get("name")?,
+                lane: row.try_get("lane")?,
+                position: to_u64(row.try_get("position")?),
+                lag: to_u64(row.try_get("lag")?),
+                oldest_unprocessed_seconds: seconds(row, "oldest_unprocessed")?,
+                status: row.try_get("status")?,
+                attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+                last_error: row.try_get("last_error")?,
+            })
+        })
+        .collect()
+}
+
+/// Names the transaction holding `hole`: a probe insert of a placeholder at the hole waits on
+/// the holder's uncommitted row, if it has one, and `pg_blocking_pids` names it. The probe is
+/// always rolled back.
+async fn insert_stall(pool: &PgPool, hole: u64, stuck_for: f64) -> Result<Stall> {
+    let mut probe = pool.begin().await?;
+    let probe_pid: i32 = sqlx::query_scalar(sql::BACKEND_PID)
+        .fetch_one(&mut *probe)
+        .await?;
+    sqlx::query(sql::PROBE_LOCK_TIMEOUT)
+        .execute(&mut *probe)
+        .await?;
+    let blockers = {
+        let waiting = sqlx::query(sql::PROBE)
+            .bind(to_i64(hole))
+            .execute(&mut *probe);
+        let watching = async {
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let blockers: Vec<i32> = sqlx::query_scalar(sql::BLOCKERS)
+                    .bind(probe_pid)
+                    .fetch_one(pool)
+                    .await?;
+                if !blockers.is_empty() {
+                    return Ok::<_, crate::Error>(blockers);
+                }
+            }
+            Ok(Vec::new())
+        };
+        let mut waiting = std::pin::pin!(waiting);
+        let blockers = tokio::select! {
+            // Not blocked: the holder has no row at the hole (yet, or ever).
+            _ = &mut waiting => Vec::new(),
+            blockers = watching => blockers?,
+        };
+        // Let the probe end (its lock timeout bounds the wait) before rolling it back.
+        let _ = waiting.await;
+        blockers
+    };
+    // Whatever the probe did, none of it may stay.
+    let _ = probe.rollback().await;
+
+    let holder = backends(pool, &blockers).await?.into_iter().next();
+    let suspects = if holder.is_some() {
+        Vec::new()
+    } else {
+        let pids: Vec<i32> = sqlx::query_scalar(sql::OPEN_WRITERS)
+            .bind(stuck_for)
+            .fetch_all(pool)
+            .await?;
+        backends(pool, &pids).await?
+    };
+    let reason = match &holder {
+        Some(backend) => format!(
+            "sequence {hole} is held by an open transaction (pid {}, {}) that has written it but not committed",
+            backend.pid, backend.state
+        ),
+        None => format!(
+            "sequence {hole} was drawn by a transaction that has not written its row; it will be proven abandoned or committed"
+        ),
+    };
+    Ok(Stall {
+        lane: "insert",
+        reason,
+        waiting_on: Some(EventSequence::new(hole)),
+        seconds: Some(stuck_for),
+        holder,
+        suspects,
+    })
+}
+
+async fn backends(pool: &PgPool, pids: &[i32]) -> Result<Vec<Backend>> {
+    if pids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(sql::BACKENDS)
+        .bind(pids)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Backend {
+                pid: row.try_get("pid")?,
+                application_name: row.try_get("application_name")?,
+                state: row.try_get("state")?,
+                transaction_seconds: seconds(row, "transaction_age")?,
+                query: row.try_get("query")?,
+            })
+        })
+        .collect()
+}
