@@ -28,9 +28,16 @@ struct Tick {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let seconds: u64 = std::env::var("ORDO_LOAD_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
-    let cold_events: i64 = std::env::var("ORDO_COLD_EVENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
-    let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let seconds: u64 = std::env::var("ORDO_LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let cold_events: i64 = std::env::var("ORDO_COLD_EVENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
 
     let scratch = Scratch::create(&server).await?;
     writers_and_fold(&scratch, seconds).await?;
@@ -56,7 +63,8 @@ async fn main() -> Result<()> {
 async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
     let writer_pool = scratch.pool(10).await?;
     let folding_writers = Outbox::<Tick>::new(writer_pool.clone(), OutboxConfig::default()).await?;
-    let plain_writers = Outbox::<Tick>::new(writer_pool, OutboxConfig::default().sequencer(false)).await?;
+    let plain_writers =
+        Outbox::<Tick>::new(writer_pool, OutboxConfig::default().sequencer(false)).await?;
     let current = Arc::new(std::sync::RwLock::new(folding_writers.clone()));
     let committed_at = Arc::new(dashmap_like::Map::default());
     let start = Instant::now();
@@ -66,11 +74,18 @@ async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
     let mut tasks = Vec::new();
     for writer in 0..8u32 {
         let current = Arc::clone(&current);
-        let (stop, written, committed_at) = (Arc::clone(&stop), Arc::clone(&written), Arc::clone(&committed_at));
+        let (stop, written, committed_at) = (
+            Arc::clone(&stop),
+            Arc::clone(&written),
+            Arc::clone(&committed_at),
+        );
         tasks.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let outbox = current.read().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+                let outbox = current
+                    .read()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .clone();
                 let mut tx = outbox.begin().await?;
                 tx.publish(Tick { writer, n })?;
                 tx.commit().await?;
@@ -92,9 +107,15 @@ async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
         let mut received = Vec::new();
         let until = Instant::now() + phase_a;
         while Instant::now() < until {
-            let Ok(Some(item)) = tokio::time::timeout_at(until.into(), lane.next()).await else { break };
+            let Ok(Some(item)) = tokio::time::timeout_at(until.into(), lane.next()).await else {
+                break;
+            };
             let item = item?;
-            received.push((item.event.payload.writer, item.event.payload.n, start.elapsed().as_micros() as u64));
+            received.push((
+                item.event.payload.writer,
+                item.event.payload.n,
+                start.elapsed().as_micros() as u64,
+            ));
         }
         anyhow::Ok(received)
     });
@@ -170,7 +191,9 @@ async fn paced_commit_lane_latency(scratch: &Scratch, seconds: u64) -> Result<()
     let insert_side = tokio::spawn(async move {
         let mut received = Vec::new();
         for _ in 0..count {
-            let Some(event) = insert_lane.next().await else { break };
+            let Some(event) = insert_lane.next().await else {
+                break;
+            };
             received.push((0, event?.payload.n, start.elapsed().as_micros() as u64));
         }
         anyhow::Ok(received)
@@ -196,7 +219,10 @@ async fn paced_commit_lane_latency(scratch: &Scratch, seconds: u64) -> Result<()
     let insert_histogram = inserted_at.latencies(&insert_side.await??)?;
     let commit_histogram = committed_at.latencies(&commit_side.await??)?;
     println!("paced 500 tx/s for {seconds}s, in-process listeners");
-    for (lane, h) in [("insert lane", insert_histogram), ("commit lane", commit_histogram)] {
+    for (lane, h) in [
+        ("insert lane", insert_histogram),
+        ("commit lane", commit_histogram),
+    ] {
         println!(
             "{lane}: commit->listener p50 {} us  p99 {} us  p999 {} us  max {} us",
             h.value_at_quantile(0.5),
@@ -237,7 +263,10 @@ async fn cold_fold(scratch: &Scratch, events: i64) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let folding = started.elapsed();
-    println!("cold fold: {events} events in groups of 10 (loaded in {:.1}s)", load.as_secs_f64());
+    println!(
+        "cold fold: {events} events in groups of 10 (loaded in {:.1}s)",
+        load.as_secs_f64()
+    );
     println!(
         "cold fold rate        {:>10.0} events/s  {:>8.0} groups/s  ({:.2}s, of which start-up {:.0} ms)",
         events as f64 / folding.as_secs_f64(),
@@ -277,26 +306,42 @@ struct Scratch {
 impl Scratch {
     async fn create(server: &str) -> Result<Self> {
         let name = format!("ordo_load_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server).await.context("connect to DATABASE_URL")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await?;
+        let admin = PgPool::connect(server)
+            .await
+            .context("connect to DATABASE_URL")?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await?;
         admin.close().await;
-        let (base, _) = server.rsplit_once('/').context("a URL with a database name")?;
+        let (base, _) = server
+            .rsplit_once('/')
+            .context("a URL with a database name")?;
         let url = format!("{base}/{name}");
         let pool = PgPool::connect(&url).await?;
         ordo::migrate(&pool).await?;
         pool.close().await;
-        Ok(Self { server: server.to_owned(), url, name })
+        Ok(Self {
+            server: server.to_owned(),
+            url,
+            name,
+        })
     }
 
     async fn pool(&self, size: u32) -> Result<PgPool> {
-        Ok(PgPoolOptions::new().max_connections(size).connect(&self.url).await?)
+        Ok(PgPoolOptions::new()
+            .max_connections(size)
+            .connect(&self.url)
+            .await?)
     }
 
     async fn drop_db(self) -> Result<()> {
         let admin = PgPool::connect(&self.server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
-            .execute(&admin)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&admin)
+        .await?;
         Ok(())
     }
 }
@@ -312,7 +357,6 @@ mod dashmap_like {
     #[derive(Default)]
     pub struct Map {
         inner: Mutex<HashMap<(u32, u64), u64>>,
-
     }
 
     impl Map {

@@ -57,7 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(&pool)
     .await?;
-    sqlx::query("TRUNCATE projection_balances").execute(&pool).await?;
+    sqlx::query("TRUNCATE projection_balances")
+        .execute(&pool)
+        .await?;
     let outbox = Outbox::<Deposited>::new(pool.clone(), OutboxConfig::default()).await?;
 
     // A fresh name per run, so the example always starts from the events it publishes now.
@@ -72,16 +74,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut last = ordo::EventSequence::BEGIN;
     for (account, cents) in [("alice", 500), ("bob", 250), ("alice", 125)] {
         let mut tx = outbox.begin().await?;
-        tx.publish(Deposited { account: account.to_owned(), cents })?;
+        tx.publish(Deposited {
+            account: account.to_owned(),
+            cents,
+        })?;
         last = tx.commit().await?.into_iter().max().unwrap_or(last);
     }
     // Where the last deposit landed in the commit log, once the sequencer has folded it.
     let mut target = None;
     for _ in 0..1_000 {
-        target = sqlx::query_scalar::<_, i64>("SELECT commit_seq FROM ordo.commit_log WHERE sequence = $1")
-            .bind(last.get() as i64)
-            .fetch_optional(&pool)
-            .await?;
+        target = sqlx::query_scalar::<_, i64>(
+            "SELECT commit_seq FROM ordo.commit_log WHERE sequence = $1",
+        )
+        .bind(last.get() as i64)
+        .fetch_optional(&pool)
+        .await?;
         if target.is_some() {
             break;
         }
@@ -91,7 +98,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (status, done) = subscription
         .wait_for(Duration::from_secs(10), |s| s.position.get() >= target)
         .await;
-    println!("subscription {name}: {:?} at position {:?}, lag {}", status.state, status.position, status.lag);
+    println!(
+        "subscription {name}: {:?} at position {:?}, lag {}",
+        status.state, status.position, status.lag
+    );
     if !done {
         return Err("the subscription did not catch up in 10 s".into());
     }
@@ -103,7 +113,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{account:>8}: {cents} cents");
     }
     subscription.shutdown().await;
-    sqlx::query("DELETE FROM ordo.subscriptions WHERE name = $1").bind(&name).execute(&pool).await?;
+    sqlx::query("DELETE FROM ordo.subscriptions WHERE name = $1")
+        .bind(&name)
+        .execute(&pool)
+        .await?;
     outbox.shutdown().await;
     Ok(())
 }

@@ -35,10 +35,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The domain write and the event commit together, or not at all.
     let mut tx = outbox.begin().await?;
-    let order_id: i64 =
-        sqlx::query_scalar("INSERT INTO quickstart_orders (total_cents) VALUES (4200) RETURNING id")
-            .fetch_one(&mut *tx)
-            .await?;
+    let order_id: i64 = sqlx::query_scalar(
+        "INSERT INTO quickstart_orders (total_cents) VALUES (4200) RETURNING id",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     tx.publish(ShopEvent::OrderPlaced {
         order_id,
         total_cents: 4200,

@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ordo::{
-    Batch, Envelope, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Subscriber,
-};
+use ordo::{Batch, Envelope, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Subscriber};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
@@ -27,7 +25,11 @@ struct Item {
 struct NoOp;
 
 impl Subscriber<Item> for NoOp {
-    async fn handle(&self, _tx: &mut PgConnection, _event: &Arc<Envelope<Item>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        _tx: &mut PgConnection,
+        _event: &Arc<Envelope<Item>>,
+    ) -> Result<(), HandlerError> {
         Ok(())
     }
 }
@@ -35,7 +37,11 @@ impl Subscriber<Item> for NoOp {
 struct InsertRow;
 
 impl Subscriber<Item> for InsertRow {
-    async fn handle(&self, tx: &mut PgConnection, event: &Arc<Envelope<Item>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<Item>>,
+    ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO sink (sequence, n) VALUES ($1, $2)")
             .bind(event.sequence.get() as i64)
             .bind(event.payload.n as i64)
@@ -49,11 +55,15 @@ impl Subscriber<Item> for InsertRow {
 async fn main() -> Result<()> {
     let per_event: i64 = env("ORDO_PER_EVENT", 5_000);
     let batched: i64 = env("ORDO_BATCHED", 50_000);
-    let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
 
     let commit_rate = baseline_commit_rate(&server, per_event).await?;
     println!("baseline: one-row UPDATE transactions on one connection: {commit_rate:.0} commits/s");
-    println!("{:<7} {:<10} {:<16} {:>8} {:>12} {:>10}", "lane", "handler", "checkpoint", "events", "events/s", "vs commits");
+    println!(
+        "{:<7} {:<10} {:<16} {:>8} {:>12} {:>10}",
+        "lane", "handler", "checkpoint", "events", "events/s", "vs commits"
+    );
     for ordering in [Ordering::Insert, Ordering::Commit] {
         for handler in ["no-op", "insert-row"] {
             for (label, batch, events) in [
@@ -63,7 +73,12 @@ async fn main() -> Result<()> {
                 let rate = run_case(&server, ordering, handler, batch, events).await?;
                 println!(
                     "{:<7} {:<10} {:<16} {:>8} {:>12.0} {:>9.2}x",
-                    ordering.as_str(), handler, label, events, rate, rate / commit_rate
+                    ordering.as_str(),
+                    handler,
+                    label,
+                    events,
+                    rate,
+                    rate / commit_rate
                 );
             }
         }
@@ -72,13 +87,24 @@ async fn main() -> Result<()> {
 }
 
 fn env(name: &str, default: i64) -> i64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
-async fn run_case(server: &str, ordering: Ordering, handler: &str, batch: Batch, events: i64) -> Result<f64> {
+async fn run_case(
+    server: &str,
+    ordering: Ordering,
+    handler: &str,
+    batch: Batch,
+    events: i64,
+) -> Result<f64> {
     let scratch = Scratch::create(server).await?;
     let pool = scratch.pool(8).await?;
-    sqlx::query("CREATE TABLE sink (sequence BIGINT NOT NULL, n BIGINT NOT NULL)").execute(&pool).await?;
+    sqlx::query("CREATE TABLE sink (sequence BIGINT NOT NULL, n BIGINT NOT NULL)")
+        .execute(&pool)
+        .await?;
     // Events in transactions of ten (explicit commit_xid values above any real one).
     sqlx::query(
         "INSERT INTO ordo.events (commit_xid, payload)
@@ -100,7 +126,9 @@ async fn run_case(server: &str, ordering: Ordering, handler: &str, batch: Batch,
         _ => outbox.subscribe(config, InsertRow).await?,
     };
     let (status, done) = handle
-        .wait_for(Duration::from_secs(600), |s| s.position.get() as i64 >= events)
+        .wait_for(Duration::from_secs(600), |s| {
+            s.position.get() as i64 >= events
+        })
         .await;
     let elapsed = started.elapsed();
     anyhow::ensure!(done, "the subscription did not finish: {status:?}");
@@ -122,7 +150,9 @@ async fn baseline_commit_rate(server: &str, transactions: i64) -> Result<f64> {
     let started = Instant::now();
     for _ in 0..transactions {
         let mut tx = pool.begin().await?;
-        sqlx::query("UPDATE counter SET n = n + 1").execute(&mut *tx).await?;
+        sqlx::query("UPDATE counter SET n = n + 1")
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
     }
     let rate = transactions as f64 / started.elapsed().as_secs_f64();
@@ -140,26 +170,42 @@ struct Scratch {
 impl Scratch {
     async fn create(server: &str) -> Result<Self> {
         let name = format!("ordo_load_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server).await.context("connect to DATABASE_URL")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await?;
+        let admin = PgPool::connect(server)
+            .await
+            .context("connect to DATABASE_URL")?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await?;
         admin.close().await;
-        let (base, _) = server.rsplit_once('/').context("a URL with a database name")?;
+        let (base, _) = server
+            .rsplit_once('/')
+            .context("a URL with a database name")?;
         let url = format!("{base}/{name}");
         let pool = PgPool::connect(&url).await?;
         ordo::migrate(&pool).await?;
         pool.close().await;
-        Ok(Self { server: server.to_owned(), url, name })
+        Ok(Self {
+            server: server.to_owned(),
+            url,
+            name,
+        })
     }
 
     async fn pool(&self, size: u32) -> Result<PgPool> {
-        Ok(sqlx::postgres::PgPoolOptions::new().max_connections(size).connect(&self.url).await?)
+        Ok(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .connect(&self.url)
+            .await?)
     }
 
     async fn drop_db(self) -> Result<()> {
         let admin = PgPool::connect(&self.server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
-            .execute(&admin)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&admin)
+        .await?;
         Ok(())
     }
 }

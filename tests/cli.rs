@@ -45,19 +45,33 @@ fn terminate(child: &mut Child) -> bool {
 async fn migrate_is_idempotent_and_tail_prints_one_json_object_per_event_on_both_lanes() {
     let db = TestDb::new().await;
     let migrated = ordo(&db, &["migrate"]);
-    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
 
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     let mut tx = outbox.begin().await.expect("begin");
-    tx.publish_all([Note { writer: 1, n: 1 }, Note { writer: 1, n: 2 }]).expect("publish");
+    tx.publish_all([Note { writer: 1, n: 1 }, Note { writer: 1, n: 2 }])
+        .expect("publish");
     tx.commit().await.expect("commit");
     assert!(
-        eventually(Duration::from_secs(10), || async { outbox.commit_head().get() == 2 }).await,
+        eventually(Duration::from_secs(10), || async {
+            outbox.commit_head().get() == 2
+        })
+        .await,
         "folded"
     );
 
     let tailed = ordo(&db, &["tail", "--lane", "insert", "--limit", "2"]);
-    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    assert!(
+        tailed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tailed.stderr)
+    );
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&tailed.stdout)
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON line"))
@@ -66,10 +80,18 @@ async fn migrate_is_idempotent_and_tail_prints_one_json_object_per_event_on_both
     assert_eq!(lines[0]["lane"], "insert");
     assert_eq!(lines[0]["sequence"], 1);
     assert_eq!(lines[1]["payload"]["n"], 2);
-    assert!(lines[0]["id"].is_string() && lines[0]["commit_xid"].is_i64() && lines[0]["recorded_at"].is_string());
+    assert!(
+        lines[0]["id"].is_string()
+            && lines[0]["commit_xid"].is_i64()
+            && lines[0]["recorded_at"].is_string()
+    );
 
     let tailed = ordo(&db, &["tail", "--lane", "commit", "--after", "1"]);
-    assert!(tailed.status.success(), "{}", String::from_utf8_lossy(&tailed.stderr));
+    assert!(
+        tailed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tailed.stderr)
+    );
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&tailed.stdout)
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON line"))
@@ -80,7 +102,11 @@ async fn migrate_is_idempotent_and_tail_prints_one_json_object_per_event_on_both
     assert_eq!(lines[0]["sequence"], 2);
     assert_eq!(lines[0]["boundary"], true);
 
-    let refused = Command::new(ORDO_BIN).args(["tail"]).env_remove("DATABASE_URL").output().expect("run ordo");
+    let refused = Command::new(ORDO_BIN)
+        .args(["tail"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run ordo");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("DATABASE_URL"));
 }
@@ -106,7 +132,11 @@ async fn fold_processes_killed_with_sigkill_and_restarted_keep_the_log_invariant
                             (rng.random_range(1..=3u32), rng.random_bool(0.25))
                         };
                         let mut tx = writer.begin().await.expect("begin");
-                        tx.publish_all((0..events).map(|k| Note { writer: id, n: n * 10 + k })).expect("publish");
+                        tx.publish_all((0..events).map(|k| Note {
+                            writer: id,
+                            n: n * 10 + k,
+                        }))
+                        .expect("publish");
                         if rollback {
                             tx.rollback().await.expect("rollback");
                         } else {
@@ -153,7 +183,9 @@ impl ordo::Subscriber<Note> for Counts {
         tx: &mut sqlx::PgConnection,
         _event: &std::sync::Arc<ordo::Envelope<Note>>,
     ) -> Result<(), ordo::HandlerError> {
-        sqlx::query("UPDATE handled SET n = n + 1").execute(&mut *tx).await?;
+        sqlx::query("UPDATE handled SET n = n + 1")
+            .execute(&mut *tx)
+            .await?;
         Ok(())
     }
 }
@@ -165,31 +197,67 @@ async fn subscriptions_lists_pauses_resumes_and_resets() {
         .execute(&db.pool)
         .await
         .expect("counter table");
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     let config = ordo::JobConfig::new("counter").lease(Duration::from_millis(300));
     let handle = outbox.subscribe(config, Counts).await.expect("subscribe");
     let mut tx = outbox.begin().await.expect("begin");
-    tx.publish_all((0..3).map(|n| Note { writer: 0, n })).expect("publish");
+    tx.publish_all((0..3).map(|n| Note { writer: 0, n }))
+        .expect("publish");
     tx.commit().await.expect("commit");
-    let (_, done) = handle.wait_for(Duration::from_secs(10), |s| s.position.get() == 3).await;
+    let (_, done) = handle
+        .wait_for(Duration::from_secs(10), |s| s.position.get() == 3)
+        .await;
     assert!(done);
 
     let listed = ordo(&db, &["subscriptions"]);
     let table = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.status.success());
-    assert!(table.lines().any(|l| l.starts_with("counter") && l.contains("insert") && l.contains("active")), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("counter") && l.contains("insert") && l.contains("active")),
+        "{table}"
+    );
     let listed = ordo(&db, &["subscriptions", "--json"]);
     let row: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("one JSON row");
-    assert_eq!((row["name"].as_str(), row["position"].as_u64(), row["lag"].as_u64()), (Some("counter"), Some(3), Some(0)));
+    assert_eq!(
+        (
+            row["name"].as_str(),
+            row["position"].as_u64(),
+            row["lag"].as_u64()
+        ),
+        (Some("counter"), Some(3), Some(0))
+    );
 
-    assert!(ordo(&db, &["subscriptions", "pause", "counter"]).status.success());
-    let (_, paused) = handle.wait_for(Duration::from_secs(10), |s| s.state == ordo::SubscriptionState::Paused).await;
+    assert!(
+        ordo(&db, &["subscriptions", "pause", "counter"])
+            .status
+            .success()
+    );
+    let (_, paused) = handle
+        .wait_for(Duration::from_secs(10), |s| {
+            s.state == ordo::SubscriptionState::Paused
+        })
+        .await;
     assert!(paused, "the runner sees the pause");
-    assert!(ordo(&db, &["subscriptions", "reset", "counter", "--to", "1"]).status.success());
-    assert!(ordo(&db, &["subscriptions", "resume", "counter"]).status.success());
+    assert!(
+        ordo(&db, &["subscriptions", "reset", "counter", "--to", "1"])
+            .status
+            .success()
+    );
+    assert!(
+        ordo(&db, &["subscriptions", "resume", "counter"])
+            .status
+            .success()
+    );
     // Replays events 2 and 3: 3 + 2 handled in all.
     let replayed = eventually(Duration::from_secs(10), || async {
-        let n: i32 = sqlx::query_scalar("SELECT n FROM handled").fetch_one(&db.pool).await.unwrap_or(0);
+        let n: i32 = sqlx::query_scalar("SELECT n FROM handled")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or(0);
         n == 5
     })
     .await;

@@ -16,7 +16,9 @@ use tokio::time::timeout;
 const PATIENCE: Duration = Duration::from_secs(30);
 
 async fn outbox_on(pool: &PgPool, config: OutboxConfig) -> Outbox<Note> {
-    Outbox::new(pool.clone(), config).await.expect("start the outbox")
+    Outbox::new(pool.clone(), config)
+        .await
+        .expect("start the outbox")
 }
 
 /// Waits until every real event is logged, then checks the invariants.
@@ -27,7 +29,10 @@ async fn quiesce_and_check(pool: &PgPool) {
     })
     .await;
     let (real, logged) = counts(pool).await;
-    assert!(caught_up, "the log did not catch up: {logged} rows for {real} events");
+    assert!(
+        caught_up,
+        "the log did not catch up: {logged} rows for {real} events"
+    );
     if let Err(broken) = check_log(pool, &ORDO).await {
         panic!("commit log invariant broken: {broken}");
     }
@@ -46,7 +51,11 @@ async fn write_burst(outbox: &Outbox<Note>, transactions_per_writer: u32) {
                     (rng.random_range(1..=4u32), rng.random_range(0..4u32))
                 };
                 let mut tx = outbox.begin().await.expect("begin");
-                tx.publish_all((0..events).map(|k| Note { writer, n: n * 10 + k })).expect("publish");
+                tx.publish_all((0..events).map(|k| Note {
+                    writer,
+                    n: n * 10 + k,
+                }))
+                .expect("publish");
                 if fate == 0 {
                     tx.rollback().await.expect("rollback");
                 } else {
@@ -93,7 +102,11 @@ async fn a_not_exists_guard_instead_of_the_state_row_cas_duplicates_groups() {
     let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
     for n in 0..50u32 {
         let mut tx = writer.begin().await.expect("begin");
-        tx.publish_all((0..4).map(|k| Note { writer: 0, n: n * 10 + k })).expect("publish");
+        tx.publish_all((0..4).map(|k| Note {
+            writer: 0,
+            n: n * 10 + k,
+        }))
+        .expect("publish");
         tx.commit().await.expect("commit");
     }
     let groups: Vec<i64> = sqlx::query_scalar(
@@ -130,19 +143,37 @@ async fn a_not_exists_guard_instead_of_the_state_row_cas_duplicates_groups() {
     for folder in folders {
         folder.await.expect("naive folder");
     }
-    let tables = common::invariants::LogTables { log: "naive_log", state: "naive_state" };
+    let tables = common::invariants::LogTables {
+        log: "naive_log",
+        state: "naive_state",
+    };
     let verdict = check_log(&db.pool, &tables).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM naive_log").fetch_one(&db.pool).await.expect("rows");
-    assert!(verdict.is_err(), "the NOT EXISTS guard should break the invariants; it wrote {rows} rows for 200 events");
-    assert!(rows > 200, "expected duplicated groups, got {rows} rows for 200 events");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM naive_log")
+        .fetch_one(&db.pool)
+        .await
+        .expect("rows");
+    assert!(
+        verdict.is_err(),
+        "the NOT EXISTS guard should break the invariants; it wrote {rows} rows for 200 events"
+    );
+    assert!(
+        rows > 200,
+        "expected duplicated groups, got {rows} rows for 200 events"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_with_a_group_straddling_the_cursor_skips_its_logged_members() {
     let db = TestDb::new().await;
-    let first = outbox_on(&db.pool, OutboxConfig::default().gap_grace(Duration::from_millis(10))).await;
+    let first = outbox_on(
+        &db.pool,
+        OutboxConfig::default().gap_grace(Duration::from_millis(10)),
+    )
+    .await;
     let insert = |n: u32| {
-        sqlx::AssertSqlSafe(format!(r#"INSERT INTO ordo.events (payload) VALUES ('{{"writer": 0, "n": {n}}}')"#))
+        sqlx::AssertSqlSafe(format!(
+            r#"INSERT INTO ordo.events (payload) VALUES ('{{"writer": 0, "n": {n}}}')"#
+        ))
     };
     // A takes 1, C takes 2 and stays open, A takes 3 and commits: the frontier stops at 1, the
     // fold logs A = {1, 3} whole and its cursor stops at 1, so 3 is logged above the cursor.
@@ -181,26 +212,40 @@ async fn restart_with_a_group_straddling_the_cursor_skips_its_logged_members() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_spanning_many_pages_is_logged_contiguously() {
     let db = TestDb::new().await;
-    let config = OutboxConfig::default().page_size(25).cache_capacity(32).fold_batch(10);
+    let config = OutboxConfig::default()
+        .page_size(25)
+        .cache_capacity(32)
+        .fold_batch(10);
     let outbox = outbox_on(&db.pool, config).await;
     // The long transaction publishes its first event early, then 200 others commit, then it
     // publishes its second: its group spans 201 sequences, eight pages.
     let mut long = db.pool.begin().await.expect("begin");
-    let first = outbox.publish_in(&mut long, [Note { writer: 1, n: 0 }]).await.expect("first");
+    let first = outbox
+        .publish_in(&mut long, [Note { writer: 1, n: 0 }])
+        .await
+        .expect("first");
     for n in 0..20u32 {
         let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..10).map(|k| Note { writer: 2, n: n * 10 + k })).expect("publish");
+        tx.publish_all((0..10).map(|k| Note {
+            writer: 2,
+            n: n * 10 + k,
+        }))
+        .expect("publish");
         tx.commit().await.expect("commit");
     }
-    let last = outbox.publish_in(&mut long, [Note { writer: 1, n: 1 }]).await.expect("last");
+    let last = outbox
+        .publish_in(&mut long, [Note { writer: 1, n: 1 }])
+        .await
+        .expect("last");
     long.commit().await.expect("commit");
     assert!(last[0].get() - first[0].get() > 200);
     quiesce_and_check(&db.pool).await;
-    let first_two: Vec<i64> =
-        sqlx::query_scalar("SELECT sequence FROM ordo.commit_log WHERE commit_seq <= 2 ORDER BY commit_seq")
-            .fetch_all(&db.pool)
-            .await
-            .expect("log head");
+    let first_two: Vec<i64> = sqlx::query_scalar(
+        "SELECT sequence FROM ordo.commit_log WHERE commit_seq <= 2 ORDER BY commit_seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("log head");
     assert_eq!(first_two, vec![first[0].get() as i64, last[0].get() as i64]);
 }
 
@@ -211,11 +256,16 @@ async fn a_process_with_no_insert_lane_listener_still_folds() {
     let mut committed = outbox.listen_committed(Start::Beginning);
     for n in 0..10u32 {
         let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all([Note { writer: 0, n }, Note { writer: 1, n }]).expect("publish");
+        tx.publish_all([Note { writer: 0, n }, Note { writer: 1, n }])
+            .expect("publish");
         tx.commit().await.expect("commit");
     }
     for expected in 1..=20u64 {
-        let item = timeout(PATIENCE, committed.next()).await.expect("in time").expect("open").expect("event");
+        let item = timeout(PATIENCE, committed.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("event");
         assert_eq!(item.commit_sequence, CommitSequence::new(expected));
         assert_eq!(item.boundary, expected % 2 == 0);
     }
@@ -225,7 +275,11 @@ async fn a_process_with_no_insert_lane_listener_still_folds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn savepoint_rollbacks_inside_a_committed_transaction_log_only_surviving_rows() {
     let db = TestDb::new().await;
-    let outbox = outbox_on(&db.pool, OutboxConfig::default().gap_grace(Duration::from_millis(10))).await;
+    let outbox = outbox_on(
+        &db.pool,
+        OutboxConfig::default().gap_grace(Duration::from_millis(10)),
+    )
+    .await;
     let mut committed = outbox.listen_committed(Start::Beginning);
     sqlx::raw_sql(
         r#"BEGIN;
@@ -243,7 +297,11 @@ async fn savepoint_rollbacks_inside_a_committed_transaction_log_only_surviving_r
     .expect("savepoint transaction");
     let mut got = Vec::new();
     for _ in 0..2 {
-        let item = timeout(PATIENCE, committed.next()).await.expect("in time").expect("open").expect("event");
+        let item = timeout(PATIENCE, committed.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("event");
         got.push((item.event.payload.n, item.boundary));
     }
     assert_eq!(got, vec![(1, false), (3, true)]);
@@ -270,11 +328,12 @@ async fn a_transaction_that_read_a_committed_row_lands_after_it() {
                 let link = (chain * 100 + step) as i32;
                 let mut tx = outbox.begin().await.expect("begin");
                 if step > 0 {
-                    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM chain WHERE link = $1")
-                        .bind(link - 1)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .expect("read the previous link");
+                    let seen: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM chain WHERE link = $1")
+                            .bind(link - 1)
+                            .fetch_one(&mut *tx)
+                            .await
+                            .expect("read the previous link");
                     assert_eq!(seen, 1, "the previous link is committed");
                 }
                 sqlx::query("INSERT INTO chain (link, author) VALUES ($1, $2)")
@@ -283,13 +342,18 @@ async fn a_transaction_that_read_a_committed_row_lands_after_it() {
                     .execute(&mut *tx)
                     .await
                     .expect("write link");
-                tx.publish(Note { writer: chain, n: step }).expect("publish");
+                tx.publish(Note {
+                    writer: chain,
+                    n: step,
+                })
+                .expect("publish");
                 let sequences = tx.commit().await.expect("commit");
-                let xid: i64 = sqlx::query_scalar("SELECT commit_xid FROM ordo.events WHERE sequence = $1")
-                    .bind(sequences[0].get() as i64)
-                    .fetch_one(&pool)
-                    .await
-                    .expect("xid");
+                let xid: i64 =
+                    sqlx::query_scalar("SELECT commit_xid FROM ordo.events WHERE sequence = $1")
+                        .bind(sequences[0].get() as i64)
+                        .fetch_one(&pool)
+                        .await
+                        .expect("xid");
                 xids.push(xid);
             }
             xids
@@ -333,7 +397,9 @@ async fn sequencers_killed_at_random_points_leave_the_invariants_true() {
             runtime.block_on(async {
                 let pool = PgPool::connect(&url).await.expect("victim pool");
                 let config = OutboxConfig::default().fold_batch(1 + (round as usize % 5));
-                let _victim = Outbox::<Note>::new(pool, config).await.expect("victim outbox");
+                let _victim = Outbox::<Note>::new(pool, config)
+                    .await
+                    .expect("victim outbox");
                 tokio::time::sleep(lifetime).await;
             });
             runtime.shutdown_background();
@@ -368,16 +434,34 @@ async fn commit_lane_listener_is_dense_across_backfill_and_live_delivery() {
         async move {
             for n in 0..4u32 {
                 let mut tx = outbox.begin().await.expect("begin");
-                tx.publish_all([Note { writer: 9, n }, Note { writer: 9, n: n + 100 }]).expect("publish");
+                tx.publish_all([
+                    Note { writer: 9, n },
+                    Note {
+                        writer: 9,
+                        n: n + 100,
+                    },
+                ])
+                .expect("publish");
                 tx.commit().await.expect("commit");
             }
         }
     });
     while expected <= total {
-        let item = timeout(PATIENCE, stream.next()).await.expect("in time").expect("open").expect("event");
-        assert_eq!(item.commit_sequence, CommitSequence::new(expected), "dense, +1 each time");
+        let item = timeout(PATIENCE, stream.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("event");
+        assert_eq!(
+            item.commit_sequence,
+            CommitSequence::new(expected),
+            "dense, +1 each time"
+        );
         if !group_open {
-            assert!(item.event.sequence.get() > last_min_sequence, "group minimums increase");
+            assert!(
+                item.event.sequence.get() > last_min_sequence,
+                "group minimums increase"
+            );
             last_min_sequence = item.event.sequence.get();
         }
         group_open = !item.boundary;

@@ -16,7 +16,9 @@ use tokio::time::timeout;
 const PATIENCE: Duration = Duration::from_secs(30);
 
 async fn outbox(pool: &sqlx::PgPool, config: OutboxConfig) -> Outbox<Note> {
-    Outbox::new(pool.clone(), config).await.expect("start the outbox")
+    Outbox::new(pool.clone(), config)
+        .await
+        .expect("start the outbox")
 }
 
 /// Takes `count` events (errors fail the test), checking strictly increasing sequences.
@@ -29,7 +31,12 @@ async fn take(stream: &mut EventStream<Note>, count: usize) -> Vec<Arc<Envelope<
             .expect("the stream ended early")
             .expect("an event, not an error");
         if let Some(last) = out.last() {
-            assert!(item.sequence > last.sequence, "sequence went {} -> {}", last.sequence, item.sequence);
+            assert!(
+                item.sequence > last.sequence,
+                "sequence went {} -> {}",
+                last.sequence,
+                item.sequence
+            );
         }
         out.push(item);
     }
@@ -63,7 +70,11 @@ async fn concurrent_writers_with_rollbacks_deliver_every_commit_once_in_order() 
                 };
                 let mut tx = outbox.begin().await.expect("begin");
                 for k in 0..events {
-                    tx.publish(Note { writer, n: n * 10 + k }).expect("publish");
+                    tx.publish(Note {
+                        writer,
+                        n: n * 10 + k,
+                    })
+                    .expect("publish");
                 }
                 match outcome {
                     0 => tx.rollback().await.expect("rollback"),
@@ -83,16 +94,30 @@ async fn concurrent_writers_with_rollbacks_deliver_every_commit_once_in_order() 
     }
     for events in [&mut local_events, &mut remote_events] {
         let got = take(events, expected.len()).await;
-        let seen: BTreeSet<(u32, u32)> = got.iter().map(|e| (e.payload.writer, e.payload.n)).collect();
+        let seen: BTreeSet<(u32, u32)> = got
+            .iter()
+            .map(|e| (e.payload.writer, e.payload.n))
+            .collect();
         assert_eq!(seen.len(), got.len(), "an event was delivered twice");
-        assert_eq!(seen, expected, "delivered set differs from the committed set");
+        assert_eq!(
+            seen, expected,
+            "delivered set differs from the committed set"
+        );
         assert_quiet(events, Duration::from_millis(200)).await;
     }
     // Per writer, commit order is publish order, so sequences must follow it too.
-    let got_again: Vec<_> = take(&mut local.listen_inserted(Start::Beginning), expected.len()).await;
+    let got_again: Vec<_> =
+        take(&mut local.listen_inserted(Start::Beginning), expected.len()).await;
     for writer in 0..8u32 {
-        let ns: Vec<u32> = got_again.iter().filter(|e| e.payload.writer == writer).map(|e| e.payload.n).collect();
-        assert!(ns.windows(2).all(|w| w[0] < w[1]), "writer {writer} out of order: {ns:?}");
+        let ns: Vec<u32> = got_again
+            .iter()
+            .filter(|e| e.payload.writer == writer)
+            .map(|e| e.payload.n)
+            .collect();
+        assert!(
+            ns.windows(2).all(|w| w[0] < w[1]),
+            "writer {writer} out of order: {ns:?}"
+        );
     }
 }
 
@@ -144,12 +169,16 @@ async fn rolled_back_writer_held_across_a_gap_is_never_delivered() {
     held.rollback().await.expect("roll back the held writer");
     let got = take(&mut events, 1).await;
     assert_eq!(got[0].payload, Note { writer: 2, n: 2 });
-    let placeholders: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE payload IS NULL AND commit_xid IS NULL")
-            .fetch_one(&db.pool)
-            .await
-            .expect("count placeholders");
-    assert_eq!(placeholders, 1, "the rolled-back sequence is resolved by one placeholder");
+    let placeholders: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ordo.events WHERE payload IS NULL AND commit_xid IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count placeholders");
+    assert_eq!(
+        placeholders, 1,
+        "the rolled-back sequence is resolved by one placeholder"
+    );
     assert_quiet(&mut events, Duration::from_millis(200)).await;
 }
 
@@ -160,14 +189,22 @@ async fn listener_from_the_beginning_receives_more_history_than_the_cache_holds(
     let outbox = outbox(&db.pool, config).await;
     for batch in 0..10u32 {
         let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..100).map(|n| Note { writer: batch, n })).expect("publish");
+        tx.publish_all((0..100).map(|n| Note { writer: batch, n }))
+            .expect("publish");
         tx.commit().await.expect("commit");
     }
     let got = take(&mut outbox.listen_inserted(Start::Beginning), 1_000).await;
     assert_eq!(got.first().map(|e| e.sequence), Some(EventSequence::new(1)));
-    assert_eq!(got.last().map(|e| e.sequence), Some(EventSequence::new(1_000)));
+    assert_eq!(
+        got.last().map(|e| e.sequence),
+        Some(EventSequence::new(1_000))
+    );
 
-    let from_middle = take(&mut outbox.listen_inserted(Start::After(EventSequence::new(500))), 500).await;
+    let from_middle = take(
+        &mut outbox.listen_inserted(Start::After(EventSequence::new(500))),
+        500,
+    )
+    .await;
     assert_eq!(from_middle[0].sequence, EventSequence::new(501));
 }
 
@@ -178,14 +215,20 @@ async fn payloads_around_the_toast_threshold_and_of_a_megabyte_round_trip() {
         data: String,
     }
     let db = TestDb::new().await;
-    let outbox = Outbox::<Blob>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
-    let remote = Outbox::<Blob>::new(db.another_pool(3).await, OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Blob>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let remote = Outbox::<Blob>::new(db.another_pool(3).await, OutboxConfig::default())
+        .await
+        .expect("outbox");
     let mut local_events = outbox.listen_inserted(Start::Beginning);
     let mut remote_events = remote.listen_inserted(Start::Beginning);
     let sizes = [7_999usize, 8_000, 8_001, 1_000_000];
     for size in sizes {
         // `{"data":"…"}` is 11 bytes around the string.
-        let blob = Blob { data: "x".repeat(size - 11) };
+        let blob = Blob {
+            data: "x".repeat(size - 11),
+        };
         assert_eq!(serde_json::to_string(&blob).expect("json").len(), size);
         let mut tx = outbox.begin().await.expect("begin");
         tx.publish(blob).expect("publish");
@@ -193,14 +236,19 @@ async fn payloads_around_the_toast_threshold_and_of_a_megabyte_round_trip() {
     }
     for events in [&mut local_events, &mut remote_events] {
         for size in sizes {
-            let event = timeout(PATIENCE, events.next()).await.expect("in time").expect("open").expect("event");
+            let event = timeout(PATIENCE, events.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("event");
             assert_eq!(event.payload.data.len(), size - 11);
         }
     }
-    let stored: Vec<i32> = sqlx::query_scalar("SELECT length(payload::text) FROM ordo.events ORDER BY sequence")
-        .fetch_all(&db.pool)
-        .await
-        .expect("stored sizes");
+    let stored: Vec<i32> =
+        sqlx::query_scalar("SELECT length(payload::text) FROM ordo.events ORDER BY sequence")
+            .fetch_all(&db.pool)
+            .await
+            .expect("stored sizes");
     assert_eq!(stored.len(), 4);
 }
 
@@ -219,7 +267,10 @@ async fn plain_sql_inserts_from_another_connection_are_delivered() {
         .expect("plain insert");
     }
     let got = take(&mut events, 5).await;
-    assert_eq!(got.iter().map(|e| e.payload.n).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(
+        got.iter().map(|e| e.payload.n).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
     assert!(got.iter().all(|e| e.commit_xid > 0));
 }
 
@@ -236,9 +287,14 @@ async fn undecodable_payload_is_an_error_item_and_the_next_event_still_arrives()
     tx.publish(Note { writer: 1, n: 2 }).expect("publish");
     tx.commit().await.expect("commit");
 
-    let first = timeout(PATIENCE, events.next()).await.expect("in time").expect("open");
+    let first = timeout(PATIENCE, events.next())
+        .await
+        .expect("in time")
+        .expect("open");
     match first {
-        Err(Error::UndecodablePayload { sequence, .. }) => assert_eq!(sequence, EventSequence::new(1)),
+        Err(Error::UndecodablePayload { sequence, .. }) => {
+            assert_eq!(sequence, EventSequence::new(1))
+        }
         other => panic!("expected an undecodable-payload error, got {other:?}"),
     }
     let next = take(&mut events, 1).await;
@@ -256,7 +312,11 @@ async fn terminated_listen_connection_loses_nothing() {
 
     for round in 0..5u32 {
         let mut tx = writer.begin().await.expect("begin");
-        tx.publish(Note { writer: 0, n: round * 2 }).expect("publish");
+        tx.publish(Note {
+            writer: 0,
+            n: round * 2,
+        })
+        .expect("publish");
         tx.commit().await.expect("commit");
         take(&mut events, 1).await;
 
@@ -270,7 +330,11 @@ async fn terminated_listen_connection_loses_nothing() {
         assert!(terminated >= 1, "no LISTEN connection found to terminate");
         // Published while the connection is down: only the reconnect's look can find it.
         let mut tx = writer.begin().await.expect("begin");
-        tx.publish(Note { writer: 0, n: round * 2 + 1 }).expect("publish");
+        tx.publish(Note {
+            writer: 0,
+            n: round * 2 + 1,
+        })
+        .expect("publish");
         tx.commit().await.expect("commit");
         let got = take(&mut events, 1).await;
         assert_eq!(got[0].payload.n, round * 2 + 1);
@@ -292,18 +356,28 @@ async fn rolled_back_and_dropped_transactions_publish_nothing_and_publish_in_doe
 
     let mut own = db.pool.begin().await.expect("begin");
     let sequences = outbox
-        .publish_in(&mut own, [Note { writer: 1, n: 3 }, Note { writer: 1, n: 4 }])
+        .publish_in(
+            &mut own,
+            [Note { writer: 1, n: 3 }, Note { writer: 1, n: 4 }],
+        )
         .await
         .expect("publish_in");
     assert_eq!(sequences.len(), 2);
     own.commit().await.expect("commit");
 
     let got = take(&mut events, 2).await;
-    assert_eq!(got.iter().map(|e| e.payload.n).collect::<Vec<_>>(), vec![3, 4]);
-    assert_eq!(got[0].commit_xid, got[1].commit_xid, "one transaction, one commit_xid");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count");
+    assert_eq!(
+        got.iter().map(|e| e.payload.n).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(
+        got[0].commit_xid, got[1].commit_xid,
+        "one transaction, one commit_xid"
+    );
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
     assert_eq!(rows, 2);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{Note, TestDb, eventually};
 use ordo::{
     Batch, Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
-    RetryPolicy, SubscriptionState, Subscriber,
+    RetryPolicy, Subscriber, SubscriptionState,
 };
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
@@ -27,10 +27,12 @@ fn fast_retries(max_attempts: u32) -> RetryPolicy {
 }
 
 async fn projection_table(pool: &PgPool) {
-    sqlx::query("CREATE TABLE projection (sequence BIGINT NOT NULL, writer INT NOT NULL, n INT NOT NULL)")
-        .execute(pool)
-        .await
-        .expect("projection table");
+    sqlx::query(
+        "CREATE TABLE projection (sequence BIGINT NOT NULL, writer INT NOT NULL, n INT NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("projection table");
 }
 
 /// Inserts a projection row per event; fails (after writing) with probability `fail_rate`.
@@ -39,7 +41,11 @@ struct Project {
 }
 
 impl Subscriber<Note> for Project {
-    async fn handle(&self, tx: &mut PgConnection, event: &Arc<Envelope<Note>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
             .bind(event.sequence.get() as i64)
             .bind(event.payload.writer as i32)
@@ -56,7 +62,8 @@ impl Subscriber<Note> for Project {
 async fn publish(outbox: &Outbox<Note>, transactions: u32, per_transaction: u32) {
     for n in 0..transactions {
         let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..per_transaction).map(|k| Note { writer: n, n: k })).expect("publish");
+        tx.publish_all((0..per_transaction).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
         tx.commit().await.expect("commit");
     }
 }
@@ -73,14 +80,20 @@ async fn assert_exactly_once(pool: &PgPool) {
     .fetch_one(pool)
     .await
     .expect("projection counts");
-    assert_eq!(rows, distinct, "an event was applied twice ({rows} rows, {distinct} events)");
+    assert_eq!(
+        rows, distinct,
+        "an event was applied twice ({rows} rows, {distinct} events)"
+    );
     assert_eq!(missing, 0, "{missing} events were never applied");
     assert_eq!(rows, events);
 }
 
 async fn wait_projected(pool: &PgPool, count: i64) -> bool {
     eventually(PATIENCE, || async {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection").fetch_one(pool).await.unwrap_or(0);
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+            .fetch_one(pool)
+            .await
+            .unwrap_or(0);
         rows >= count
     })
     .await
@@ -89,9 +102,16 @@ async fn wait_projected(pool: &PgPool, count: i64) -> bool {
 async fn handler_failures_and_retries_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
-    let config = JobConfig::new("flaky").ordering(ordering).retry(fast_retries(100));
-    let handle = outbox.subscribe(config, Project { fail_rate: 0.3 }).await.expect("subscribe");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let config = JobConfig::new("flaky")
+        .ordering(ordering)
+        .retry(fast_retries(100));
+    let handle = outbox
+        .subscribe(config, Project { fail_rate: 0.3 })
+        .await
+        .expect("subscribe");
     publish(&outbox, 40, 3).await;
     assert!(wait_projected(&db.pool, 120).await, "all events projected");
     let (status, settled) = handle.wait_for(PATIENCE, |s| s.position.get() >= 120).await;
@@ -121,12 +141,17 @@ fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
             .expect("victim runtime");
         runtime.block_on(async {
             let pool = PgPool::connect(&url).await.expect("victim pool");
-            let outbox = Outbox::<Note>::new(pool, OutboxConfig::default().sequencer(false)).await.expect("outbox");
+            let outbox = Outbox::<Note>::new(pool, OutboxConfig::default().sequencer(false))
+                .await
+                .expect("outbox");
             let config = JobConfig::new("killed")
                 .ordering(ordering)
                 .lease(Duration::from_millis(150))
                 .batch(Batch::UpTo(3));
-            let _handle = outbox.subscribe(config, Project { fail_rate: 0.1 }).await.expect("subscribe");
+            let _handle = outbox
+                .subscribe(config, Project { fail_rate: 0.1 })
+                .await
+                .expect("subscribe");
             tokio::time::sleep(lifetime).await;
         });
         runtime.shutdown_background();
@@ -138,15 +163,23 @@ fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
 async fn killed_runners_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     publish(&outbox, 60, 2).await;
     for _ in 0..8 {
         let lifetime = Duration::from_millis(rand::rng().random_range(20..250));
         run_and_kill(db.url.clone(), ordering, lifetime);
     }
     // A last runner, with the same name, finishes the job once the dead one's lease expires.
-    let config = JobConfig::new("killed").ordering(ordering).lease(Duration::from_millis(150)).retry(fast_retries(50));
-    let handle = outbox.subscribe(config, Project { fail_rate: 0.0 }).await.expect("subscribe");
+    let config = JobConfig::new("killed")
+        .ordering(ordering)
+        .lease(Duration::from_millis(150))
+        .retry(fast_retries(50));
+    let handle = outbox
+        .subscribe(config, Project { fail_rate: 0.0 })
+        .await
+        .expect("subscribe");
     let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 120).await;
     assert!(done, "the last runner finished: {status:?}");
     handle.shutdown().await;
@@ -171,14 +204,19 @@ struct Stalls {
 }
 
 impl Subscriber<Note> for Stalls {
-    async fn handle(&self, tx: &mut PgConnection, event: &Arc<Envelope<Note>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
             .bind(event.sequence.get() as i64)
             .bind(event.payload.writer as i32)
             .bind(event.payload.n as i32)
             .execute(&mut *tx)
             .await?;
-        if event.payload.writer == self.stall_on && !self.stalled.swap(true, AtomicOrdering::SeqCst) {
+        if event.payload.writer == self.stall_on && !self.stalled.swap(true, AtomicOrdering::SeqCst)
+        {
             tokio::time::sleep(self.stall).await;
         }
         Ok(())
@@ -188,20 +226,38 @@ impl Subscriber<Note> for Stalls {
 async fn zombie_that_lost_its_lease_cannot_commit(ordering: Ordering) {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     publish(&outbox, 20, 1).await;
     let lease = Duration::from_millis(300);
     let config = JobConfig::new("contested").ordering(ordering).lease(lease);
     let stalled = Arc::new(AtomicBool::new(false));
     let zombie = outbox
-        .subscribe(config.clone(), Stalls { stall_on: 5, stall: Duration::from_millis(1_500), stalled: Arc::clone(&stalled) })
+        .subscribe(
+            config.clone(),
+            Stalls {
+                stall_on: 5,
+                stall: Duration::from_millis(1_500),
+                stalled: Arc::clone(&stalled),
+            },
+        )
         .await
         .expect("first runner");
     assert!(eventually(PATIENCE, || async { stalled.load(AtomicOrdering::SeqCst) }).await);
     // A second process competes for the same subscription.
-    let other = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default()).await.expect("outbox");
+    let other = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("outbox");
     let rival = other
-        .subscribe(config, Stalls { stall_on: u32::MAX, stall: Duration::ZERO, stalled: Arc::new(AtomicBool::new(true)) })
+        .subscribe(
+            config,
+            Stalls {
+                stall_on: u32::MAX,
+                stall: Duration::ZERO,
+                stalled: Arc::new(AtomicBool::new(true)),
+            },
+        )
         .await
         .expect("second runner");
     let (status, done) = rival.wait_for(PATIENCE, |s| s.position.get() >= 20).await;
@@ -229,19 +285,28 @@ struct Groups {
 }
 
 impl Subscriber<Note> for Groups {
-    async fn handle(&self, _tx: &mut PgConnection, _event: &Arc<Envelope<Note>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        _tx: &mut PgConnection,
+        _event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
         Err("handle is not used in group mode".into())
     }
 
-    async fn handle_group(&self, tx: &mut PgConnection, events: &[Arc<Envelope<Note>>]) -> Result<(), HandlerError> {
+    async fn handle_group(
+        &self,
+        tx: &mut PgConnection,
+        events: &[Arc<Envelope<Note>>],
+    ) -> Result<(), HandlerError> {
         let xid = events[0].commit_xid;
         if events.iter().any(|e| e.commit_xid != xid) {
             return Err("a group mixes transactions".into());
         }
-        let size: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid = $1")
-            .bind(xid)
-            .fetch_one(&mut *tx)
-            .await?;
+        let size: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid = $1")
+                .bind(xid)
+                .fetch_one(&mut *tx)
+                .await?;
         if size != events.len() as i64 {
             return Err(format!("got {} of the transaction's {size} events", events.len()).into());
         }
@@ -262,22 +327,39 @@ impl Subscriber<Note> for Groups {
 async fn handle_group_sees_whole_source_transactions_only() {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     let calls = Arc::new(AtomicU32::new(0));
     let config = JobConfig::new("groups")
         .ordering(Ordering::Commit)
         .batch(Batch::Groups)
         .retry(fast_retries(1));
-    let handle = outbox.subscribe(config, Groups { calls: Arc::clone(&calls) }).await.expect("subscribe");
+    let handle = outbox
+        .subscribe(
+            config,
+            Groups {
+                calls: Arc::clone(&calls),
+            },
+        )
+        .await
+        .expect("subscribe");
     for n in 0..30u32 {
         let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..(1 + n % 5)).map(|k| Note { writer: n, n: k })).expect("publish");
+        tx.publish_all((0..(1 + n % 5)).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
         tx.commit().await.expect("commit");
     }
     let total: u64 = (0..30u64).map(|n| 1 + n % 5).sum();
-    let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= total).await;
+    let (status, done) = handle
+        .wait_for(PATIENCE, |s| s.position.get() >= total)
+        .await;
     assert!(done, "all groups handled: {status:?}");
-    assert_eq!(calls.load(AtomicOrdering::SeqCst), 30, "one call per source transaction");
+    assert_eq!(
+        calls.load(AtomicOrdering::SeqCst),
+        30,
+        "one call per source transaction"
+    );
     assert_eq!(status.state, SubscriptionState::Running);
     handle.shutdown().await;
     assert_exactly_once(&db.pool).await;
@@ -287,21 +369,39 @@ async fn handle_group_sees_whole_source_transactions_only() {
 async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
-    let handle = outbox.subscribe(JobConfig::new("orders"), Project { fail_rate: 0.0 }).await.expect("subscribe");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let handle = outbox
+        .subscribe(JobConfig::new("orders"), Project { fail_rate: 0.0 })
+        .await
+        .expect("subscribe");
     handle.shutdown().await;
     let refused = outbox
-        .subscribe(JobConfig::new("orders").ordering(Ordering::Commit), Project { fail_rate: 0.0 })
+        .subscribe(
+            JobConfig::new("orders").ordering(Ordering::Commit),
+            Project { fail_rate: 0.0 },
+        )
         .await;
     match refused {
-        Err(Error::LaneMismatch { subscription, stored, requested }) => {
-            assert_eq!((subscription.as_str(), stored.as_str(), requested), ("orders", "insert", "commit"));
+        Err(Error::LaneMismatch {
+            subscription,
+            stored,
+            requested,
+        }) => {
+            assert_eq!(
+                (subscription.as_str(), stored.as_str(), requested),
+                ("orders", "insert", "commit")
+            );
         }
         Err(other) => panic!("expected a lane mismatch, got {other}"),
         Ok(_) => panic!("expected a lane mismatch, got a running subscription"),
     }
     let groups_on_insert = outbox
-        .subscribe(JobConfig::new("other").batch(Batch::Groups), Project { fail_rate: 0.0 })
+        .subscribe(
+            JobConfig::new("other").batch(Batch::Groups),
+            Project { fail_rate: 0.0 },
+        )
         .await;
     assert!(matches!(groups_on_insert, Err(Error::InvalidConfig { .. })));
 }
@@ -312,7 +412,11 @@ struct Poisoned {
 }
 
 impl Subscriber<Note> for Poisoned {
-    async fn handle(&self, tx: &mut PgConnection, event: &Arc<Envelope<Note>>) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
         if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
             return Err("writer 3 is poison".into());
         }
@@ -324,22 +428,50 @@ impl Subscriber<Note> for Poisoned {
 async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped() {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
-    let config = JobConfig::new("halting").retry(fast_retries(3)).on_exhaustion(OnExhaustion::Halt).lease(Duration::from_millis(300));
-    let handle = outbox.subscribe(config, Poisoned { broken: Arc::clone(&broken) }).await.expect("subscribe");
-    let (status, halted) = handle.wait_for(PATIENCE, |s| s.state == SubscriptionState::Halted).await;
+    let config = JobConfig::new("halting")
+        .retry(fast_retries(3))
+        .on_exhaustion(OnExhaustion::Halt)
+        .lease(Duration::from_millis(300));
+    let handle = outbox
+        .subscribe(
+            config,
+            Poisoned {
+                broken: Arc::clone(&broken),
+            },
+        )
+        .await
+        .expect("subscribe");
+    let (status, halted) = handle
+        .wait_for(PATIENCE, |s| s.state == SubscriptionState::Halted)
+        .await;
     assert!(halted, "halted: {status:?}");
-    assert_eq!(status.position.get(), 3, "stopped right before the poisoned event");
-    assert!(status.last_error.as_deref().unwrap_or_default().contains("poison"));
+    assert_eq!(
+        status.position.get(),
+        3,
+        "stopped right before the poisoned event"
+    );
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("poison")
+    );
     let (stored, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempts FROM ordo.subscriptions WHERE name = 'halting'")
             .fetch_one(&db.pool)
             .await
             .expect("row");
     assert_eq!((stored.as_str(), attempts), ("halted", 3));
-    let projected: i64 = sqlx::query_scalar("SELECT count(*) FROM projection").fetch_one(&db.pool).await.expect("count");
+    let projected: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
     assert_eq!(projected, 3, "nothing after the poisoned event was handled");
 
     // The operator fixes the cause and resumes (what `ordo subscriptions resume` does).
@@ -358,7 +490,9 @@ async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped()
 async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_undecodable_ones() {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     publish(&outbox, 5, 1).await;
     sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"not": "a note"}')"#)
         .execute(&db.pool)
@@ -370,7 +504,12 @@ async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_und
         .retry(fast_retries(2))
         .on_exhaustion(OnExhaustion::DeadLetter);
     let handle = outbox
-        .subscribe(config, Poisoned { broken: Arc::new(AtomicBool::new(true)) })
+        .subscribe(
+            config,
+            Poisoned {
+                broken: Arc::new(AtomicBool::new(true)),
+            },
+        )
         .await
         .expect("subscribe");
     let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 8).await;
@@ -383,12 +522,23 @@ async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_und
     .await
     .expect("dead letters");
     assert_eq!(letters.len(), 2, "{letters:?}");
-    assert_eq!((letters[0].0, letters[0].2), (4, 2), "writer 3's event after two attempts");
+    assert_eq!(
+        (letters[0].0, letters[0].2),
+        (4, 2),
+        "writer 3's event after two attempts"
+    );
     assert!(letters[0].1.contains("poison"));
-    assert_eq!((letters[1].0, letters[1].2), (6, 1), "the undecodable event is not retried");
+    assert_eq!(
+        (letters[1].0, letters[1].2),
+        (6, 1),
+        "the undecodable event is not retried"
+    );
     assert!(letters[1].1.contains("does not decode"));
     assert_eq!(letters[1].3, Some(serde_json::json!({"not": "a note"})));
-    let projected: i64 = sqlx::query_scalar("SELECT count(*) FROM projection").fetch_one(&db.pool).await.expect("count");
+    let projected: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
     assert_eq!(projected, 6);
 }
 
@@ -396,13 +546,18 @@ async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_und
 async fn shutdown_under_load_finishes_the_event_in_hand_and_checkpoints_it() {
     let db = TestDb::new().await;
     projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default()).await.expect("outbox");
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
     let writing = tokio::spawn({
         let outbox = outbox.clone();
         async move { publish(&outbox, 300, 1).await }
     });
     let config = JobConfig::new("busy").batch(Batch::UpTo(5));
-    let handle = outbox.subscribe(config, Project { fail_rate: 0.0 }).await.expect("subscribe");
+    let handle = outbox
+        .subscribe(config, Project { fail_rate: 0.0 })
+        .await
+        .expect("subscribe");
     assert!(wait_projected(&db.pool, 50).await);
     handle.shutdown().await;
     let status = handle.status();
@@ -413,14 +568,16 @@ async fn shutdown_under_load_finishes_the_event_in_hand_and_checkpoints_it() {
             .await
             .expect("row");
     assert!(owner.is_none(), "the lease is released");
-    let (rows, beyond): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE sequence > $1) FROM projection",
-    )
-    .bind(position)
-    .fetch_one(&db.pool)
-    .await
-    .expect("projection");
+    let (rows, beyond): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE sequence > $1) FROM projection")
+            .bind(position)
+            .fetch_one(&db.pool)
+            .await
+            .expect("projection");
     assert_eq!(beyond, 0, "nothing applied past the checkpoint");
-    assert_eq!(rows, position, "everything up to the checkpoint applied once");
+    assert_eq!(
+        rows, position,
+        "everything up to the checkpoint applied once"
+    );
     writing.await.expect("writer");
 }

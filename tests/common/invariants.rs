@@ -35,7 +35,10 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
     // 2. Dense: commit_seq is exactly 1..=N.
     for (i, (commit_seq, ..)) in log.iter().enumerate() {
         if *commit_seq != i as i64 + 1 {
-            return Err(format!("log not dense: position {} holds commit_seq {commit_seq}", i + 1));
+            return Err(format!(
+                "log not dense: position {} holds commit_seq {commit_seq}",
+                i + 1
+            ));
         }
     }
     // 3. Complete: every real event exactly once, no placeholder.
@@ -48,20 +51,29 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
     let mut seen = HashSet::new();
     for (commit_seq, sequence, _, xid) in &log {
         if xid.is_none() {
-            return Err(format!("commit_seq {commit_seq} logs sequence {sequence}, which is not a real event"));
+            return Err(format!(
+                "commit_seq {commit_seq} logs sequence {sequence}, which is not a real event"
+            ));
         }
         if !seen.insert(*sequence) {
-            return Err(format!("sequence {sequence} is logged twice (again at commit_seq {commit_seq})"));
+            return Err(format!(
+                "sequence {sequence} is logged twice (again at commit_seq {commit_seq})"
+            ));
         }
     }
     if seen.len() != real.len() {
-        return Err(format!("{} real events but {} logged", real.len(), seen.len()));
+        return Err(format!(
+            "{} real events but {} logged",
+            real.len(),
+            seen.len()
+        ));
     }
     // 4. Groups contiguous, in order inside, boundary only at each end; minimums increase.
-    let group_sizes: HashMap<i64, usize> = real.iter().fold(HashMap::new(), |mut sizes, (_, xid)| {
-        *sizes.entry(*xid).or_default() += 1;
-        sizes
-    });
+    let group_sizes: HashMap<i64, usize> =
+        real.iter().fold(HashMap::new(), |mut sizes, (_, xid)| {
+            *sizes.entry(*xid).or_default() += 1;
+            sizes
+        });
     let mut finished: HashSet<i64> = HashSet::new();
     let mut current: Option<(i64, i64, usize)> = None; // (xid, last sequence, members so far)
     let mut last_min = i64::MIN;
@@ -70,19 +82,27 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
         match current {
             Some((open, last, count)) if open == xid => {
                 if *sequence <= last {
-                    return Err(format!("group {xid} not in sequence order at commit_seq {commit_seq}"));
+                    return Err(format!(
+                        "group {xid} not in sequence order at commit_seq {commit_seq}"
+                    ));
                 }
                 current = Some((xid, *sequence, count + 1));
             }
             Some((open, ..)) => {
-                return Err(format!("group {open} interrupted by group {xid} at commit_seq {commit_seq}"));
+                return Err(format!(
+                    "group {open} interrupted by group {xid} at commit_seq {commit_seq}"
+                ));
             }
             None => {
                 if finished.contains(&xid) {
-                    return Err(format!("group {xid} appears twice (again at commit_seq {commit_seq})"));
+                    return Err(format!(
+                        "group {xid} appears twice (again at commit_seq {commit_seq})"
+                    ));
                 }
                 if *sequence <= last_min {
-                    return Err(format!("group minimums do not increase at commit_seq {commit_seq}"));
+                    return Err(format!(
+                        "group minimums do not increase at commit_seq {commit_seq}"
+                    ));
                 }
                 last_min = *sequence;
                 current = Some((xid, *sequence, 1));
@@ -91,7 +111,10 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
         let (_, _, count) = current.unwrap_or_default();
         let complete = group_sizes.get(&xid).copied() == Some(count);
         if *group_last != complete {
-            return Err(format!("group_last is {group_last} at commit_seq {commit_seq}, but the group is {}complete there", if complete { "" } else { "not " }));
+            return Err(format!(
+                "group_last is {group_last} at commit_seq {commit_seq}, but the group is {}complete there",
+                if complete { "" } else { "not " }
+            ));
         }
         if complete {
             finished.insert(xid);
@@ -115,10 +138,15 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
         .await
         .map_err(|e| e.to_string())?;
     if head != log.len() as i64 {
-        return Err(format!("last_commit_seq is {head} but the log has {} rows", log.len()));
+        return Err(format!(
+            "last_commit_seq is {head} but the log has {} rows",
+            log.len()
+        ));
     }
     if unlogged != 0 {
-        return Err(format!("{unlogged} real events at or below logged_through_sequence are not logged"));
+        return Err(format!(
+            "{unlogged} real events at or below logged_through_sequence are not logged"
+        ));
     }
     Ok(())
 }

@@ -27,7 +27,9 @@ impl TestDb {
     pub async fn new() -> TestDb {
         let server = server_url();
         let name = format!("ordo_test_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server).await.expect("connect to the test server");
+        let admin = PgPool::connect(server)
+            .await
+            .expect("connect to the test server");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&admin)
             .await
@@ -35,7 +37,9 @@ impl TestDb {
         admin.close().await;
         let url = with_database(server, &name);
         let pool = Self::pool_for(&url, 10).await;
-        ordo::migrate(&pool).await.expect("migrate the test database");
+        ordo::migrate(&pool)
+            .await
+            .expect("migrate the test database");
         TestDb { pool, url, name }
     }
 
@@ -114,7 +118,9 @@ fn start_container() -> String {
                 .get_host_port_ipv4(5432)
                 .await
                 .expect("the container's port");
-            let _ = sender.send(format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres"));
+            let _ = sender.send(format!(
+                "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
+            ));
             std::future::pending::<()>().await;
             drop(container);
         });
