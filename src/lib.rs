@@ -123,6 +123,7 @@ pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
+pub use ops::metrics;
 pub use ops::render::{prometheus_text, status_table};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, Stall, SubscriptionLag, status};
 pub use position::{CommitSequence, EventSequence, Start};

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::SlotItem;
 use crate::insert_lane::rows::{decode_full, to_i64, to_u64};
+use crate::ops::metrics as m;
 use crate::position::{CommitSequence, EventSequence};
 use crate::task::StopSignal;
 
@@ -192,6 +193,9 @@ where
                 Ok(items) => {
                     backoff = FIRST_BACKOFF;
                     for item in items {
+                        if let Ok(event) = &item.event {
+                            metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "commit").record(m::since(event.recorded_at));
+                        }
                         yield item.into_public();
                     }
                 }

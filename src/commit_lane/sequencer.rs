@@ -26,6 +26,7 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::SlotItem;
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::{ReadMode, to_i64, to_u64};
+use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -133,6 +134,11 @@ where
             }
             match append(&self.pool, state.cursor, covered, &plan).await? {
                 Appended::Done(entries) => {
+                    metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
+                    metrics::counter!(m::FOLD_EVENTS).increment(entries.len() as u64);
+                    metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
+                    metrics::gauge!(m::FOLD_LAG)
+                        .set(self.lane.frontier().saturating_sub(covered) as f64);
                     let head = entries.last().map_or(state.head, |e| e.commit_seq);
                     record_appended(&mut state, &plan, &entries, covered);
                     state.head = head;
@@ -142,6 +148,7 @@ where
                     self.commit.publish_head(head);
                 }
                 Appended::Refused => {
+                    metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
                     state = restart(&self.pool).await?;
                     self.commit.publish_head(state.head);
                     reader.seek(state.cursor);

@@ -21,6 +21,7 @@ use super::rows;
 use super::{CommittedBatch, LaneShared};
 use crate::config::OutboxConfig;
 use crate::error::Result;
+use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 /// At most this many missing sequences are asked for by name in one fetch.
@@ -110,7 +111,11 @@ where
                 done = wait_resolver(&mut self.resolver) => {
                     self.resolver = None;
                     match done {
-                        Ok(Ok(resolution)) => tracing::debug!(?resolution, "hole resolved"),
+                        Ok(Ok(resolution)) => {
+                            let (Resolution::Proven { filled } | Resolution::TimedOut { filled }) = resolution;
+                            metrics::counter!(m::PLACEHOLDERS).increment(filled);
+                            tracing::debug!(?resolution, "hole resolved");
+                        }
                         Ok(Err(error)) => tracing::warn!(%error, "resolving a hole failed; will retry"),
                         Err(error) if error.is_cancelled() => {}
                         Err(error) => tracing::error!(%error, "hole resolver panicked"),
@@ -200,6 +205,8 @@ where
             }
         }
         self.shared.frontier.send_replace(self.frontier);
+        metrics::gauge!(m::INSERT_FRONTIER).set(self.frontier as f64);
+        metrics::gauge!(m::INSERT_KNOWN_HEAD).set(self.known_head as f64);
     }
 
     /// Decides when to look next, and starts a resolver for a hole that outlived the grace.
@@ -250,6 +257,7 @@ where
                 upto,
                 "hole outlived the grace; proving it abandoned"
             );
+            metrics::counter!(m::GAP_WAITS).increment(1);
             let handle = tokio::spawn(async move { resolver.resolve(at, upto).await });
             self.resolver = Some((at, handle));
         }

@@ -10,6 +10,7 @@ use super::cache::SlotItem;
 use super::reader::LaneReader;
 use crate::envelope::Envelope;
 use crate::error::Error;
+use crate::ops::metrics as m;
 use crate::position::EventSequence;
 
 /// The stream returned by [`Outbox::listen_inserted`](crate::Outbox::listen_inserted).
@@ -40,7 +41,10 @@ where
                     backoff = FIRST_BACKOFF;
                     for slot in slots {
                         match slot.item {
-                            SlotItem::Event(event) => yield Ok(event),
+                            SlotItem::Event(event) => {
+                                metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert").record(m::since(event.recorded_at));
+                                yield Ok(event)
+                            }
                             SlotItem::Undecodable(source) => yield Err(Error::UndecodablePayload {
                                 sequence: EventSequence::new(slot.sequence),
                                 source,

@@ -33,6 +33,7 @@ use crate::commit_lane::CommitShared;
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::insert_lane::rows::{to_i64, to_u64};
+use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 /// After a database error outside a handler, wait this long before trying again.
@@ -229,6 +230,15 @@ where
             };
             match self.handle_unit(&unit, position).await {
                 Outcome::Committed(next) => {
+                    let name = self.config.name.clone();
+                    metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone())
+                        .increment(unit.len() as u64);
+                    let head = match self.config.ordering {
+                        super::config::Ordering::Insert => self.lane.frontier(),
+                        super::config::Ordering::Commit => self.commit.head(),
+                    };
+                    metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name)
+                        .set(head.saturating_sub(next) as f64);
                     position = next;
                     renew_at = Instant::now() + self.renew_every();
                     self.status.send_modify(|status| {
@@ -301,6 +311,8 @@ where
                     .exhaust(unit, position, attempt, &failure.message)
                     .await;
             }
+            metrics::counter!(m::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
+                .increment(1);
             if let Some(flow) = self.record_failure(attempt, &failure.message).await {
                 return Outcome::Flow(flow);
             }
@@ -451,6 +463,8 @@ where
                     tracing::warn!(%error, "halting the subscription failed");
                 }
                 tracing::error!(subscription = %self.config.name, position, %message, "subscription halted");
+                metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
+                    .increment(1);
                 Outcome::Flow(Flow::Reclaim)
             }
             OnExhaustion::DeadLetter => {
@@ -494,6 +508,8 @@ where
         match tx.commit().await {
             Ok(()) => {
                 tracing::warn!(subscription = %self.config.name, position = next, "dead-lettered");
+                metrics::counter!(m::DEAD_LETTERS, "subscription" => self.config.name.clone())
+                    .increment(unit.len() as u64);
                 Ok(Outcome::Committed(next))
             }
             Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),

@@ -23,6 +23,7 @@ use crate::insert_lane::listener::{self, EventStream};
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::{self, ReadMode};
 use crate::insert_lane::{CommittedBatch, LaneShared, wakeup};
+use crate::ops::metrics as m;
 use crate::position::{CommitSequence, EventSequence, Start};
 use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
 use crate::task::Tasks;
@@ -216,6 +217,7 @@ where
         }
         let rows = insert::insert(tx, &buffered).await?;
         let sequences = insert::sequences(&rows);
+        metrics::counter!(m::EVENTS_PUBLISHED).increment(sequences.len() as u64);
         if let Some(last) = sequences.last() {
             self.inner.lane.hint_head(last.get());
         }
@@ -324,6 +326,7 @@ where
         let Some(last) = slots.last().map(|slot| slot.sequence) else {
             return;
         };
+        metrics::counter!(m::EVENTS_PUBLISHED).increment(slots.len() as u64);
         // A send error means the frontier task has stopped; the table still has the events.
         let _ = self.inner.commits.send(slots);
         self.inner.committed.send_if_modified(|sent| {

@@ -1,0 +1,62 @@
+//! The metrics ordo emits, through the [`metrics`] facade: install any recorder (Prometheus,
+//! StatsD, …) and they appear. Every name is listed here with its meaning; see
+//! `docs/operations.md` for what to do when one looks bad.
+//!
+//! | name | kind | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `ordo_events_published_total` | counter | | events committed through this process's outbox |
+//! | `ordo_insert_frontier` | gauge | | the insert lane's frontier in this process |
+//! | `ordo_insert_known_head` | gauge | | the highest sequence this process knows was drawn |
+//! | `ordo_commit_head` | gauge | | the commit log's head as this process knows it |
+//! | `ordo_fold_events_total` | counter | | events this process's sequencer appended to the log |
+//! | `ordo_fold_groups_total` | counter | | groups (source transactions) it appended |
+//! | `ordo_fold_appends_total` | counter | `result` = `appended` or `refused` | append statements; `refused` when a peer moved first |
+//! | `ordo_fold_lag_events` | gauge | | insert positions resolved but not yet covered by this sequencer |
+//! | `ordo_delivery_latency_seconds` | histogram | `lane` | from the event's `recorded_at` to a listener receiving it |
+//! | `ordo_gap_waits_total` | counter | | holes that outlived the grace and went to abandonment proof |
+//! | `ordo_placeholders_written_total` | counter | | placeholders this process wrote for abandoned sequences |
+//! | `ordo_subscription_lag` | gauge | `subscription` | positions between its checkpoint and the lane head |
+//! | `ordo_subscription_events_total` | counter | `subscription` | events it handled and checkpointed |
+//! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
+//! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
+//! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event |
+
+/// The metric `ordo_events_published_total` (see the table above).
+pub const EVENTS_PUBLISHED: &str = "ordo_events_published_total";
+/// The metric `ordo_insert_frontier` (see the table above).
+pub const INSERT_FRONTIER: &str = "ordo_insert_frontier";
+/// The metric `ordo_insert_known_head` (see the table above).
+pub const INSERT_KNOWN_HEAD: &str = "ordo_insert_known_head";
+/// The metric `ordo_commit_head` (see the table above).
+pub const COMMIT_HEAD: &str = "ordo_commit_head";
+/// The metric `ordo_fold_events_total` (see the table above).
+pub const FOLD_EVENTS: &str = "ordo_fold_events_total";
+/// The metric `ordo_fold_groups_total` (see the table above).
+pub const FOLD_GROUPS: &str = "ordo_fold_groups_total";
+/// The metric `ordo_fold_appends_total` (see the table above).
+pub const FOLD_APPENDS: &str = "ordo_fold_appends_total";
+/// The metric `ordo_fold_lag_events` (see the table above).
+pub const FOLD_LAG: &str = "ordo_fold_lag_events";
+/// The metric `ordo_delivery_latency_seconds` (see the table above).
+pub const DELIVERY_LATENCY: &str = "ordo_delivery_latency_seconds";
+/// The metric `ordo_gap_waits_total` (see the table above).
+pub const GAP_WAITS: &str = "ordo_gap_waits_total";
+/// The metric `ordo_placeholders_written_total` (see the table above).
+pub const PLACEHOLDERS: &str = "ordo_placeholders_written_total";
+/// The metric `ordo_subscription_lag` (see the table above).
+pub const SUBSCRIPTION_LAG: &str = "ordo_subscription_lag";
+/// The metric `ordo_subscription_events_total` (see the table above).
+pub const SUBSCRIPTION_EVENTS: &str = "ordo_subscription_events_total";
+/// The metric `ordo_subscription_retries_total` (see the table above).
+pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
+/// The metric `ordo_dead_letters_total` (see the table above).
+pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
+/// The metric `ordo_subscription_halts_total` (see the table above).
+pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+
+/// Seconds from `recorded_at` to now, for the delivery histogram.
+pub(crate) fn since(recorded_at: chrono::DateTime<chrono::Utc>) -> f64 {
+    (chrono::Utc::now() - recorded_at)
+        .to_std()
+        .map_or(0.0, |elapsed| elapsed.as_secs_f64())
+}

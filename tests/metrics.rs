@@ -1,0 +1,171 @@
+//! Every documented metric is emitted, with the values the scenario implies. One test binary
+//! with one global recorder (recorders are process-wide), one test.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Note, TestDb, eventually};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+/// One snapshot (the debugging recorder resets counters and histograms as it takes one).
+type Snapshot = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+use ordo::{
+    Envelope, HandlerError, JobConfig, OnExhaustion, Outbox, OutboxConfig, RetryPolicy, Start,
+    metrics as names,
+};
+use sqlx::PgConnection;
+
+struct FailsOnWriterOne;
+
+impl ordo::Subscriber<Note> for FailsOnWriterOne {
+    async fn handle(
+        &self,
+        _tx: &mut PgConnection,
+        event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
+        if event.payload.writer == 1 {
+            return Err("writer one always fails".into());
+        }
+        Ok(())
+    }
+}
+
+/// The sum of a counter, the last value of a gauge, or the count of a histogram's samples,
+/// over every label set of `name` whose labels include `label` (when given).
+fn value(snapshot: &Snapshot, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    let mut found = None;
+    for (key, _, _, value) in snapshot {
+        if key.key().name() != name {
+            continue;
+        }
+        if let Some((k, v)) = label
+            && !key.key().labels().any(|l| l.key() == k && l.value() == v)
+        {
+            continue;
+        }
+        let v = match value {
+            DebugValue::Counter(c) => *c as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(samples) => samples.len() as f64,
+        };
+        *found.get_or_insert(0.0) += v;
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_metric_is_emitted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+
+    let db = TestDb::new().await;
+    let config = OutboxConfig::default().gap_grace(Duration::from_millis(10));
+    let outbox = Outbox::<Note>::new(db.pool.clone(), config)
+        .await
+        .expect("outbox");
+    let mut inserted = outbox.listen_inserted(Start::Beginning);
+    let mut committed = outbox.listen_committed(Start::Beginning);
+
+    // A rolled-back plain-SQL writer leaves a hole below a committed event: a gap wait and a
+    // placeholder.
+    let mut doomed = db.pool.begin().await.expect("begin");
+    sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 9, "n": 9}')"#)
+        .execute(&mut *doomed)
+        .await
+        .expect("doomed insert");
+    for writer in 0..2u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all([Note { writer, n: 0 }, Note { writer, n: 1 }])
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    doomed.rollback().await.expect("rollback");
+    use futures::StreamExt;
+    for _ in 0..4 {
+        inserted.next().await.expect("open").expect("event");
+        committed.next().await.expect("open").expect("event");
+    }
+    let retry = RetryPolicy {
+        max_attempts: 2,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(2),
+    };
+    let job = JobConfig::new("metered")
+        .retry(retry)
+        .on_exhaustion(OnExhaustion::DeadLetter);
+    let handle = outbox
+        .subscribe(job, FailsOnWriterOne)
+        .await
+        .expect("subscribe");
+    let (_, done) = handle
+        .wait_for(Duration::from_secs(20), |s| s.position.get() >= 5)
+        .await;
+    assert!(done, "the subscription went through");
+    handle.shutdown().await;
+    let halting = JobConfig::new("halting").retry(retry);
+    let halted = outbox
+        .subscribe(halting, FailsOnWriterOne)
+        .await
+        .expect("subscribe");
+    let (_, stopped) = halted
+        .wait_for(Duration::from_secs(20), |s| {
+            s.state == ordo::SubscriptionState::Halted
+        })
+        .await;
+    assert!(stopped);
+    halted.shutdown().await;
+
+    let ready = eventually(Duration::from_secs(10), || async {
+        outbox.commit_head().get() >= 4
+    })
+    .await;
+    assert!(ready);
+    let snapshot: Snapshot = snapshotter.snapshot().into_vec();
+    let sub = Some(("subscription", "metered"));
+    let expectations: &[(&str, Option<(&str, &str)>, f64)] = &[
+        (names::EVENTS_PUBLISHED, None, 4.0),
+        (names::INSERT_FRONTIER, None, 5.0),
+        (names::INSERT_KNOWN_HEAD, None, 5.0),
+        (names::COMMIT_HEAD, None, 4.0),
+        (names::FOLD_EVENTS, None, 4.0),
+        (names::FOLD_GROUPS, None, 2.0),
+        (names::FOLD_APPENDS, Some(("result", "appended")), 1.0),
+        (names::FOLD_LAG, None, 0.0),
+        (names::DELIVERY_LATENCY, Some(("lane", "insert")), 4.0),
+        (names::DELIVERY_LATENCY, Some(("lane", "commit")), 4.0),
+        (names::GAP_WAITS, None, 1.0),
+        (names::PLACEHOLDERS, None, 1.0),
+        (names::SUBSCRIPTION_LAG, sub, 0.0),
+        (names::SUBSCRIPTION_EVENTS, sub, 4.0),
+        (names::SUBSCRIPTION_RETRIES, sub, 2.0),
+        (names::DEAD_LETTERS, sub, 2.0),
+        (
+            names::SUBSCRIPTION_HALTS,
+            Some(("subscription", "halting")),
+            1.0,
+        ),
+    ];
+    for (name, label, at_least) in expectations {
+        let got = value(&snapshot, name, *label);
+        assert!(got.is_some(), "{name} {label:?} was never emitted");
+        assert!(
+            got.unwrap_or(0.0) >= *at_least,
+            "{name} {label:?} is {got:?}, expected at least {at_least}"
+        );
+    }
+    assert_eq!(
+        value(&snapshot, names::EVENTS_PUBLISHED, None),
+        Some(4.0),
+        "plain-SQL writes are not ordo's publishes"
+    );
+    assert_eq!(value(&snapshot, names::COMMIT_HEAD, None), Some(4.0));
+}
