@@ -9,6 +9,9 @@ use std::time::Duration;
 use common::{Note, TestDb, eventually};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
+/// A label a sample must carry, if any.
+type Label = Option<(&'static str, &'static str)>;
+
 /// One snapshot (the debugging recorder resets counters and histograms as it takes one).
 type Snapshot = Vec<(
     metrics_util::CompositeKey,
@@ -131,7 +134,7 @@ async fn every_documented_metric_is_emitted() {
     assert!(ready);
     let snapshot: Snapshot = snapshotter.snapshot().into_vec();
     let sub = Some(("subscription", "metered"));
-    let expectations: &[(&str, Option<(&str, &str)>, f64)] = &[
+    let expectations: &[(&str, Label, f64)] = &[
         (names::EVENTS_PUBLISHED, None, 4.0),
         (names::INSERT_FRONTIER, None, 5.0),
         (names::INSERT_KNOWN_HEAD, None, 5.0),
