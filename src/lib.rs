@@ -126,6 +126,7 @@ pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::metrics;
 pub use ops::render::{prometheus_text, status_table};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, Stall, SubscriptionLag, status};
+pub use ops::trace::TRACEPARENT;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy, StartFrom,

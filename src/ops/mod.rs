@@ -4,3 +4,4 @@ pub mod metrics;
 pub(crate) mod render;
 mod sql;
 pub(crate) mod status;
+pub mod trace;

@@ -22,6 +22,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::config::{Batch, JobConfig, OnExhaustion};
@@ -360,10 +361,18 @@ where
         let mut tx = self.pool.begin().await.map_err(retryable)?;
         let handled = AssertUnwindSafe(async {
             if matches!(self.config.batch, Batch::Groups) {
-                self.subscriber.handle_group(&mut tx, &events).await
+                let span = self.handler_span(&events[0], "ordo.handle_group");
+                self.subscriber
+                    .handle_group(&mut tx, &events)
+                    .instrument(span)
+                    .await
             } else {
                 for event in &events {
-                    self.subscriber.handle(&mut tx, event).await?;
+                    let span = self.handler_span(event, "ordo.handle");
+                    self.subscriber
+                        .handle(&mut tx, event)
+                        .instrument(span)
+                        .await?;
                 }
                 Ok(())
             }
@@ -400,6 +409,18 @@ where
             // position says what happened.
             Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),
         }
+    }
+
+    /// The span a handler call runs in; its parent is the publisher's trace context, when the
+    /// event carries one (see `ops::trace`).
+    fn handler_span(&self, event: &Envelope<P>, name: &'static str) -> tracing::Span {
+        let span = if name == "ordo.handle_group" {
+            tracing::info_span!("ordo.handle_group", subscription = %self.config.name, sequence = event.sequence.get())
+        } else {
+            tracing::info_span!("ordo.handle", subscription = %self.config.name, sequence = event.sequence.get())
+        };
+        crate::ops::trace::adopt(&span, &event.headers);
+        span
     }
 
     /// Moves the position from `from` to `to` in `tx`; false when the fence refuses.

@@ -25,7 +25,8 @@ pub(crate) struct Buffered<P> {
 }
 
 impl<P: Serialize> Buffered<P> {
-    pub(crate) fn new(payload: P, headers: Headers) -> Result<Self> {
+    pub(crate) fn new(payload: P, mut headers: Headers) -> Result<Self> {
+        crate::ops::trace::inject(&mut headers);
         let payload_json = serde_json::to_string(&payload).map_err(Error::Encode)?;
         let headers_json = serde_json::to_string(&headers).map_err(Error::Encode)?;
         Ok(Self {
