@@ -19,6 +19,8 @@ pub struct OutboxConfig {
     pub(crate) cross_process_wakeups: bool,
     pub(crate) sequencer: bool,
     pub(crate) fold_batch: usize,
+    pub(crate) retention: crate::RetentionConfig,
+    pub(crate) maintenance_interval: Duration,
 }
 
 impl Default for OutboxConfig {
@@ -35,6 +37,8 @@ impl Default for OutboxConfig {
             cross_process_wakeups: true,
             sequencer: true,
             fold_batch: 5_000,
+            retention: crate::RetentionConfig::default(),
+            maintenance_interval: Duration::from_secs(60),
         }
     }
 }
@@ -123,6 +127,22 @@ impl OutboxConfig {
         self
     }
 
+    /// What this outbox's maintainer does every
+    /// [`maintenance_interval`](Self::maintenance_interval): it always keeps partitions ready
+    /// ahead of the head (writers fail when none covers their sequence); it drops old ones only
+    /// when [`RetentionConfig::keep`](crate::RetentionConfig::keep) is set. Default: create
+    /// ahead, drop nothing.
+    pub fn retention(mut self, retention: crate::RetentionConfig) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How often the maintainer runs (also once at start). Default 60 s.
+    pub fn maintenance_interval(mut self, interval: Duration) -> Self {
+        self.maintenance_interval = interval;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |setting, reason: &str| {
             Err(Error::InvalidConfig {
@@ -138,6 +158,9 @@ impl OutboxConfig {
         }
         if self.fold_batch == 0 || self.fold_batch > 1_000_000 {
             return invalid("fold_batch", "must be between 1 and 1,000,000 events");
+        }
+        if self.maintenance_interval < Duration::from_millis(100) {
+            return invalid("maintenance_interval", "must be at least 100 ms");
         }
         if self.gap_poll.is_zero() || self.resync_interval.is_zero() {
             return invalid("gap_poll/resync_interval", "must be greater than zero");

@@ -82,6 +82,19 @@ pub enum Error {
         name: String,
     },
 
+    /// A lane was read below what retention keeps: those partitions were dropped.
+    #[error(
+        "the {lane} lane was read from position {requested}, below the retention floor {floor}: retention dropped those events"
+    )]
+    BelowRetentionFloor {
+        /// `insert` or `commit`.
+        lane: &'static str,
+        /// The position asked for.
+        requested: u64,
+        /// The lowest position still readable.
+        floor: u64,
+    },
+
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,

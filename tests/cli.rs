@@ -268,3 +268,54 @@ async fn subscriptions_lists_pauses_resumes_and_resets() {
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no subscription named \"nope\""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_retention_report_for_people_and_machines() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 0, n: 0 }).expect("publish");
+    tx.commit().await.expect("commit");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            outbox.commit_head().get() == 1
+        })
+        .await
+    );
+
+    let status = ordo(&db, &["status", "--json"]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    assert_eq!(
+        (
+            json["insert_frontier"].as_u64(),
+            json["commit_head"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let table = ordo(&db, &["status"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("no stalls"));
+    let prometheus = ordo(&db, &["status", "--prometheus"]);
+    assert!(String::from_utf8_lossy(&prometheus.stdout).contains("ordo_commit_head 1"));
+
+    let plan = ordo(&db, &["retention", "--keep", "0s", "--json"]);
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&plan.stdout).expect("JSON");
+    assert_eq!(report["partitions"][0]["name"], "events_p0");
+    assert_eq!(
+        report["partitions"][0]["drop"], false,
+        "the head's partition is kept"
+    );
+    let bad = ordo(&db, &["retention", "--keep", "soon"]);
+    assert!(!bad.status.success());
+}

@@ -5,6 +5,7 @@
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
 //! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
+//! ordo retention [--keep 30d] [--apply] [--force] partitions, and dropping old ones
 //! ordo subscriptions [--json]                    list durable subscriptions
 //! ordo subscriptions resume|pause NAME
 //! ordo subscriptions reset NAME [--to POSITION]
@@ -46,6 +47,46 @@ enum Command {
     Subscriptions(SubscriptionsArgs),
     /// Show positions, lag of each lane and subscription, and stalls with who holds them.
     Status(StatusArgs),
+    /// Show the partitions and what retention would do; `--apply` does it.
+    Retention(RetentionArgs),
+}
+
+#[derive(clap::Args)]
+struct RetentionArgs {
+    /// Drop partitions whose newest event is older than this (e.g. 30d, 12h, 45m, 90s).
+    /// Without it nothing is dropped; partitions ahead are still created with --apply.
+    #[arg(long, value_parser = parse_duration)]
+    keep: Option<Duration>,
+    /// Partitions to keep ready above the head.
+    #[arg(long, default_value_t = 2)]
+    ahead: u32,
+    /// Drop even what subscriptions still need (they will halt). Never splits a transaction.
+    #[arg(long)]
+    force: bool,
+    /// Create and drop; without it, only show the plan.
+    #[arg(long)]
+    apply: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 30d, 12h, 45m or 90s"))?;
+    let seconds = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" | "" => 1,
+        _ => return Err(format!("{text:?}: the unit must be d, h, m or s")),
+    };
+    Ok(Duration::from_secs(value * seconds))
 }
 
 #[derive(clap::Args)]
@@ -158,6 +199,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Fold(args) => fold(pool, args).await,
         Command::Subscriptions(args) => subscriptions(pool, args).await,
         Command::Status(args) => status(pool, args).await,
+        Command::Retention(args) => retention(pool, args).await,
     }
 }
 
@@ -386,6 +428,53 @@ async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
             _ = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
         }
     }
+}
+
+async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
+    let mut config = ordo::RetentionConfig::new()
+        .ahead(args.ahead)
+        .force(args.force);
+    if let Some(keep) = args.keep {
+        config = config.keep(keep);
+    }
+    let report = if args.apply {
+        ordo::run_retention(&pool, &config).await?
+    } else {
+        ordo::plan_retention(&pool, &config).await?
+    };
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
+        report.partition_size, report.events_floor, report.needed_from, report.needed_by
+    )?;
+    writeln!(out, "{:<28} {:>14} {:>14}  VERDICT", "PARTITION", "FROM", "TO")?;
+    for partition in &report.partitions {
+        let verdict = match (partition.drop, args.apply) {
+            (true, true) => "dropped".to_owned(),
+            (true, false) => "would drop (past retention)".to_owned(),
+            (false, _) => format!("kept: {}", partition.reason),
+        };
+        let from = partition
+            .from
+            .map_or("MINVALUE".to_owned(), |f| f.to_string());
+        writeln!(
+            out,
+            "{:<28} {:>14} {:>14}  {verdict}",
+            partition.name, from, partition.to
+        )?;
+    }
+    for created in &report.created {
+        writeln!(out, "created {created}")?;
+    }
+    if !args.apply {
+        writeln!(out, "(a plan: run with --apply to create and drop)")?;
+    }
+    Ok(())
 }
 
 async fn interrupted() {

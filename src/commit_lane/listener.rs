@@ -39,6 +39,8 @@ pub(crate) struct CommitReader<P> {
     head: watch::Receiver<u64>,
     stop: StopSignal,
     next: u64,
+    /// See the insert lane's reader: the start is checked against the retention floor once.
+    floor_checked: bool,
 }
 
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
@@ -79,6 +81,7 @@ where
             head,
             stop,
             next: after + 1,
+            floor_checked: false,
         }
     }
 
@@ -87,6 +90,19 @@ where
         loop {
             if self.stop.is_stopped() {
                 return None;
+            }
+            if !self.floor_checked {
+                match crate::insert_lane::rows::retention_floors(&self.lane.pool).await {
+                    Ok((_, floor)) if self.next <= floor => {
+                        return Some(Err(Error::BelowRetentionFloor {
+                            lane: "commit",
+                            requested: self.next,
+                            floor: floor + 1,
+                        }));
+                    }
+                    Ok(_) => self.floor_checked = true,
+                    Err(error) => return Some(Err(error)),
+                }
             }
             let head = *self.head.borrow_and_update();
             if self.next <= head {
@@ -133,6 +149,24 @@ where
     }
 
     async fn read_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {
+        match self.read_log(head).await {
+            Err(Error::MissingCommitLog { missing }) => {
+                let (_, floor) =
+                    crate::insert_lane::rows::retention_floors(&self.lane.pool).await?;
+                if missing.get() <= floor {
+                    return Err(Error::BelowRetentionFloor {
+                        lane: "commit",
+                        requested: missing.get(),
+                        floor: floor + 1,
+                    });
+                }
+                Err(Error::MissingCommitLog { missing })
+            }
+            other => other,
+        }
+    }
+
+    async fn read_log(&mut self, head: u64) -> Result<Vec<Item<P>>> {
         let rows = sqlx::query(PAGE)
             .bind(to_i64(self.next - 1))
             .bind(to_i64(head))
@@ -199,7 +233,7 @@ where
                         yield item.into_public();
                     }
                 }
-                Err(error @ Error::MissingCommitLog { .. }) => {
+                Err(error @ (Error::MissingCommitLog { .. } | Error::BelowRetentionFloor { .. })) => {
                     yield Err(error);
                     break;
                 }

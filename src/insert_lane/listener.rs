@@ -53,7 +53,7 @@ where
                         }
                     }
                 }
-                Err(error @ Error::MissingHistory { .. }) => {
+                Err(error @ (Error::MissingHistory { .. } | Error::BelowRetentionFloor { .. })) => {
                     yield Err(error);
                     break;
                 }

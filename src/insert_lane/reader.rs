@@ -27,6 +27,9 @@ pub(crate) struct LaneReader<P> {
     mode: ReadMode,
     /// The next sequence to hand out.
     next: u64,
+    /// Whether the start position was checked against the retention floor. The cache may still
+    /// hold dropped events; a reader below the floor fails the same way in every process.
+    floor_checked: bool,
 }
 
 impl<P> LaneReader<P>
@@ -47,6 +50,7 @@ where
             stop,
             mode,
             next: after + 1,
+            floor_checked: false,
         }
     }
 
@@ -58,6 +62,20 @@ where
     /// Moves the reader so that its next slot is the one after `after`.
     pub(crate) fn seek(&mut self, after: u64) {
         self.next = after + 1;
+        self.floor_checked = false;
+    }
+
+    async fn check_floor(&mut self) -> Result<()> {
+        let (floor, _) = rows::retention_floors(&self.shared.pool).await?;
+        if self.next < floor {
+            return Err(Error::BelowRetentionFloor {
+                lane: "insert",
+                requested: self.next,
+                floor,
+            });
+        }
+        self.floor_checked = true;
+        Ok(())
     }
 
     /// The next contiguous run of resolved slots, waiting for one when caught up. `None` once
@@ -69,6 +87,11 @@ where
         loop {
             if self.stop.is_stopped() {
                 return None;
+            }
+            if !self.floor_checked
+                && let Err(error) = self.check_floor().await
+            {
+                return Some(Err(error));
             }
             let frontier = *self.frontier.borrow_and_update();
             if self.next <= frontier {
@@ -103,7 +126,17 @@ where
                     self.shared.page_size,
                 )
                 .await?;
-                check_contiguous(self.next, &out)?;
+                if let Err(error) = check_contiguous(self.next, &out) {
+                    let (floor, _) = rows::retention_floors(&self.shared.pool).await?;
+                    if self.next < floor {
+                        return Err(Error::BelowRetentionFloor {
+                            lane: "insert",
+                            requested: self.next,
+                            floor,
+                        });
+                    }
+                    return Err(error);
+                }
             }
         }
         if let Some(last) = out.last() {

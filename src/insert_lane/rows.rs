@@ -167,6 +167,14 @@ pub(crate) async fn fetch<P: DeserializeOwned>(
     rows.iter().map(decode_full).collect()
 }
 
+const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";
+
+/// The lowest insert sequence and the highest dropped commit sequence after retention.
+pub(crate) async fn retention_floors(pool: &PgPool) -> Result<(u64, u64)> {
+    let (events, commit): (i64, i64) = sqlx::query_as(FLOORS).fetch_one(pool).await?;
+    Ok((to_u64(events), to_u64(commit)))
+}
+
 pub(crate) async fn head(pool: &PgPool) -> Result<u64> {
     let head: i64 = sqlx::query_scalar(HEAD).fetch_one(pool).await?;
     Ok(to_u64(head))

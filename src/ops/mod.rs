@@ -2,6 +2,7 @@
 
 pub mod metrics;
 pub(crate) mod render;
+pub(crate) mod retention;
 mod sql;
 pub(crate) mod status;
 pub mod trace;

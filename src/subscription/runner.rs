@@ -205,6 +205,20 @@ where
                     filled = source.fill() => match filled {
                         None => return Flow::Stop,
                         Some(Ok(())) => {}
+                        Some(Err(error @ crate::Error::BelowRetentionFloor { .. })) => {
+                            // Nothing will ever make these events readable again: halt, visibly.
+                            let message = error.to_string();
+                            tracing::error!(subscription = %self.config.name, %message, "subscription halted");
+                            let _ = sqlx::query(sql::HALT)
+                                .bind(&self.config.name)
+                                .bind(self.owner)
+                                .bind(0)
+                                .bind(&message)
+                                .bind(to_i64(position))
+                                .execute(&self.pool)
+                                .await;
+                            return Flow::Reclaim;
+                        }
                         Some(Err(error)) => {
                             tracing::warn!(%error, subscription = %self.config.name, "reading the lane failed");
                             return self.pause(ERROR_BACKOFF).await;

@@ -132,6 +132,15 @@ where
                 ),
             );
         }
+        tasks.spawn(
+            "ops.retention",
+            crate::ops::retention::maintain(
+                pool.clone(),
+                config.retention.clone(),
+                config.maintenance_interval,
+                tasks.signal(),
+            ),
+        );
         if config.sequencer {
             let sequencer = Sequencer::new(
                 pool.clone(),

@@ -25,6 +25,12 @@ pub struct TestDb {
 impl TestDb {
     /// Creates a database, runs ordo's migrations in it and returns a pool of 10 connections.
     pub async fn new() -> TestDb {
+        Self::with_partition_size(None).await
+    }
+
+    /// A database whose partitions hold `size` sequences each (the migration reads the
+    /// `ordo.partition_size` setting).
+    pub async fn with_partition_size(size: Option<u64>) -> TestDb {
         let server = server_url();
         let name = format!("ordo_test_{}", uuid::Uuid::new_v4().simple());
         let admin = PgPool::connect(server)
@@ -34,6 +40,13 @@ impl TestDb {
             .execute(&admin)
             .await
             .expect("create the test database");
+        if let Some(size) = size {
+            let sql = format!("ALTER DATABASE {name} SET ordo.partition_size = '{size}'");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&admin)
+                .await
+                .expect("set the partition size");
+        }
         admin.close().await;
         let url = with_database(server, &name);
         let pool = Self::pool_for(&url, 10).await;
