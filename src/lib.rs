@@ -110,6 +110,7 @@ mod config;
 mod envelope;
 mod error;
 mod insert_lane;
+mod listener;
 mod migrate;
 mod ops;
 mod position;

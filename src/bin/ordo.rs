@@ -452,7 +452,11 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
         "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
         report.partition_size, report.events_floor, report.needed_from, report.needed_by
     )?;
-    writeln!(out, "{:<28} {:>14} {:>14}  VERDICT", "PARTITION", "FROM", "TO")?;
+    writeln!(
+        out,
+        "{:<28} {:>14} {:>14}  VERDICT",
+        "PARTITION", "FROM", "TO"
+    )?;
     for partition in &report.partitions {
         let verdict = match (partition.drop, args.apply) {
             (true, true) => "dropped".to_owned(),

@@ -3,7 +3,6 @@
 //! the events by pages.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::stream::BoxStream;
 use serde::de::DeserializeOwned;
@@ -17,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::SlotItem;
 use crate::insert_lane::rows::{decode_full, to_i64, to_u64};
+use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
 use crate::position::{CommitSequence, EventSequence};
 use crate::task::StopSignal;
@@ -30,8 +30,6 @@ use crate::task::StopSignal;
 pub type CommitStream<P> = BoxStream<'static, Result<CommitOrderedEnvelope<P>, Error>>;
 
 const LOG_BATCH: usize = 512;
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 pub(crate) struct CommitReader<P> {
     lane: Arc<LaneShared<P>>,
@@ -216,33 +214,26 @@ fn envelope<P>(entry: LogEntry, event: Arc<Envelope<P>>) -> CommitOrderedEnvelop
     }
 }
 
-pub(crate) fn stream<P>(mut reader: CommitReader<P>) -> CommitStream<P>
+impl<P> BatchSource for CommitReader<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    Box::pin(async_stream::stream! {
-        let mut backoff = FIRST_BACKOFF;
-        while let Some(batch) = reader.next_batch().await {
-            match batch {
-                Ok(items) => {
-                    backoff = FIRST_BACKOFF;
-                    for item in items {
-                        if let Ok(event) = &item.event {
-                            metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "commit").record(m::since(event.recorded_at));
-                        }
-                        yield item.into_public();
-                    }
-                }
-                Err(error @ (Error::MissingCommitLog { .. } | Error::BelowRetentionFloor { .. })) => {
-                    yield Err(error);
-                    break;
-                }
-                Err(error) => {
-                    yield Err(error);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
+    type Item = CommitItem<P>;
+
+    async fn next_batch(&mut self) -> Option<Result<Vec<CommitItem<P>>>> {
+        CommitReader::next_batch(self).await
+    }
+}
+
+pub(crate) fn stream<P>(reader: CommitReader<P>) -> CommitStream<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    retrying_stream(reader, |item| {
+        if let Ok(event) = &item.event {
+            metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "commit")
+                .record(m::since(event.recorded_at));
         }
+        Some(item.into_public())
     })
 }
