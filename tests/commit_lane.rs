@@ -469,3 +469,34 @@ async fn commit_lane_listener_is_dense_across_backfill_and_live_delivery() {
     }
     live.await.expect("live writer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_of_100000_events_is_logged_as_one_contiguous_group() {
+    let db = TestDb::new().await;
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    let mut before = outbox.begin().await.expect("begin");
+    before.publish(Note { writer: 0, n: 0 }).expect("publish");
+    before.commit().await.expect("commit");
+    let mut big = outbox.begin().await.expect("begin");
+    big.publish_all((0..100_000u32).map(|n| Note { writer: 1, n }))
+        .expect("publish");
+    big.commit().await.expect("commit the big transaction");
+    let mut after = outbox.begin().await.expect("begin");
+    after.publish(Note { writer: 2, n: 0 }).expect("publish");
+    after.commit().await.expect("commit");
+
+    let done = eventually(Duration::from_secs(120), || async {
+        outbox.commit_head().get() == 100_002
+    })
+    .await;
+    assert!(done, "folded: head {}", outbox.commit_head());
+    let (first, last, boundaries): (i64, i64, i64) = sqlx::query_as(
+        "SELECT min(l.commit_seq), max(l.commit_seq), count(*) FILTER (WHERE l.group_last)
+         FROM ordo.commit_log l JOIN ordo.events e USING (sequence) WHERE e.payload->>'writer' = '1'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the big group");
+    assert_eq!((first, last, boundaries), (2, 100_001, 1));
+    quiesce_and_check(&db.pool).await;
+}
