@@ -12,12 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use ordo::{Outbox, OutboxConfig, Start};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+
+#[path = "support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
 
 #[derive(Serialize, Deserialize)]
 struct Tick {
@@ -295,55 +298,6 @@ async fn cold_fold(scratch: &Scratch, events: i64) -> Result<()> {
     );
     outbox.shutdown().await;
     Ok(())
-}
-
-struct Scratch {
-    server: String,
-    url: String,
-    name: String,
-}
-
-impl Scratch {
-    async fn create(server: &str) -> Result<Self> {
-        let name = format!("ordo_load_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server)
-            .await
-            .context("connect to DATABASE_URL")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
-        let (base, _) = server
-            .rsplit_once('/')
-            .context("a URL with a database name")?;
-        let url = format!("{base}/{name}");
-        let pool = PgPool::connect(&url).await?;
-        ordo::migrate(&pool).await?;
-        pool.close().await;
-        Ok(Self {
-            server: server.to_owned(),
-            url,
-            name,
-        })
-    }
-
-    async fn pool(&self, size: u32) -> Result<PgPool> {
-        Ok(PgPoolOptions::new()
-            .max_connections(size)
-            .connect(&self.url)
-            .await?)
-    }
-
-    async fn drop_db(self) -> Result<()> {
-        let admin = PgPool::connect(&self.server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&admin)
-        .await?;
-        Ok(())
-    }
 }
 
 /// Commit times by (writer, n), joined with receive times at the end.

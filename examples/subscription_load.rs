@@ -12,10 +12,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ordo::{Batch, Envelope, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Subscriber};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
+
+#[path = "support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
 
 #[derive(Serialize, Deserialize)]
 struct Item {
@@ -159,53 +164,4 @@ async fn baseline_commit_rate(server: &str, transactions: i64) -> Result<f64> {
     pool.close().await;
     scratch.drop_db().await?;
     Ok(rate)
-}
-
-struct Scratch {
-    server: String,
-    url: String,
-    name: String,
-}
-
-impl Scratch {
-    async fn create(server: &str) -> Result<Self> {
-        let name = format!("ordo_load_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server)
-            .await
-            .context("connect to DATABASE_URL")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
-        let (base, _) = server
-            .rsplit_once('/')
-            .context("a URL with a database name")?;
-        let url = format!("{base}/{name}");
-        let pool = PgPool::connect(&url).await?;
-        ordo::migrate(&pool).await?;
-        pool.close().await;
-        Ok(Self {
-            server: server.to_owned(),
-            url,
-            name,
-        })
-    }
-
-    async fn pool(&self, size: u32) -> Result<PgPool> {
-        Ok(sqlx::postgres::PgPoolOptions::new()
-            .max_connections(size)
-            .connect(&self.url)
-            .await?)
-    }
-
-    async fn drop_db(self) -> Result<()> {
-        let admin = PgPool::connect(&self.server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&admin)
-        .await?;
-        Ok(())
-    }
 }
