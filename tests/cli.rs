@@ -200,7 +200,14 @@ async fn subscriptions_lists_pauses_resumes_and_resets() {
     let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
         .await
         .expect("outbox");
-    let config = ordo::JobConfig::new("counter").lease(Duration::from_millis(300));
+    let retry = ordo::RetryPolicy {
+        max_attempts: 5,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(10),
+    };
+    let config = ordo::JobConfig::new("counter")
+        .lease(Duration::from_millis(300))
+        .retry(retry);
     let handle = outbox.subscribe(config, Counts).await.expect("subscribe");
     let mut tx = outbox.begin().await.expect("begin");
     tx.publish_all((0..3).map(|n| Note { writer: 0, n }))

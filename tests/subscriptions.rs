@@ -147,6 +147,7 @@ fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
             let config = JobConfig::new("killed")
                 .ordering(ordering)
                 .lease(Duration::from_millis(150))
+                .retry(fast_retries(50))
                 .batch(Batch::UpTo(3));
             let _handle = outbox
                 .subscribe(config, Project { fail_rate: 0.1 })
@@ -231,7 +232,10 @@ async fn zombie_that_lost_its_lease_cannot_commit(ordering: Ordering) {
         .expect("outbox");
     publish(&outbox, 20, 1).await;
     let lease = Duration::from_millis(300);
-    let config = JobConfig::new("contested").ordering(ordering).lease(lease);
+    let config = JobConfig::new("contested")
+        .ordering(ordering)
+        .lease(lease)
+        .retry(fast_retries(5));
     let stalled = Arc::new(AtomicBool::new(false));
     let zombie = outbox
         .subscribe(
@@ -580,4 +584,18 @@ async fn shutdown_under_load_finishes_the_event_in_hand_and_checkpoints_it() {
         "everything up to the checkpoint applied once"
     );
     writing.await.expect("writer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backoff_longer_than_half_the_lease_is_refused_naming_both_settings() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let config = JobConfig::new("impatient").lease(Duration::from_secs(1));
+    match outbox.subscribe(config, Project { fail_rate: 0.0 }).await {
+        Err(Error::InvalidConfig { setting, .. }) => assert_eq!(setting, "retry.max_backoff/lease"),
+        Err(other) => panic!("expected an invalid config, got {other}"),
+        Ok(_) => panic!("expected an invalid config, got a running subscription"),
+    }
 }

@@ -79,7 +79,8 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// The backoff ceiling after the first failure. Default 100 ms.
     pub initial_backoff: Duration,
-    /// The backoff ceiling never exceeds this. Default 30 s.
+    /// The backoff ceiling never exceeds this. Default 10 s; at most half the job's lease, so
+    /// a runner waiting to retry keeps its claim.
     pub max_backoff: Duration,
 }
 
@@ -88,7 +89,7 @@ impl Default for RetryPolicy {
         Self {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(10),
         }
     }
 }
@@ -152,7 +153,7 @@ impl JobConfig {
         self
     }
 
-    /// Retries per event. Default [`RetryPolicy::default`] (5 attempts, 100 ms to 30 s).
+    /// Retries per event. Default [`RetryPolicy::default`] (5 attempts, backoff 100 ms to 10 s).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -206,6 +207,12 @@ impl JobConfig {
         }
         if self.lease < Duration::from_millis(100) {
             return invalid("lease", "must be at least 100 ms");
+        }
+        if self.retry.max_backoff > self.lease / 2 {
+            return invalid(
+                "retry.max_backoff/lease",
+                "max_backoff must be at most half the lease: the lease is renewed before each wait, and must outlast it",
+            );
         }
         match self.batch {
             Batch::UpTo(0) => invalid("batch", "Batch::UpTo needs at least 1 event"),

@@ -465,6 +465,7 @@ where
             .bind(self.owner)
             .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
             .bind(message)
+            .bind(self.lease_ms())
             .execute(&self.pool)
             .await;
         match recorded {

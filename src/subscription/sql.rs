@@ -40,10 +40,12 @@ SET position = $3,
 WHERE name = $1 AND lease_owner = $2 AND position = $4 AND status = 'active'
 "#;
 
-/// A failed attempt, recorded for operators (fenced like a checkpoint).
+/// A failed attempt, recorded for operators (fenced like a checkpoint). It also extends the
+/// lease: a runner backing off between retries is alive, not gone.
 pub(super) const FAILED: &str = r#"
 UPDATE ordo.subscriptions
-SET attempts = $3, last_error = $4, updated_at = now()
+SET attempts = $3, last_error = $4, updated_at = now(),
+    lease_expires_at = now() + make_interval(secs => $5::float8 / 1000)
 WHERE name = $1 AND lease_owner = $2
 "#;
 
