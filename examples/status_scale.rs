@@ -16,14 +16,28 @@ use sqlx::PgPool;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let events: i64 = std::env::var("ORDO_SCALE_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
-    let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let events: i64 = std::env::var("ORDO_SCALE_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let name = format!("ordo_scale_{}", uuid::Uuid::new_v4().simple());
-    let admin = PgPool::connect(&server).await.context("connect to DATABASE_URL")?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await?;
-    let (base, _) = server.rsplit_once('/').context("a URL with a database name")?;
+    let admin = PgPool::connect(&server)
+        .await
+        .context("connect to DATABASE_URL")?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await?;
+    let (base, _) = server
+        .rsplit_once('/')
+        .context("a URL with a database name")?;
     let result = run(&format!("{base}/{name}"), events).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).execute(&admin).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await?;
     result
 }
 
@@ -32,7 +46,11 @@ async fn run(url: &str, events: i64) -> Result<()> {
     ordo::migrate(&pool).await?;
     let started = Instant::now();
     // Partitions of 1,000,000 ahead of the load, then events in groups of ten, by chunks.
-    ordo::run_retention(&pool, &ordo::RetentionConfig::new().ahead((events / 1_000_000 + 2) as u32)).await?;
+    ordo::run_retention(
+        &pool,
+        &ordo::RetentionConfig::new().ahead((events / 1_000_000 + 2) as u32),
+    )
+    .await?;
     let chunk = 1_000_000i64;
     let mut from = 1i64;
     while from <= events {
@@ -56,11 +74,16 @@ async fn run(url: &str, events: i64) -> Result<()> {
         .await?;
         from = to + 1;
     }
-    sqlx::query("SELECT setval('ordo.events_sequence', $1)").bind(events).execute(&pool).await?;
-    sqlx::query("UPDATE ordo.sequencer_state SET last_commit_seq = $1, logged_through_sequence = $1")
+    sqlx::query("SELECT setval('ordo.events_sequence', $1)")
         .bind(events)
         .execute(&pool)
         .await?;
+    sqlx::query(
+        "UPDATE ordo.sequencer_state SET last_commit_seq = $1, logged_through_sequence = $1",
+    )
+    .bind(events)
+    .execute(&pool)
+    .await?;
     // Two subscriptions: one caught up, one far behind.
     sqlx::query(
         "INSERT INTO ordo.subscriptions (name, lane, position) VALUES ('caught-up', 'commit', $1), ('behind', 'insert', $2)",
@@ -70,9 +93,14 @@ async fn run(url: &str, events: i64) -> Result<()> {
     .execute(&pool)
     .await?;
     for table in ["ordo.events", "ordo.commit_log"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(&pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+            .execute(&pool)
+            .await?;
     }
-    println!("loaded {events} events and their commit log in {:.1}s", started.elapsed().as_secs_f64());
+    println!(
+        "loaded {events} events and their commit log in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
 
     let mut baseline = Vec::new();
     let mut timings = Vec::new();
@@ -83,7 +111,11 @@ async fn run(url: &str, events: i64) -> Result<()> {
         let t = Instant::now();
         let status = ordo::status(&pool).await?;
         timings.push(t.elapsed());
-        anyhow::ensure!(status.insert_frontier.get() == events as u64, "frontier {}", status.insert_frontier);
+        anyhow::ensure!(
+            status.insert_frontier.get() == events as u64,
+            "frontier {}",
+            status.insert_frontier
+        );
     }
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     timings.sort();
