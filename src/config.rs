@@ -32,7 +32,7 @@ impl Default for OutboxConfig {
             gap_poll: Duration::from_millis(2),
             gap_fill_timeout: Duration::from_secs(5),
             resync_interval: Duration::from_millis(100),
-            notify_debounce: Duration::from_millis(3),
+            notify_debounce: Duration::from_millis(2),
             notify_channel: "ordo_events".to_owned(),
             cross_process_wakeups: true,
             sequencer: true,
@@ -95,7 +95,7 @@ impl OutboxConfig {
     }
 
     /// The least time between two cross-process wake-ups (`pg_notify`) sent by this process.
-    /// The first commit after a quiet spell notifies at once. Default 3 ms.
+    /// The first commit after a quiet spell notifies at once. Default 2 ms.
     pub fn notify_debounce(mut self, interval: Duration) -> Self {
         self.notify_debounce = interval;
         self

@@ -165,9 +165,12 @@ where
     }
 
     async fn read_log(&mut self, head: u64) -> Result<Vec<Item<P>>> {
+        // The log is dense: a page never needs a range wider than its size (see the insert
+        // lane's reader for why the bound matters to the plan).
+        let upto = head.min(self.next - 1 + self.lane.page_size as u64);
         let rows = sqlx::query(PAGE)
             .bind(to_i64(self.next - 1))
-            .bind(to_i64(head))
+            .bind(to_i64(upto))
             .bind(to_i64(self.lane.page_size as u64))
             .fetch_all(&self.lane.pool)
             .await?;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 
 use super::sql::{APPEND, RESTART};
@@ -66,6 +67,20 @@ where
         stop: StopSignal,
         batch: usize,
     ) -> Self {
+        // The sequencer's own connections commit asynchronously. An append is a pure function
+        // of durable data (committed events, the state row), so losing the last appends in a
+        // server crash only means folding them again, identically; and anything durable that
+        // depends on an append (a subscription's checkpoint) commits after it, so its WAL flush
+        // carries the append's commit record too. What it saves is a WAL flush per append,
+        // which with one writer was a second flushed transaction per published one.
+        let options = pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .options([("synchronous_commit", "off")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_lazy_with(options);
         Self {
             pool,
             lane,

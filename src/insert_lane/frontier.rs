@@ -124,8 +124,9 @@ where
                 }
                 _ = self.shared.poke.notified() => {
                     self.known_head = self.known_head.max(self.shared.head_hint.load(Ordering::Acquire));
-                    // A bare poke (a reconnect, an unparsable wake-up) carries no head: look.
-                    true
+                    // A wake-up for what this process already holds (its own commits echoed
+                    // back by LISTEN) needs no look; a resync request always does.
+                    self.shared.resync.swap(false, Ordering::AcqRel) || self.known_head > self.max_known()
                 }
                 _ = tokio::time::sleep_until(self.next_poll) => true,
             };

@@ -33,6 +33,8 @@ pub(crate) struct LaneShared<P> {
     pub(crate) head_hint: AtomicU64,
     /// Asks the frontier task to look at the table now.
     pub(crate) poke: Notify,
+    /// Set with a poke that carries no head (a reconnect): look even if the head seems known.
+    pub(crate) resync: std::sync::atomic::AtomicBool,
     pub(crate) page_size: usize,
 }
 
@@ -44,12 +46,20 @@ impl<P> LaneShared<P> {
             frontier: watch::Sender::new(frontier),
             head_hint: AtomicU64::new(frontier),
             poke: Notify::new(),
+            resync: std::sync::atomic::AtomicBool::new(false),
             page_size,
         }
     }
 
     pub(crate) fn frontier(&self) -> u64 {
         *self.frontier.borrow()
+    }
+
+    /// Asks the frontier task for a full look at the table (after a reconnect, when wake-ups
+    /// may have been lost).
+    pub(crate) fn request_resync(&self) {
+        self.resync.store(true, Ordering::Release);
+        self.poke.notify_one();
     }
 
     /// Records that `sequence` has been drawn and wakes the frontier task.

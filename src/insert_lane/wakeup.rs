@@ -32,7 +32,7 @@ pub(crate) async fn run<P>(
             Ok(mut listener) => {
                 backoff = FIRST_BACKOFF;
                 // Whatever was notified while we were away is in the table: look now.
-                shared.poke.notify_one();
+                shared.request_resync();
                 tokio::select! {
                     biased;
                     _ = stop.stopped() => return,
@@ -68,7 +68,7 @@ async fn receive<P>(listener: &mut PgListener, shared: &LaneShared<P>) -> String
         match listener.try_recv().await {
             Ok(Some(notification)) => match notification.payload().parse::<u64>() {
                 Ok(sequence) => shared.hint_head(sequence),
-                Err(_) => shared.poke.notify_one(),
+                Err(_) => shared.request_resync(),
             },
             Ok(None) => return "connection closed".to_owned(),
             Err(error) => return error.to_string(),
