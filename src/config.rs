@@ -19,6 +19,7 @@ pub struct OutboxConfig {
     pub(crate) cross_process_wakeups: bool,
     pub(crate) sequencer: bool,
     pub(crate) fold_batch: usize,
+    pub(crate) fold_interval: Duration,
     pub(crate) retention: crate::RetentionConfig,
     pub(crate) maintenance_interval: Duration,
 }
@@ -37,6 +38,7 @@ impl Default for OutboxConfig {
             cross_process_wakeups: true,
             sequencer: true,
             fold_batch: 5_000,
+            fold_interval: Duration::from_millis(1),
             retention: crate::RetentionConfig::default(),
             maintenance_interval: Duration::from_secs(60),
         }
@@ -121,7 +123,18 @@ impl OutboxConfig {
         self
     }
 
-    /// The most events the sequencer appends to the commit log in one statement. Default 5,000.
+    /// The least time between the starts of two of this sequencer's appends. Transactions that
+    /// commit within it are appended together (one statement, one state-row update): under a
+    /// stream of small transactions that halves or better the sequencer's load on the
+    /// database, for at most this much added commit-lane latency. A transaction after a quiet
+    /// spell is appended at once. Default 1 ms.
+    pub fn fold_interval(mut self, interval: Duration) -> Self {
+        self.fold_interval = interval;
+        self
+    }
+
+    /// The most groups (source transactions) the sequencer appends to the commit log in one
+    /// statement. Default 5,000.
     pub fn fold_batch(mut self, events: usize) -> Self {
         self.fold_batch = events;
         self
@@ -157,7 +170,13 @@ impl OutboxConfig {
             return invalid("page_size", "must be between 1 and 100,000 rows");
         }
         if self.fold_batch == 0 || self.fold_batch > 1_000_000 {
-            return invalid("fold_batch", "must be between 1 and 1,000,000 events");
+            return invalid("fold_batch", "must be between 1 and 1,000,000 groups");
+        }
+        if self.fold_interval > Duration::from_secs(1) {
+            return invalid(
+                "fold_interval",
+                "must be at most 1 s (it delays the commit lane)",
+            );
         }
         if self.maintenance_interval < Duration::from_millis(100) {
             return invalid("maintenance_interval", "must be at least 100 ms");

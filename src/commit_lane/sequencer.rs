@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use serde::de::DeserializeOwned;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
@@ -54,6 +56,7 @@ pub(crate) struct Sequencer<P> {
     commit: Arc<CommitShared>,
     stop: StopSignal,
     batch: usize,
+    interval: Duration,
 }
 
 impl<P> Sequencer<P>
@@ -66,6 +69,7 @@ where
         commit: Arc<CommitShared>,
         stop: StopSignal,
         batch: usize,
+        interval: Duration,
     ) -> Self {
         // The sequencer's own connections commit asynchronously. An append is a pure function
         // of durable data (committed events, the state row), so losing the last appends in a
@@ -87,6 +91,7 @@ where
             commit,
             stop,
             batch,
+            interval,
         }
     }
 
@@ -120,58 +125,77 @@ where
         );
         // Groups planned but not yet appended, in log order: (commit_xid, first sequence).
         let mut plan: Vec<(i64, i64)> = Vec::new();
-        let mut planned_events = 0usize;
+        // Appends are at least `interval` apart: under a stream of small transactions they
+        // coalesce (one append per interval instead of one per transaction), and a transaction
+        // arriving after a quiet spell is appended at once.
+        let mut last_append = Instant::now()
+            .checked_sub(self.interval)
+            .unwrap_or_else(Instant::now);
         loop {
-            let Some(batch) = reader.next_batch().await else {
+            let ready = !plan.is_empty()
+                && (plan.len() >= self.batch || reader.position() >= self.lane.frontier());
+            let due = last_append + self.interval;
+            if ready && Instant::now() >= due {
+                self.append_plan(&mut state, &mut reader, &plan).await?;
+                plan.clear();
+                last_append = Instant::now();
+                continue;
+            }
+            let batch = if ready {
+                tokio::select! {
+                    biased;
+                    batch = reader.next_batch() => batch,
+                    _ = tokio::time::sleep_until(due) => continue,
+                }
+            } else {
+                reader.next_batch().await
+            };
+            let Some(batch) = batch else {
                 return Ok(());
             };
             for slot in batch? {
-                let Some(xid) = slot.commit_xid else {
-                    continue;
-                };
-                if matches!(slot.item, SlotItem::Placeholder) {
-                    continue;
-                }
-                if state.logged.contains_key(&xid) {
+                let Some(xid) = slot.commit_xid else { continue };
+                if matches!(slot.item, SlotItem::Placeholder) || state.logged.contains_key(&xid) {
                     continue;
                 }
                 state.logged.insert(xid, slot.sequence);
                 plan.push((xid, to_i64(slot.sequence)));
-                planned_events += 1;
             }
-            let covered = reader.position();
-            // Keep reading while more is already resolved, up to a batch: one CAS for a burst.
-            if planned_events < self.batch && covered < self.lane.frontier() {
-                continue;
-            }
-            if plan.is_empty() {
-                continue;
-            }
-            match append(&self.pool, state.cursor, covered, &plan).await? {
-                Appended::Done(entries) => {
-                    metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
-                    metrics::counter!(m::FOLD_EVENTS).increment(entries.len() as u64);
-                    metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
-                    metrics::gauge!(m::FOLD_LAG)
-                        .set(self.lane.frontier().saturating_sub(covered) as f64);
-                    let head = entries.last().map_or(state.head, |e| e.commit_seq);
-                    record_appended(&mut state, &plan, &entries, covered);
-                    state.head = head;
-                    if let Ok(mut log) = self.commit.log.write() {
-                        log.extend(&entries);
-                    }
-                    self.commit.publish_head(head);
-                }
-                Appended::Refused => {
-                    metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
-                    state = restart(&self.pool).await?;
-                    self.commit.publish_head(state.head);
-                    reader.seek(state.cursor);
-                }
-            }
-            plan.clear();
-            planned_events = 0;
         }
+    }
+
+    /// Appends `plan` (groups up to the reader's position) under the CAS; on a refusal,
+    /// re-reads the state row and moves the reader back to its cursor.
+    async fn append_plan(
+        &self,
+        state: &mut Restart,
+        reader: &mut LaneReader<P>,
+        plan: &[(i64, i64)],
+    ) -> Result<()> {
+        let covered = reader.position();
+        match append(&self.pool, state.cursor, covered, plan).await? {
+            Appended::Done(entries) => {
+                metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
+                metrics::counter!(m::FOLD_EVENTS).increment(entries.len() as u64);
+                metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
+                metrics::gauge!(m::FOLD_LAG)
+                    .set(self.lane.frontier().saturating_sub(covered) as f64);
+                let head = entries.last().map_or(state.head, |e| e.commit_seq);
+                record_appended(state, plan, &entries, covered);
+                state.head = head;
+                if let Ok(mut log) = self.commit.log.write() {
+                    log.extend(&entries);
+                }
+                self.commit.publish_head(head);
+            }
+            Appended::Refused => {
+                metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
+                *state = restart(&self.pool).await?;
+                self.commit.publish_head(state.head);
+                reader.seek(state.cursor);
+            }
+        }
+        Ok(())
     }
 }
 

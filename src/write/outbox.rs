@@ -148,6 +148,7 @@ where
                 Arc::clone(&commit),
                 tasks.signal(),
                 config.fold_batch,
+                config.fold_interval,
             );
             tasks.spawn("commit_lane.sequencer", sequencer.run());
         } else {
