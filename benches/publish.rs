@@ -25,6 +25,7 @@
 //! `ordo` is the default configuration: every `Outbox` also runs the wake-up notifier and
 //! listener and the commit-lane sequencer, and their costs are part of what a user pays. The
 //! diagnostic variants of the paired part turn one part off to show where the overhead is:
+//! `ordo_fold_1ms` (`fold_interval(1 ms)`: the sequencer coalesces appends),
 //! `ordo_no_wakeups` (`cross_process_wakeups(false)`), `ordo_no_sequencer` (`sequencer(false)`)
 //! and `ordo_bare` (both off: the write path alone). For each variant the paired part also
 //! prints what the server did per published transaction (`pg_stat_database` deltas).
@@ -83,15 +84,17 @@ fn payload(n: u64) -> OrderPlaced {
 enum Kind {
     Raw,
     Ordo,
+    OrdoCoalesced,
     OrdoNoWakeups,
     OrdoNoSequencer,
     OrdoBare,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 6] = [
         Kind::Raw,
         Kind::Ordo,
+        Kind::OrdoCoalesced,
         Kind::OrdoNoWakeups,
         Kind::OrdoNoSequencer,
         Kind::OrdoBare,
@@ -101,6 +104,7 @@ impl Kind {
         match self {
             Kind::Raw => "raw",
             Kind::Ordo => "ordo",
+            Kind::OrdoCoalesced => "ordo_fold_1ms",
             Kind::OrdoNoWakeups => "ordo_no_wakeups",
             Kind::OrdoNoSequencer => "ordo_no_sequencer",
             Kind::OrdoBare => "ordo_bare",
@@ -112,6 +116,7 @@ impl Kind {
         match self {
             Kind::Raw => None,
             Kind::Ordo => Some(config),
+            Kind::OrdoCoalesced => Some(config.fold_interval(std::time::Duration::from_millis(1))),
             Kind::OrdoNoWakeups => Some(config.cross_process_wakeups(false)),
             Kind::OrdoNoSequencer => Some(config.sequencer(false)),
             Kind::OrdoBare => Some(config.cross_process_wakeups(false).sequencer(false)),

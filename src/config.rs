@@ -38,7 +38,7 @@ impl Default for OutboxConfig {
             cross_process_wakeups: true,
             sequencer: true,
             fold_batch: 5_000,
-            fold_interval: Duration::from_millis(1),
+            fold_interval: Duration::ZERO,
             retention: crate::RetentionConfig::default(),
             maintenance_interval: Duration::from_secs(60),
         }
@@ -123,11 +123,14 @@ impl OutboxConfig {
         self
     }
 
-    /// The least time between the starts of two of this sequencer's appends. Transactions that
-    /// commit within it are appended together (one statement, one state-row update): under a
-    /// stream of small transactions that halves or better the sequencer's load on the
-    /// database, for at most this much added commit-lane latency. A transaction after a quiet
-    /// spell is appended at once. Default 1 ms.
+    /// The least time between the starts of two of this sequencer's appends. With zero (the
+    /// default) the sequencer appends as soon as it has caught up; events that commit while an
+    /// append is in flight go into the next one. A non-zero interval coalesces a stream of small
+    /// transactions into fewer appends (less database load per event) at the price of commit-lane
+    /// latency: timers tick in milliseconds, so even 1 ms adds up to about 2 ms. Measured here,
+    /// one writer of single-event transactions: 1 ms raised throughput from 0.60x to 0.74x of a
+    /// hand-written insert and the commit lane's p99 at 500 transactions/s from 0.5 ms to
+    /// 2.5 ms (PERFORMANCE.md). Default 0.
     pub fn fold_interval(mut self, interval: Duration) -> Self {
         self.fold_interval = interval;
         self

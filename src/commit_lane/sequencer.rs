@@ -136,9 +136,9 @@ where
                 && (plan.len() >= self.batch || reader.position() >= self.lane.frontier());
             let due = last_append + self.interval;
             if ready && Instant::now() >= due {
+                last_append = Instant::now();
                 self.append_plan(&mut state, &mut reader, &plan).await?;
                 plan.clear();
-                last_append = Instant::now();
                 continue;
             }
             let batch = if ready {
