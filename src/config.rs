@@ -160,12 +160,7 @@ impl OutboxConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        let invalid = |setting, reason: &str| {
-            Err(Error::InvalidConfig {
-                setting,
-                reason: reason.to_owned(),
-            })
-        };
+        let invalid = Error::invalid_config;
         if self.cache_capacity < 16 {
             return invalid("cache_capacity", "must hold at least 16 events");
         }

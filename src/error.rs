@@ -100,5 +100,15 @@ pub enum Error {
     Shutdown,
 }
 
+impl Error {
+    /// `Err(InvalidConfig)` for `setting`, for the config validators.
+    pub(crate) fn invalid_config<T>(setting: &'static str, reason: &str) -> Result<T> {
+        Err(Error::InvalidConfig {
+            setting,
+            reason: reason.to_owned(),
+        })
+    }
+}
+
 /// `Result` with ordo's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

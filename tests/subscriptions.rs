@@ -35,6 +35,17 @@ async fn projection_table(pool: &PgPool) {
     .expect("projection table");
 }
 
+/// The projection write every test handler makes: one row per event.
+async fn project(tx: &mut PgConnection, event: &Envelope<Note>) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
+        .bind(event.sequence.get() as i64)
+        .bind(event.payload.writer as i32)
+        .bind(event.payload.n as i32)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 /// Inserts a projection row per event; fails (after writing) with probability `fail_rate`.
 struct Project {
     fail_rate: f64,
@@ -46,12 +57,7 @@ impl Subscriber<Note> for Project {
         tx: &mut PgConnection,
         event: &Arc<Envelope<Note>>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
-            .bind(event.sequence.get() as i64)
-            .bind(event.payload.writer as i32)
-            .bind(event.payload.n as i32)
-            .execute(&mut *tx)
-            .await?;
+        project(tx, event).await?;
         if self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate) {
             return Err("injected failure after writing".into());
         }
@@ -210,12 +216,7 @@ impl Subscriber<Note> for Stalls {
         tx: &mut PgConnection,
         event: &Arc<Envelope<Note>>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
-            .bind(event.sequence.get() as i64)
-            .bind(event.payload.writer as i32)
-            .bind(event.payload.n as i32)
-            .execute(&mut *tx)
-            .await?;
+        project(tx, event).await?;
         if event.payload.writer == self.stall_on && !self.stalled.swap(true, AtomicOrdering::SeqCst)
         {
             tokio::time::sleep(self.stall).await;
@@ -315,12 +316,7 @@ impl Subscriber<Note> for Groups {
             return Err(format!("got {} of the transaction's {size} events", events.len()).into());
         }
         for event in events {
-            sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
-                .bind(event.sequence.get() as i64)
-                .bind(event.payload.writer as i32)
-                .bind(event.payload.n as i32)
-                .execute(&mut *tx)
-                .await?;
+            project(tx, event).await?;
         }
         self.calls.fetch_add(1, AtomicOrdering::SeqCst);
         Ok(())

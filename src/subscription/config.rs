@@ -187,12 +187,7 @@ impl JobConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        let invalid = |setting, reason: &str| {
-            Err(Error::InvalidConfig {
-                setting,
-                reason: reason.to_owned(),
-            })
-        };
+        let invalid = Error::invalid_config;
         if self.name.is_empty() || self.name.len() > 200 {
             return invalid("JobConfig::new", "the name must be 1 to 200 characters");
         }

@@ -167,18 +167,18 @@ where
         }
     }
 
+    /// Takes the lease if free, expired or ours; the row, or `None` if another runner holds it.
     async fn claim(&self) -> Result<Option<Row_>, sqlx::Error> {
-        let row = sqlx::query(sql::CLAIM)
-            .bind(&self.config.name)
-            .bind(self.owner)
-            .bind(self.lease_ms())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(Row_::read).transpose()
+        self.lease_statement(sql::CLAIM).await
     }
 
+    /// Extends a lease we hold; the row, or `None` if we lost it.
     async fn renew(&self) -> Result<Option<Row_>, sqlx::Error> {
-        let row = sqlx::query(sql::RENEW)
+        self.lease_statement(sql::RENEW).await
+    }
+
+    async fn lease_statement(&self, statement: &'static str) -> Result<Option<Row_>, sqlx::Error> {
+        let row = sqlx::query(statement)
             .bind(&self.config.name)
             .bind(self.owner)
             .bind(self.lease_ms())
