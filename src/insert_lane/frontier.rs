@@ -111,11 +111,7 @@ where
                 done = wait_resolver(&mut self.resolver) => {
                     self.resolver = None;
                     match done {
-                        Ok(Ok(resolution)) => {
-                            let (Resolution::Proven { filled } | Resolution::TimedOut { filled }) = resolution;
-                            metrics::counter!(m::PLACEHOLDERS).increment(filled);
-                            tracing::debug!(?resolution, "hole resolved");
-                        }
+                        Ok(Ok(resolution)) => tracing::debug!(?resolution, "hole resolved"),
                         Ok(Err(error)) => tracing::warn!(%error, "resolving a hole failed; will retry"),
                         Err(error) if error.is_cancelled() => {}
                         Err(error) => tracing::error!(%error, "hole resolver panicked"),

@@ -93,6 +93,9 @@ impl Resolver {
             .bind(to_i64(upto))
             .execute(&self.pool)
             .await?;
+        // Counted here, not when the frontier task joins the resolver: the frontier may pass
+        // the hole (seeing the placeholder) and drop the resolver's result unread.
+        metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(done.rows_affected());
         Ok(done.rows_affected())
     }
 }
