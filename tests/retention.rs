@@ -309,3 +309,45 @@ async fn an_existing_database_migrates_to_partitions_without_recreation() {
     .execute(&admin)
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_maintenance_gives_way_to_a_long_transaction_instead_of_queueing_writers() {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // A long transaction holds ordo.events (it wrote an event and has not committed).
+    let mut long = db.pool.begin().await.expect("begin");
+    sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 1, "n": 1}')"#)
+        .execute(&mut *long)
+        .await
+        .expect("insert");
+    // Creating partitions needs an exclusive lock on the parent: the maintainer gives up
+    // quickly (lock timeout) rather than wait, which would queue every writer behind it.
+    let run = tokio::time::timeout(
+        Duration::from_secs(20),
+        run_retention(&db.pool, &RetentionConfig::new().ahead(5)),
+    )
+    .await
+    .expect("the maintainer does not wait for the long transaction");
+    match run {
+        Err(Error::Database(sqlx::Error::Database(error))) => {
+            assert_eq!(
+                error.code().as_deref(),
+                Some("55P03"),
+                "lock_not_available: {error}"
+            )
+        }
+        other => panic!("expected a lock timeout, got {other:?}"),
+    }
+    // Writers were never queued behind it: another one commits while the long one is open.
+    sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 2, "n": 2}')"#)
+        .execute(&db.pool)
+        .await
+        .expect("a writer is not blocked");
+    long.commit().await.expect("commit");
+    let report = run_retention(&db.pool, &RetentionConfig::new().ahead(5))
+        .await
+        .expect("retention");
+    assert!(
+        !report.created.is_empty(),
+        "created once the long transaction ended"
+    );
+}

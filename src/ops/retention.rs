@@ -141,7 +141,11 @@ SELECT EXISTS (
 "#;
 
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('ordo.retention'))";
-const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+/// Creating or dropping a partition takes an exclusive lock on the parent table, and a waiting
+/// lock request queues every writer behind it. So the maintainer waits briefly and tries again
+/// on its next look (within 250 ms while partitions run short) rather than stall writers behind
+/// a long transaction.
+const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '100ms'";
 
 const FLOORS: &str = r#"
 UPDATE ordo.partitioning
@@ -207,8 +211,8 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 /// advisory lock.
 ///
 /// # Errors
-/// [`Error::Database`] if a statement fails, for instance a lock not granted within 5 s
-/// (writers hold the table); nothing is half-done, and the next run tries again.
+/// [`Error::Database`] if a statement fails, for instance a lock not granted within 100 ms (a
+/// long transaction holds the table); nothing is half-done, and the next run tries again.
 pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     retention(pool, config, true).await
 }
