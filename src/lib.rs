@@ -29,6 +29,17 @@
 //!   payload, headers, `recorded_at`): one allocation per event per process, however many
 //!   listeners.
 //!
+//! - **Durable subscriptions** ([`Outbox::subscribe`]): a named [`Subscriber`] whose handler
+//!   runs in a transaction that also moves the subscription's position in
+//!   `ordo.subscriptions`, so its database effects happen exactly once. One process runs a
+//!   subscription at a time under a lease; a runner that lost its lease cannot commit. Failures
+//!   are retried ([`RetryPolicy`]) and then halt the subscription or dead-letter the event
+//!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start.
+//! - **Operations**: [`status`] names what holds a lane (the transaction, by pid) and how far
+//!   behind each consumer is; [`metrics`] lists the metrics emitted through the `metrics`
+//!   facade; [`run_retention`] drops old partitions of events and log together. The `ordo` CLI
+//!   (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a figure is bad.
+//!
 //! ## What the commit order is, and is not
 //!
 //! Groups (the events of one transaction, identified by `commit_xid`) are ordered by their
@@ -73,8 +84,9 @@
 //! ## Lifecycle
 //!
 //! [`migrate`] once; [`Outbox::new`] starts the background tasks (the insert lane's frontier,
-//! the wake-up listener and notifier, the sequencer); [`Outbox::shutdown`] stops them in order
-//! and ends the listener streams. Dropping the last clone of an `Outbox` also stops them.
+//! the wake-up listener and notifier, the sequencer, the partition maintainer);
+//! [`Outbox::shutdown`] stops them in order and ends the listener streams and subscriptions.
+//! Dropping the last clone of an `Outbox` also stops them.
 //!
 //! ## Example
 //!
