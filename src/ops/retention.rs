@@ -214,14 +214,38 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 /// [`Error::Database`] if a statement fails, for instance a lock not granted within 100 ms (a
 /// long transaction holds the table); nothing is half-done, and the next run tries again.
 pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
-    retention(pool, config, true).await
+    let mut attempt = 1;
+    loop {
+        match retention(pool, config, true).await {
+            Err(Error::Database(sqlx::Error::Database(error)))
+                if error.code().as_deref() == Some(LOCK_NOT_AVAILABLE) && attempt < 3 =>
+            {
+                // Someone held the table for a moment (a query, a short transaction): again.
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
 }
+
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 async fn retention(
     pool: &PgPool,
     config: &RetentionConfig,
     apply: bool,
 ) -> Result<RetentionReport> {
+    // Runs are serialised before anything is read, so each plans on what the previous one left.
+    // The advisory lock queues no writer; only the DDL below is bounded by the lock timeout.
+    let mut serialised = match apply {
+        true => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(LOCK).execute(&mut *tx).await?;
+            Some(tx)
+        }
+        false => None,
+    };
     let state = sqlx::query(STATE).fetch_one(pool).await?;
     let size = to_u64(state.try_get("partition_size")?);
     let head = to_u64(state.try_get("head")?);
@@ -286,11 +310,9 @@ async fn retention(
         to_u64(state.try_get("events_floor")?),
         to_u64(state.try_get("commit_floor")?),
     );
-    if apply {
+    if let Some(mut tx) = serialised.take() {
         let doomed: Vec<&PartitionInfo> = infos.iter().filter(|p| p.drop).collect();
-        let mut tx = pool.begin().await?;
         sqlx::query(LOCK_TIMEOUT).execute(&mut *tx).await?;
-        sqlx::query(LOCK).execute(&mut *tx).await?;
         let mut from = top;
         while from < wanted_top {
             let suffix = from.to_string();
@@ -308,7 +330,7 @@ async fn retention(
         }
         for partition in &doomed {
             let log = partition.name.replacen("events_", "commit_log_", 1);
-            let sql = format!("DROP TABLE ordo.{}, ordo.{log}", partition.name);
+            let sql = format!("DROP TABLE IF EXISTS ordo.{}, ordo.{log}", partition.name);
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                 .execute(&mut *tx)
                 .await?;
