@@ -128,8 +128,28 @@ async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
         }
         anyhow::Ok(received)
     });
+    // The insert lane in the same moments, to tell the lanes' shares of the latency apart.
+    let mut inserted = folding_writers.listen_inserted(Start::Now);
+    let insert_listening = tokio::spawn(async move {
+        let mut received = Vec::new();
+        let until = Instant::now() + phase_a;
+        while Instant::now() < until {
+            let Ok(Some(event)) = tokio::time::timeout_at(until.into(), inserted.next()).await
+            else {
+                break;
+            };
+            let event = event?;
+            received.push((
+                event.payload.writer,
+                event.payload.n,
+                start.elapsed().as_micros() as u64,
+            ));
+        }
+        anyhow::Ok(received)
+    });
     let (w1, t1) = (written.load(Ordering::Relaxed), Instant::now());
     let received = listening.await??;
+    let insert_histogram = committed_at.latencies(&insert_listening.await??)?;
     let (w2, t2) = (written.load(Ordering::Relaxed), Instant::now());
     let write_rate = (w2 - w1) as f64 / (t2 - t1).as_secs_f64();
     let histogram = committed_at.latencies(&received)?;
@@ -169,6 +189,13 @@ async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
 
     println!("8 writers of single-event transactions, {seconds}s steady state");
     println!("write rate             {write_rate:>9.0} events/s (= transactions/s)");
+    println!(
+        "commit->insert lane    p50 {} us  p99 {} us  max {} us  ({} events, while writing)",
+        insert_histogram.value_at_quantile(0.5),
+        insert_histogram.value_at_quantile(0.99),
+        insert_histogram.max(),
+        insert_histogram.len()
+    );
     println!(
         "commit->commit lane    p50 {} us  p99 {} us  max {} us  ({} events, while writing)",
         histogram.value_at_quantile(0.5),

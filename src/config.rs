@@ -136,8 +136,9 @@ impl OutboxConfig {
         self
     }
 
-    /// The most groups (source transactions) the sequencer appends to the commit log in one
-    /// statement. Default 5,000.
+    /// The most insert-lane positions the sequencer reads (and so the most groups it appends)
+    /// per append statement. Default 5,000; reads are also bounded by
+    /// [`page_size`](Self::page_size).
     pub fn fold_batch(mut self, events: usize) -> Self {
         self.fold_batch = events;
         self

@@ -122,7 +122,8 @@ where
             self.stop.clone(),
             ReadMode::Meta,
             state.cursor,
-        );
+        )
+        .with_limit(self.batch);
         // Groups planned but not yet appended, in log order: (commit_xid, first sequence).
         let mut plan: Vec<(i64, i64)> = Vec::new();
         // Appends are at least `interval` apart: under a stream of small transactions they
@@ -132,8 +133,12 @@ where
             .checked_sub(self.interval)
             .unwrap_or_else(Instant::now);
         loop {
-            let ready = !plan.is_empty()
-                && (plan.len() >= self.batch || reader.position() >= self.lane.frontier());
+            // Append after every batch read rather than chasing the frontier: under a steady
+            // stream the frontier moves while we read, and chasing it delayed appends by
+            // milliseconds (p50 5 ms under 8 writers). A batch read is itself bounded (512
+            // cached slots, or a page), and events that commit during an append go into the
+            // next one.
+            let ready = !plan.is_empty();
             let due = last_append + self.interval;
             if ready && Instant::now() >= due {
                 last_append = Instant::now();

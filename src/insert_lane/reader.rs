@@ -27,6 +27,8 @@ pub(crate) struct LaneReader<P> {
     mode: ReadMode,
     /// The next sequence to hand out.
     next: u64,
+    /// The most slots one batch returns.
+    limit: usize,
     /// Whether the start position was checked against the retention floor. The cache may still
     /// hold dropped events; a reader below the floor fails the same way in every process.
     floor_checked: bool,
@@ -50,8 +52,15 @@ where
             stop,
             mode,
             next: after + 1,
+            limit: usize::MAX,
             floor_checked: false,
         }
+    }
+
+    /// Caps each batch at `limit` slots (at least one).
+    pub(crate) fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit.max(1);
+        self
     }
 
     /// The last position handed out.
@@ -108,7 +117,7 @@ where
     async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {
         let mut out = Vec::new();
         let lookup = match self.shared.cache.read() {
-            Ok(cache) => cache.read(self.next, CACHE_BATCH, &mut out),
+            Ok(cache) => cache.read(self.next, CACHE_BATCH.min(self.limit), &mut out),
             Err(_) => Lookup::Behind {
                 before: frontier + 1,
             },
@@ -124,13 +133,13 @@ where
                 let upto = before
                     .saturating_sub(1)
                     .min(frontier)
-                    .min(self.next - 1 + self.shared.page_size as u64);
+                    .min(self.next - 1 + self.page() as u64);
                 out = rows::read_page(
                     &self.shared.pool,
                     self.mode,
                     self.next - 1,
                     upto,
-                    self.shared.page_size,
+                    self.page(),
                 )
                 .await?;
                 if let Err(error) = check_contiguous(self.next, &out) {
@@ -150,6 +159,12 @@ where
             self.next = last.sequence + 1;
         }
         Ok(out)
+    }
+}
+
+impl<P> LaneReader<P> {
+    fn page(&self) -> usize {
+        self.shared.page_size.min(self.limit)
     }
 }
 
