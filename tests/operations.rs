@@ -32,8 +32,13 @@ async fn status_names_the_writer_holding_a_gap_with_its_pid_and_age() {
     let mut tx = outbox.begin().await.expect("begin");
     tx.publish(Note { writer: 2, n: 2 }).expect("publish");
     tx.commit().await.expect("commit");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-
+    // Once the wait is long enough to count as a stall, status reports it.
+    let reported = eventually(Duration::from_secs(10), || {
+        let outbox = outbox.clone();
+        async move { !outbox.status().await.expect("status").stalls.is_empty() }
+    })
+    .await;
+    assert!(reported, "a stall is reported");
     let status = outbox.status().await.expect("status");
     assert_eq!(status.insert_frontier.get(), 0);
     assert_eq!(status.committed_head.get(), 2);
@@ -57,7 +62,7 @@ async fn status_names_the_writer_holding_a_gap_with_its_pid_and_age() {
     assert_eq!(holder.application_name, "held-writer");
     assert_eq!(holder.state, "idle in transaction");
     assert!(
-        holder.transaction_seconds.unwrap_or(0.0) >= 0.5,
+        holder.transaction_seconds.unwrap_or(0.0) >= 0.2,
         "its transaction age: {holder:?}"
     );
     assert!(
@@ -118,7 +123,18 @@ async fn status_reports_each_subscription_lag_and_oldest_unprocessed_age() {
         tx.publish(Note { writer: 0, n }).expect("publish");
         tx.commit().await.expect("commit");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let aged = eventually(Duration::from_secs(10), || {
+        let outbox = outbox.clone();
+        async move {
+            let status = outbox.status().await.expect("status");
+            status
+                .subscriptions
+                .iter()
+                .any(|s| s.oldest_unprocessed_seconds.unwrap_or(0.0) >= 0.3)
+        }
+    })
+    .await;
+    assert!(aged, "the oldest unprocessed event ages");
     let status = outbox.status().await.expect("status");
     let sub = status
         .subscriptions

@@ -267,8 +267,15 @@ async fn zombie_that_lost_its_lease_cannot_commit(ordering: Ordering) {
         .expect("second runner");
     let (status, done) = rival.wait_for(PATIENCE, |s| s.position.get() >= 20).await;
     assert!(done, "the rival took over and finished: {status:?}");
-    // Let the zombie wake and try to checkpoint; it must be refused and roll back.
-    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    // The zombie wakes, tries to checkpoint, is refused (its writes roll back), and finds the
+    // lease taken: it stands by.
+    let (status, refused) = zombie
+        .wait_for(PATIENCE, |s| s.state == SubscriptionState::Standby)
+        .await;
+    assert!(
+        refused,
+        "the zombie stands by after its refused checkpoint: {status:?}"
+    );
     zombie.shutdown().await;
     rival.shutdown().await;
     assert_exactly_once(&db.pool).await;
