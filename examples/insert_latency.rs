@@ -33,7 +33,7 @@
 //! Each round also times ordo's own page statement run by hand, as a diagnostic.
 
 use std::collections::HashMap;
-use std::str::FromStr;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -41,7 +41,7 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use ordo::{Outbox, OutboxConfig, Start};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row};
 use tokio::time::{MissedTickBehavior, timeout};
 
@@ -129,14 +129,19 @@ impl Settings {
     }
 }
 
+#[path = "support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let settings = Settings::parse()?;
-    let db = BenchDb::create().await?;
+    let db = Scratch::create(&scratch::server_url()).await?;
     println!(
         "insert_latency: database {}, {} s per latency phase at {} tx/s, catch-up of {} events \
          x {} rounds, {} CPUs",
-        db.name,
+        db.name(),
         settings.seconds,
         settings.rate,
         settings.events,
@@ -144,11 +149,11 @@ async fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let outcome = run(&db, &settings).await;
-    db.drop_db().await;
+    db.drop_db().await?;
     outcome
 }
 
-async fn run(db: &BenchDb, settings: &Settings) -> Result<()> {
+async fn run(db: &Scratch, settings: &Settings) -> Result<()> {
     println!("\n== baselines (raw PostgreSQL, this run) ==");
     let pool = db.pool(10).await?;
     let select_one = select_one_round_trips(&pool, 5_000).await?;
@@ -182,7 +187,7 @@ async fn run(db: &BenchDb, settings: &Settings) -> Result<()> {
 }
 
 /// The latency phases again with one part of ordo changed, to tell where the latency comes from.
-async fn diagnostics(db: &BenchDb, pool: &PgPool, settings: &Settings) -> Result<()> {
+async fn diagnostics(db: &Scratch, pool: &PgPool, settings: &Settings) -> Result<()> {
     println!("\n== diagnostics: the same phases with one setting changed ==");
     let default = OutboxConfig::default;
     let in_process_variants = [
@@ -222,7 +227,7 @@ async fn in_process(pool: &PgPool, config: OutboxConfig, settings: &Settings) ->
 
 /// The writer's outbox on `pool`; the listener's on a pool of its own, with the same `config`.
 async fn cross_process(
-    db: &BenchDb,
+    db: &Scratch,
     pool: &PgPool,
     config: OutboxConfig,
     settings: &Settings,
@@ -284,7 +289,7 @@ async fn select_one_round_trips(pool: &PgPool, count: usize) -> Result<Histogram
 
 /// The floor under cross-process delivery: an autocommitted `pg_notify` on one pool, paced like
 /// the latency phases, until a `LISTEN` connection of another pool receives it.
-async fn raw_notify_hops(db: &BenchDb, settings: &Settings) -> Result<Histogram<u64>> {
+async fn raw_notify_hops(db: &Scratch, settings: &Settings) -> Result<Histogram<u64>> {
     let sender = db.pool(2).await?;
     let receiver_pool = db.pool(2).await?;
     let mut listener = PgListener::connect_with(&receiver_pool).await?;
@@ -463,7 +468,7 @@ async fn statistics(pool: &PgPool) -> Result<&'static str> {
 }
 
 /// `--rounds` rounds of every read of the whole table; prints them and the medians.
-async fn catch_up(db: &BenchDb, pool: &PgPool, settings: &Settings) -> Result<()> {
+async fn catch_up(db: &Scratch, pool: &PgPool, settings: &Settings) -> Result<()> {
     let events = settings.events;
     let reads = [
         RawRead::Fetch,
@@ -557,7 +562,7 @@ const ORDO_PAGE: &str = "SELECT sequence, commit_xid, id, payload::text AS paylo
      headers::text AS headers, recorded_at FROM ordo.events \
      WHERE sequence > $1 AND sequence <= $2 ORDER BY sequence LIMIT $3";
 
-async fn raw_read(db: &BenchDb, events: usize, read: RawRead) -> Result<Duration> {
+async fn raw_read(db: &Scratch, events: usize, read: RawRead) -> Result<Duration> {
     let pool = db.pool(4).await?;
     let frontier = events as i64;
     let start = Instant::now();
@@ -617,7 +622,7 @@ async fn raw_read(db: &BenchDb, events: usize, read: RawRead) -> Result<Duration
 
 /// A fresh `Outbox` on a fresh pool, listening from the beginning until it has every event.
 /// Returns how long `Outbox::new` took and how long the listener took.
-async fn ordo_read(db: &BenchDb, events: usize) -> Result<(Duration, Duration)> {
+async fn ordo_read(db: &Scratch, events: usize) -> Result<(Duration, Duration)> {
     let pool = db.pool(10).await?;
     let start = Instant::now();
     let outbox = Outbox::<Event>::new(pool.clone(), OutboxConfig::default()).await?;
@@ -639,100 +644,4 @@ async fn ordo_read(db: &BenchDb, events: usize) -> Result<(Duration, Duration)> 
     outbox.shutdown().await;
     pool.close().await;
     Ok((startup, elapsed))
-}
-
-/// A database created for this run.
-struct BenchDb {
-    server: String,
-    name: String,
-    url: String,
-    dropped: bool,
-}
-
-impl BenchDb {
-    async fn create() -> Result<BenchDb> {
-        let server = std::env::var("DATABASE_URL").context(
-            "set DATABASE_URL to a server where this role may CREATE DATABASE, for example \
-             postgres://postgres@127.0.0.1:5432/postgres",
-        )?;
-        let name = format!("ordo_bench_{:016x}", rand::random::<u64>());
-        let admin = PgPool::connect(&server)
-            .await
-            .context("connect to DATABASE_URL")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
-        let db = BenchDb {
-            url: with_database(&server, &name),
-            server,
-            name,
-            dropped: false,
-        };
-        let pool = db.pool(2).await?;
-        ordo::migrate(&pool).await?;
-        pool.close().await;
-        Ok(db)
-    }
-
-    async fn pool(&self, size: u32) -> Result<PgPool> {
-        let options = PgConnectOptions::from_str(&self.url)?;
-        Ok(PgPoolOptions::new()
-            .max_connections(size)
-            .connect_with(options)
-            .await?)
-    }
-
-    async fn drop_db(mut self) {
-        drop_database(&self.server, &self.name).await;
-        self.dropped = true;
-    }
-}
-
-impl Drop for BenchDb {
-    fn drop(&mut self) {
-        if self.dropped {
-            return;
-        }
-        // Reached when a phase failed or panicked: drop the database from a thread of its own.
-        let (server, name) = (self.server.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                runtime.block_on(drop_database(&server, &name));
-            }
-        })
-        .join();
-    }
-}
-
-async fn drop_database(server: &str, name: &str) {
-    match PgPool::connect(server).await {
-        Ok(admin) => {
-            let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-            if let Err(error) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await {
-                eprintln!("could not drop database {name}: {error}");
-            }
-            admin.close().await;
-        }
-        Err(error) => eprintln!("could not connect to drop database {name}: {error}"),
-    }
-}
-
-/// `url` with its database name replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host}/{name}?{query}"),
-        None => format!("{host}/{name}"),
-    }
 }
