@@ -15,22 +15,25 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use ordo::{Outbox, OutboxConfig};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::runtime::Runtime;
+
+#[path = "../examples/support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
 
 const EVENTS: i64 = 20_000;
 
 fn main() {
     let runtime = Runtime::new().expect("a tokio runtime");
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let server = scratch::server_url();
     let mut criterion = Criterion::default()
         .sample_size(10)
         .measurement_time(Duration::from_secs(8))
         .warm_up_time(Duration::from_secs(1))
         .configure_from_args();
     for group_size in [1i64, 10] {
-        let (name, url, pool) = runtime.block_on(scratch(&server, group_size));
+        let (scratch, pool) = runtime.block_on(scratch(&server, group_size));
         let mut group = criterion.benchmark_group(format!("fold_groups_of_{group_size}"));
         group.throughput(Throughput::Elements(EVENTS as u64));
         group.bench_function("baseline_paged_read", |b| {
@@ -60,9 +63,8 @@ fn main() {
         group.finish();
         runtime.block_on(async {
             pool.close().await;
-            drop_db(&server, &name).await;
+            scratch.drop_db().await.expect("drop the scratch database");
         });
-        let _ = url;
     }
     criterion.final_summary();
 }
@@ -108,24 +110,10 @@ async fn paged_read(pool: &PgPool) {
     }
 }
 
-async fn scratch(server: &str, group_size: i64) -> (String, String, PgPool) {
-    let name = format!("ordo_bench_{}", uuid::Uuid::new_v4().simple());
-    let admin = PgPool::connect(server)
-        .await
-        .expect("connect to DATABASE_URL");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&admin)
-        .await
-        .expect("create the bench database");
-    admin.close().await;
-    let (base, _) = server.rsplit_once('/').expect("a URL with a database name");
-    let url = format!("{base}/{name}");
-    let pool = PgPoolOptions::new()
-        .max_connections(6)
-        .connect(&url)
-        .await
-        .expect("pool");
-    ordo::migrate(&pool).await.expect("migrate");
+/// A scratch database holding `EVENTS` events in groups of `group_size`.
+async fn scratch(server: &str, group_size: i64) -> (Scratch, PgPool) {
+    let scratch = Scratch::create(server).await.expect("a scratch database");
+    let pool = scratch.pool(6).await.expect("pool");
     // Groups of `group_size` (explicit commit_xid values above any real transaction id).
     sqlx::query(
         "INSERT INTO ordo.events (commit_xid, payload)
@@ -140,15 +128,5 @@ async fn scratch(server: &str, group_size: i64) -> (String, String, PgPool) {
         .execute(&pool)
         .await
         .expect("analyze");
-    (name, url, pool)
-}
-
-async fn drop_db(server: &str, name: &str) {
-    if let Ok(admin) = PgPool::connect(server).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await;
-    }
+    (scratch, pool)
 }
