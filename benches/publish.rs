@@ -31,7 +31,6 @@
 //! prints what the server did per published transaction (`pg_stat_database` deltas).
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,9 +38,13 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use ordo::{Outbox, OutboxConfig};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::types::Json;
 use tokio::runtime::Runtime;
+
+#[path = "../examples/support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
 
 /// Criterion samples per benchmark (criterion's minimum is 10).
 const SAMPLES: usize = 20;
@@ -221,65 +224,40 @@ impl Writer {
     }
 }
 
-/// A database created for one benchmark.
+/// A database created for one benchmark (dropped by the shared scratch guard if a benchmark
+/// panics first).
 struct BenchDb {
     pool: PgPool,
-    server: String,
-    name: String,
-    dropped: bool,
+    scratch: Scratch,
 }
 
 impl BenchDb {
     async fn create() -> BenchDb {
-        let server = std::env::var("DATABASE_URL")
-            .expect("set DATABASE_URL to a server where this role may CREATE DATABASE");
-        let name = format!("ordo_bench_{:016x}", rand::random::<u64>());
-        let admin = PgPool::connect(&server)
+        // Migrated on a pool of its own whose backends have exited, so the migration's work is
+        // in `pg_stat_database` before the benchmark's counters are first read.
+        let scratch = Scratch::create(&scratch::server_url())
             .await
-            .expect("connect to the server");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await
-            .expect("create the bench database");
-        admin.close().await;
-        let options = PgConnectOptions::from_str(&with_database(&server, &name))
-            .expect("a valid database URL");
-        let connect = |size| {
-            PgPoolOptions::new()
-                .max_connections(size)
-                .connect_with(options.clone())
-        };
-        // Migrate on a pool of its own and let its backend exit, so that the migration's work
-        // is in `pg_stat_database` before the benchmark's counters are first read.
-        let setup = connect(1).await.expect("connect to the bench database");
-        ordo::migrate(&setup)
-            .await
-            .expect("migrate the bench database");
-        setup.close().await;
+            .expect("a scratch database (DATABASE_URL: a role that may CREATE DATABASE)");
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let pool = connect(POOL_SIZE)
+        let pool = scratch
+            .pool(POOL_SIZE)
             .await
             .expect("connect to the bench database");
-        BenchDb {
-            pool,
-            server,
-            name,
-            dropped: false,
-        }
+        BenchDb { pool, scratch }
     }
 
     /// `xact_commit`, `tup_inserted`, `tup_updated` of this database: every transaction (reads
     /// included), rows inserted (events, commit-log rows), rows updated (the sequencer's state
     /// row, once per append).
     async fn server_counts(&self) -> [i64; 3] {
-        let admin = PgPool::connect(&self.server)
+        let admin = PgPool::connect(&scratch::server_url())
             .await
             .expect("connect to the server");
         let row: (i64, i64, i64) = sqlx::query_as(
             "SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database \
              WHERE datname = $1",
         )
-        .bind(&self.name)
+        .bind(self.scratch.name())
         .fetch_one(&admin)
         .await
         .expect("read pg_stat_database");
@@ -296,53 +274,12 @@ impl BenchDb {
         self.server_counts().await
     }
 
-    async fn drop_db(mut self) {
+    async fn drop_db(self) {
         self.pool.close().await;
-        drop_database(&self.server, &self.name).await;
-        self.dropped = true;
-    }
-}
-
-impl Drop for BenchDb {
-    fn drop(&mut self) {
-        if self.dropped {
-            return;
-        }
-        // Reached only when a benchmark panicked: drop the database from a thread of its own.
-        let (server, name) = (self.server.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                runtime.block_on(drop_database(&server, &name));
-            }
-        })
-        .join();
-    }
-}
-
-async fn drop_database(server: &str, name: &str) {
-    if let Ok(admin) = PgPool::connect(server).await {
-        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
-        admin.close().await;
-    }
-}
-
-/// `url` with its database name replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host}/{name}?{query}"),
-        None => format!("{host}/{name}"),
+        self.scratch
+            .drop_db()
+            .await
+            .expect("drop the bench database");
     }
 }
 
