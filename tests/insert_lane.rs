@@ -381,3 +381,50 @@ async fn rolled_back_and_dropped_transactions_publish_nothing_and_publish_in_doe
             .expect("count");
     assert_eq!(rows, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradictory_configuration_is_refused_naming_the_settings() {
+    let db = TestDb::new().await;
+    let cases = [
+        (OutboxConfig::default().cache_capacity(1), "cache_capacity"),
+        (OutboxConfig::default().page_size(0), "page_size"),
+        (
+            OutboxConfig::default()
+                .gap_poll(Duration::from_secs(1))
+                .resync_interval(Duration::from_millis(10)),
+            "gap_poll/resync_interval",
+        ),
+        (
+            OutboxConfig::default()
+                .gap_grace(Duration::from_secs(10))
+                .gap_fill_timeout(Duration::from_secs(1)),
+            "gap_fill_timeout/gap_grace",
+        ),
+        (
+            OutboxConfig::default().notify_channel("no spaces; please"),
+            "notify_channel",
+        ),
+        (
+            OutboxConfig::default().fold_interval(Duration::from_secs(5)),
+            "fold_interval",
+        ),
+    ];
+    for (config, expected) in cases {
+        match Outbox::<Note>::new(db.pool.clone(), config).await {
+            Err(Error::InvalidConfig { setting, reason }) => {
+                assert_eq!(setting, expected, "{reason}");
+                assert!(!reason.is_empty());
+            }
+            Err(other) => panic!("{expected}: expected an invalid config, got {other}"),
+            Ok(_) => panic!("{expected}: expected an invalid config, got a running outbox"),
+        }
+    }
+    // Nothing was started: no background task holds a LISTEN connection.
+    let listening: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("count");
+    assert_eq!(listening, 0);
+}
