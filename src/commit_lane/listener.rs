@@ -232,10 +232,11 @@ pub(crate) fn stream<P>(reader: CommitReader<P>) -> CommitStream<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    retrying_stream(reader, |item| {
+    // One handle per stream, not a registry lookup per event.
+    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "commit");
+    retrying_stream(reader, move |item| {
         if let Ok(event) = &item.event {
-            metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "commit")
-                .record(m::since(event.recorded_at));
+            latency.record(m::since(event.recorded_at));
         }
         Some(item.into_public())
     })

@@ -42,10 +42,11 @@ pub(crate) fn stream<P>(reader: LaneReader<P>) -> EventStream<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    retrying_stream(reader, |slot| match slot.item {
+    // One handle per stream, not a registry lookup per event.
+    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert");
+    retrying_stream(reader, move |slot| match slot.item {
         SlotItem::Event(event) => {
-            metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert")
-                .record(m::since(event.recorded_at));
+            latency.record(m::since(event.recorded_at));
             Some(Ok(event))
         }
         SlotItem::Undecodable(source) => Some(Err(Error::UndecodablePayload {

@@ -197,6 +197,10 @@ where
             position,
         );
         let mut renew_at = Instant::now() + self.renew_every();
+        // Handles taken once, not a registry lookup (and a name clone) per unit.
+        let name = self.config.name.clone();
+        let handled = metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone());
+        let lag = metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name);
         loop {
             if !source.has_buffered() {
                 tokio::select! {
@@ -245,15 +249,12 @@ where
             };
             match self.handle_unit(&unit, position).await {
                 Outcome::Committed(next) => {
-                    let name = self.config.name.clone();
-                    metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone())
-                        .increment(unit.len() as u64);
+                    handled.increment(unit.len() as u64);
                     let head = match self.config.ordering {
                         super::config::Ordering::Insert => self.lane.frontier(),
                         super::config::Ordering::Commit => self.commit.head(),
                     };
-                    metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name)
-                        .set(head.saturating_sub(next) as f64);
+                    lag.set(head.saturating_sub(next) as f64);
                     position = next;
                     renew_at = Instant::now() + self.renew_every();
                     self.status.send_modify(|status| {
