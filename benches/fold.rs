@@ -72,7 +72,7 @@ fn main() {
 /// Empties the log, then times an outbox folding every stored event.
 async fn cold_fold(pool: &PgPool) -> Duration {
     sqlx::raw_sql(
-        "TRUNCATE ordo.commit_log;
+        "TRUNCATE ordo.commit_chunks;
          UPDATE ordo.sequencer_state SET last_commit_seq = 0, logged_through_sequence = 0;",
     )
     .execute(pool)

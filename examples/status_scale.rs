@@ -65,8 +65,11 @@ async fn run(url: &str, events: i64) -> Result<()> {
         .execute(&pool)
         .await?;
         sqlx::query(
-            "INSERT INTO ordo.commit_log (commit_seq, sequence, group_last)
-             SELECT g, g, g % 10 = 0 FROM generate_series($1::bigint, $2::bigint) AS g",
+            "INSERT INTO ordo.commit_chunks
+                 (first_commit_seq, last_commit_seq, min_sequence, max_sequence, sequences, group_last)
+             SELECT min(g), max(g), min(g), max(g), array_agg(g ORDER BY g), array_agg(g % 10 = 0 ORDER BY g)
+             FROM generate_series($1::bigint, $2::bigint) AS g
+             GROUP BY (g - 1) / 1000",
         )
         .bind(from)
         .bind(to)
@@ -92,7 +95,7 @@ async fn run(url: &str, events: i64) -> Result<()> {
     .bind(events / 2)
     .execute(&pool)
     .await?;
-    for table in ["ordo.events", "ordo.commit_log"] {
+    for table in ["ordo.events", "ordo.commit_chunks"] {
         sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(&pool)
             .await?;

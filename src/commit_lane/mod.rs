@@ -1,7 +1,8 @@
 //! The commit-ordered lane: a dense commit log in which every source transaction's events are
 //! contiguous, folded from the insert lane by a leaderless [`sequencer`].
 //!
-//! The [`sequencer`] appends to `ordo.commit_log` and publishes the log head; [`listener`]
+//! The [`sequencer`] appends to the log (`ordo.commit_chunks`, read as the view
+//! `ordo.commit_log`) and publishes the log head; [`listener`]
 //! streams read the recent log entries this process appended (and the events themselves from
 //! the insert lane's cache), or the log joined to the events by pages when further behind.
 
@@ -102,3 +103,17 @@ impl CommitShared {
 }
 
 pub(crate) use sql::HEAD as HEAD_SQL;
+
+/// Retention's part of the commit log, in its transaction, once the events below `events_from`
+/// are dropped: deletes their entries (a prefix of the log) and returns the new commit floor,
+/// the highest commit sequence gone.
+pub(crate) async fn trim_below(
+    conn: &mut sqlx::PgConnection,
+    events_from: u64,
+) -> crate::error::Result<u64> {
+    let floor: i64 = sqlx::query_scalar(sql::TRIM)
+        .bind(crate::insert_lane::rows::to_i64(events_from))
+        .fetch_one(conn)
+        .await?;
+    Ok(crate::insert_lane::rows::to_u64(floor))
+}

@@ -8,9 +8,12 @@
 //! position the batch covered.
 //!
 //! The fold is a pure function of the insert lane and the state row, so every process that
-//! runs it computes the same appends; the CAS only suppresses the duplicates. A refused CAS,
-//! an error, or a start re-reads the state row ([`sql::RESTART`]) and folds on from there.
-//! A process killed at any instant leaves nothing half-written: an append is one statement.
+//! runs it computes the same appends; the CAS only suppresses the duplicates. A refused CAS
+//! reads what the peer appended since this process's head ([`sql::CATCH_UP`]) and continues
+//! from there: the groups the peer logged are dropped from the plan, the rest is appended on
+//! the peer's cursor, and the reader moves only if the peer got further than it. An error or
+//! a start re-reads the state row ([`sql::RESTART`]) and folds on from there. A process killed
+//! at any instant leaves nothing half-written: an append is one statement.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,9 +23,10 @@ use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-use super::sql::{APPEND, RESTART};
+use super::sql::{APPEND, CATCH_UP, RESTART};
 use super::{CommitShared, LogEntry};
 use crate::error::Result;
 use crate::insert_lane::LaneShared;
@@ -33,6 +37,9 @@ use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// A peer further ahead than this many entries is followed by a restart (one statement that
+/// reads only what lies above the cursor) rather than by reading every entry it appended.
+const CATCH_UP_MAX: i64 = 8192;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The state row as read at a restart.
@@ -48,6 +55,14 @@ enum Appended {
     Done(Vec<LogEntry>),
     /// A peer moved the cursor first.
     Refused,
+}
+
+/// What peers appended since this process's head, as [`sql::CATCH_UP`] read it.
+struct PeerAppends {
+    head: u64,
+    cursor: u64,
+    /// Each entry with its event's transaction.
+    entries: Vec<(LogEntry, i64)>,
 }
 
 pub(crate) struct Sequencer<P> {
@@ -77,11 +92,15 @@ where
         // depends on an append (a subscription's checkpoint) commits after it, so its WAL flush
         // carries the append's commit record too. What it saves is a WAL flush per append,
         // which with one writer was a second flushed transaction per published one.
+        // `jit` is off as well: no statement of the fold runs long enough to gain from it, and
+        // a stock server compiles any plan whose estimate crosses `jit_above_cost`, for
+        // hundreds of milliseconds (the statements are also shaped to stay under it, see
+        // `sql.rs`; these are ordo's own connections, so the setting touches nothing else).
         let options = pool
             .connect_options()
             .as_ref()
             .clone()
-            .options([("synchronous_commit", "off")]);
+            .options([("synchronous_commit", "off"), ("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_lazy_with(options);
@@ -142,8 +161,7 @@ where
             let due = last_append + self.interval;
             if ready && Instant::now() >= due {
                 last_append = Instant::now();
-                self.append_plan(&mut state, &mut reader, &plan).await?;
-                plan.clear();
+                self.append_plan(&mut state, &mut reader, &mut plan).await?;
                 continue;
             }
             let batch = if ready {
@@ -169,13 +187,14 @@ where
         }
     }
 
-    /// Appends `plan` (groups up to the reader's position) under the CAS; on a refusal,
-    /// re-reads the state row and moves the reader back to its cursor.
+    /// Appends `plan` (groups up to the reader's position) under the CAS and empties it. On a
+    /// refusal, continues from what the peer appended: `plan` keeps only the groups the peer
+    /// did not log, to be appended on the peer's cursor.
     async fn append_plan(
         &self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
-        plan: &[(i64, i64)],
+        plan: &mut Vec<(i64, i64)>,
     ) -> Result<()> {
         let covered = reader.position();
         match append(&self.pool, state.cursor, covered, plan).await? {
@@ -187,20 +206,61 @@ where
                     .set(self.lane.frontier().saturating_sub(covered) as f64);
                 let head = entries.last().map_or(state.head, |e| e.commit_seq);
                 record_appended(state, plan, &entries, covered);
-                state.head = head;
-                if let Ok(mut log) = self.commit.log.write() {
-                    log.extend(&entries);
-                }
-                self.commit.publish_head(head);
+                plan.clear();
+                self.publish(state, head, &entries);
             }
             Appended::Refused => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
-                *state = restart(&self.pool).await?;
-                self.commit.publish_head(state.head);
-                reader.seek(state.cursor);
+                match catch_up(&self.pool, state.head).await? {
+                    Some(peer) => self.follow(state, reader, plan, peer),
+                    None => {
+                        *state = restart(&self.pool).await?;
+                        plan.clear();
+                        self.commit.publish_head(state.head);
+                        reader.seek(state.cursor);
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// Takes in a peer's appends: its entries join the log cache (listeners here read them
+    /// without a table read), its groups join the skip set, and the plan keeps only groups
+    /// above the peer's cursor (every group whose first event is at or below it, the peer
+    /// logged: the fold is the same function everywhere).
+    fn follow(
+        &self,
+        state: &mut Restart,
+        reader: &mut LaneReader<P>,
+        plan: &mut Vec<(i64, i64)>,
+        peer: PeerAppends,
+    ) {
+        for (entry, xid) in &peer.entries {
+            let top = state.logged.entry(*xid).or_insert(entry.sequence);
+            *top = (*top).max(entry.sequence);
+        }
+        let cursor = peer.cursor;
+        plan.retain(|(_, low)| to_u64(*low) > cursor);
+        if cursor >= reader.position() {
+            plan.clear();
+            reader.seek(cursor);
+        }
+        let planned: std::collections::HashSet<i64> = plan.iter().map(|(xid, _)| *xid).collect();
+        state
+            .logged
+            .retain(|xid, top| *top > cursor || planned.contains(xid));
+        state.cursor = cursor;
+        let entries: Vec<LogEntry> = peer.entries.into_iter().map(|(e, _)| e).collect();
+        self.publish(state, peer.head, &entries);
+    }
+
+    fn publish(&self, state: &mut Restart, head: u64, entries: &[LogEntry]) {
+        state.head = state.head.max(head);
+        if let Ok(mut log) = self.commit.log.write() {
+            log.extend(entries);
+        }
+        self.commit.publish_head(state.head);
     }
 }
 
@@ -254,15 +314,60 @@ async fn append(
     if rows.is_empty() {
         return Ok(Appended::Refused);
     }
-    let entries = rows
-        .iter()
-        .map(|row| {
-            Ok(LogEntry {
-                commit_seq: to_u64(row.try_get("commit_seq")?),
-                sequence: to_u64(row.try_get("sequence")?),
-                group_last: row.try_get("group_last")?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if let Some(entry) = log_entry(row)? {
+            entries.push(entry);
+        }
+    }
     Ok(Appended::Done(entries))
+}
+
+/// A log entry from a row with `commit_seq`, `sequence` and `group_last`, all NULL for none.
+fn log_entry(row: &PgRow) -> Result<Option<LogEntry>> {
+    let (Some(commit_seq), Some(sequence), Some(group_last)) = (
+        row.try_get::<Option<i64>, _>("commit_seq")?,
+        row.try_get::<Option<i64>, _>("sequence")?,
+        row.try_get::<Option<bool>, _>("group_last")?,
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(LogEntry {
+        commit_seq: to_u64(commit_seq),
+        sequence: to_u64(sequence),
+        group_last,
+    }))
+}
+
+/// What peers appended above `head`; `None` when they are too far ahead to read it all.
+async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppends>> {
+    let rows = sqlx::query(CATCH_UP)
+        .bind(to_i64(head))
+        .bind(CATCH_UP_MAX)
+        .fetch_all(pool)
+        .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let peer_head = to_u64(first.try_get("last_commit_seq")?);
+    let cursor = to_u64(first.try_get("logged_through_sequence")?);
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let xid: Option<i64> = row.try_get("commit_xid")?;
+        if let (Some(entry), Some(xid)) = (log_entry(row)?, xid) {
+            entries.push((entry, xid));
+        }
+    }
+    // Every entry above our head must be here, in order, or we fall back to a restart.
+    let complete = peer_head >= head
+        && entries.len() as u64 == peer_head - head
+        && entries
+            .iter()
+            .enumerate()
+            .all(|(i, (e, _))| e.commit_seq == head + 1 + i as u64);
+    Ok(complete.then_some(PeerAppends {
+        head: peer_head,
+        cursor,
+        entries,
+    }))
 }

@@ -1,5 +1,6 @@
-//! Retention: keep partitions ahead of the head, and drop whole partitions (events and their
-//! commit-log rows together) once they are past the configured age and no consumer needs them.
+//! Retention: keep partitions ahead of the head, and drop whole partitions of events (and the
+//! commit-log entries of exactly those events) once they are past the configured age and no
+//! consumer needs them.
 //!
 //! A pair of partitions covering sequences `[from, to)` is dropped only when all of:
 //! - every event in it is older than [`RetentionConfig::keep`] (by `recorded_at`);
@@ -9,8 +10,10 @@
 //! - no source transaction has events on both sides of `to` (a group is never split);
 //! - every older partition is dropped in the same run or before (drops go oldest first).
 //!
-//! Because groups are ordered by their lowest sequence, the log rows of the dropped events are
-//! then exactly a prefix of the commit log: `commit_seq` stays dense above the new floor.
+//! Because groups are ordered by their lowest sequence, the log entries of the dropped events
+//! are then exactly a prefix of the commit log: the chunks holding them are deleted (the one
+//! straddling the new floor trimmed) in the same transaction, and `commit_seq` stays dense
+//! above the new floor.
 
 use std::time::Duration;
 
@@ -69,7 +72,7 @@ impl RetentionConfig {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct PartitionInfo {
-    /// The events partition (`ordo.<name>`); the log partition has the same suffix.
+    /// The events partition (`ordo.<name>`).
     pub name: String,
     /// The first sequence it may hold (`None`: no lower bound).
     pub from: Option<u64>,
@@ -122,7 +125,7 @@ const SUBSCRIPTIONS: &str = r#"
 SELECT s.name, s.lane, s.position,
        CASE s.lane
        WHEN 'insert' THEN s.position + 1
-       ELSE (SELECT min(l.sequence) FROM ordo.commit_log AS l WHERE l.commit_seq > s.position)
+       ELSE (SELECT min(c.min_sequence) FROM ordo.commit_chunks AS c WHERE c.last_commit_seq > s.position)
        END AS needs
 FROM ordo.subscriptions AS s
 "#;
@@ -150,8 +153,7 @@ const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '100ms'";
 const FLOORS: &str = r#"
 UPDATE ordo.partitioning
 SET events_floor = $1,
-    commit_floor = coalesce((SELECT min(commit_seq) - 1 FROM ordo.commit_log),
-                            (SELECT last_commit_seq FROM ordo.sequencer_state)),
+    commit_floor = $2,
     updated_at = now()
 RETURNING events_floor, commit_floor
 "#;
@@ -318,8 +320,7 @@ async fn retention(
             let suffix = from.to_string();
             // Names and bounds are numbers ordo computed, never user input.
             let sql = format!(
-                "CREATE TABLE IF NOT EXISTS ordo.events_{suffix} PARTITION OF ordo.events FOR VALUES FROM ({from}) TO ({to});
-                 CREATE TABLE IF NOT EXISTS ordo.commit_log_{suffix} PARTITION OF ordo.commit_log FOR VALUES FROM ({from}) TO ({to});",
+                "CREATE TABLE IF NOT EXISTS ordo.events_{suffix} PARTITION OF ordo.events FOR VALUES FROM ({from}) TO ({to});",
                 to = from + size
             );
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
@@ -329,16 +330,17 @@ async fn retention(
             from += size;
         }
         for partition in &doomed {
-            let log = partition.name.replacen("events_", "commit_log_", 1);
-            let sql = format!("DROP TABLE IF EXISTS ordo.{}, ordo.{log}", partition.name);
+            let sql = format!("DROP TABLE IF EXISTS ordo.{}", partition.name);
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                 .execute(&mut *tx)
                 .await?;
             dropped.push(partition.name.clone());
         }
         if let Some(last) = doomed.last() {
+            let commit_floor = crate::commit_lane::trim_below(&mut tx, last.to).await?;
             let row = sqlx::query(FLOORS)
                 .bind(to_i64(last.to))
+                .bind(to_i64(commit_floor))
                 .fetch_one(&mut *tx)
                 .await?;
             floors = (

@@ -28,7 +28,8 @@ SELECT count(*) AS events,
                                            ELSE e.recorded_at END)) AS age
 FROM ordo.events AS e
 WHERE e.sequence > $1 AND e.sequence <= $2 AND e.payload IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM ordo.commit_log AS l WHERE l.sequence = e.sequence)
+  AND NOT EXISTS (SELECT 1 FROM ordo.commit_chunks AS c
+                  WHERE c.max_sequence >= e.sequence AND e.sequence = ANY (c.sequences))
 "#;
 
 /// Each subscription with its lag and the age of the first event it has not handled.
@@ -39,8 +40,8 @@ SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
            CASE s.lane
            WHEN 'commit' THEN (
                SELECT CASE WHEN $3 THEN coalesce(pg_xact_commit_timestamp(e.xmin), e.recorded_at) ELSE e.recorded_at END
-               FROM ordo.commit_log AS l JOIN ordo.events AS e ON e.sequence = l.sequence
-               WHERE l.commit_seq = s.position + 1)
+               FROM ordo.commit_log_range(s.position, s.position + 1) AS l
+               JOIN ordo.events AS e ON e.sequence = l.sequence)
            ELSE (
                SELECT CASE WHEN $3 THEN coalesce(pg_xact_commit_timestamp(e.xmin), e.recorded_at) ELSE e.recorded_at END
                FROM ordo.events AS e
