@@ -137,6 +137,8 @@ pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::metrics;
+#[doc(hidden)]
+pub use ops::plans::{HotStatement, hot_path_statements};
 pub use ops::render::{prometheus_text, status_table};
 pub use ops::retention::{
     PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,

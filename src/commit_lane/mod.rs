@@ -8,7 +8,7 @@
 
 pub(crate) mod listener;
 pub(crate) mod sequencer;
-mod sql;
+pub(crate) mod sql;
 pub(crate) mod watcher;
 
 use std::collections::VecDeque;

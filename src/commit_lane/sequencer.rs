@@ -283,6 +283,7 @@ fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[LogEntry
 }
 
 async fn restart(pool: &PgPool) -> Result<Restart> {
+    metrics::counter!(m::FOLD_RESTARTS).increment(1);
     let row = sqlx::query(RESTART).fetch_one(pool).await?;
     let xids: Vec<i64> = row.try_get("xids")?;
     let maxes: Vec<i64> = row.try_get("maxes")?;

@@ -14,7 +14,7 @@
 /// appended whole while the fold had only reached its first member), with each group's highest
 /// logged sequence. Reading these apart lets a peer's append slip between them and leaves a
 /// head that disagrees with the skip set.
-pub(super) const RESTART: &str = r#"
+pub(crate) const RESTART: &str = r#"
 WITH s AS MATERIALIZED (
     SELECT last_commit_seq, logged_through_sequence
     FROM ordo.sequencer_state WHERE singleton LIMIT 1
@@ -39,7 +39,7 @@ FROM s
 /// head this process knows (`$1`), at most `$2` of them, with each entry's transaction, in one
 /// snapshot. The sequencer continues from what the peer appended instead of restarting.
 /// Always at least one row (entry columns NULL when there is none).
-pub(super) const CATCH_UP: &str = r#"
+pub(crate) const CATCH_UP: &str = r#"
 WITH s AS MATERIALIZED (
     SELECT last_commit_seq, logged_through_sequence
     FROM ordo.sequencer_state WHERE singleton LIMIT 1
@@ -69,7 +69,7 @@ ORDER BY l.commit_seq
 /// nothing (no row comes back; a CAS that succeeds returns at least one, NULLs for an empty
 /// plan). A guard on another table (`NOT EXISTS` in the log) would read this statement's older
 /// snapshot and append the group twice.
-pub(super) const APPEND: &str = r#"
+pub(crate) const APPEND: &str = r#"
 WITH plan AS (
     SELECT g.xid, g.low, g.ord
     FROM unnest($3::bigint[], $4::bigint[]) WITH ORDINALITY AS g(xid, low, ord)
@@ -107,7 +107,7 @@ pub(crate) const HEAD: &str =
     "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton LIMIT 1";
 
 /// A page of the log joined to its events, in `(after, upto]`.
-pub(super) const PAGE: &str = r#"
+pub(crate) const PAGE: &str = r#"
 SELECT l.commit_seq, l.group_last, e.sequence, e.commit_xid, e.id,
        e.payload::text AS payload, e.headers::text AS headers, e.recorded_at
 FROM ordo.commit_log_range($1, $2) AS l

@@ -21,10 +21,10 @@ use tokio::time::Instant;
 use super::rows::to_i64;
 use crate::error::Result;
 
-const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+pub(crate) const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
 
 /// True once no transaction that was in progress in snapshot `$1` is still in progress.
-const ABANDONED: &str = r#"
+pub(crate) const ABANDONED: &str = r#"
 SELECT NOT EXISTS (
     SELECT 1
     FROM pg_snapshot_xip($1::pg_snapshot) AS held(xid)
@@ -34,7 +34,7 @@ SELECT NOT EXISTS (
 
 /// Placeholders for every sequence of `[$1, $2]` that has no row. Explicit NULLs: a placeholder
 /// belongs to no transaction, not to the one writing it.
-const FILL: &str = r#"
+pub(crate) const FILL: &str = r#"
 INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
 SELECT NULL, s, gen_random_uuid(), NULL, '{}'::jsonb
 FROM generate_series($1::bigint, $2::bigint) AS s

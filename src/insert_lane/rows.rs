@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::position::EventSequence;
 
 /// Rows in `(after, upto]`, in order, at most `limit`.
-const PAGE_FULL: &str = r#"
+pub(crate) const PAGE_FULL: &str = r#"
 SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
 FROM ordo.events
 WHERE sequence > $1 AND sequence <= $2
@@ -23,7 +23,7 @@ LIMIT $3
 "#;
 
 /// The same page without payloads, for readers that only need positions and groups.
-const PAGE_META: &str = r#"
+pub(crate) const PAGE_META: &str = r#"
 SELECT sequence, commit_xid
 FROM ordo.events
 WHERE sequence > $1 AND sequence <= $2
@@ -32,7 +32,7 @@ LIMIT $3
 "#;
 
 /// The lane's fetch: the holes it is waiting on, plus whatever is new above what it knows.
-const FETCH: &str = r#"
+pub(crate) const FETCH: &str = r#"
 (SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
  FROM ordo.events WHERE sequence = ANY($1::bigint[]))
 UNION ALL
@@ -41,11 +41,11 @@ UNION ALL
 "#;
 
 /// The highest sequence any transaction has drawn (committed or not).
-const HEAD: &str =
+pub(crate) const HEAD: &str =
     "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ordo.events_sequence";
 
 /// The end of the contiguous run of rows that starts right above `$1`, or `$1` itself.
-const CONTIGUOUS_END: &str = r#"
+pub(crate) const CONTIGUOUS_END: &str = r#"
 SELECT CASE
     WHEN NOT EXISTS (SELECT 1 FROM ordo.events WHERE sequence = $1 + 1) THEN $1
     ELSE (SELECT min(sequence) FROM (
@@ -57,7 +57,7 @@ END
 
 /// Every position at or below the sequencer's cursor is resolved, so the start-up scan for
 /// the frontier begins there instead of at the first event.
-const RESOLVED_FLOOR: &str = "SELECT logged_through_sequence FROM ordo.sequencer_state";
+pub(crate) const RESOLVED_FLOOR: &str = "SELECT logged_through_sequence FROM ordo.sequencer_state";
 
 pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
     let sequence = to_u64(row.try_get("sequence")?);
@@ -167,7 +167,7 @@ pub(crate) async fn fetch<P: DeserializeOwned>(
     rows.iter().map(decode_full).collect()
 }
 
-const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";
+pub(crate) const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";
 
 /// The lowest insert sequence and the highest dropped commit sequence after retention.
 pub(crate) async fn retention_floors(pool: &PgPool) -> Result<(u64, u64)> {

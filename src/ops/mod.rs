@@ -1,8 +1,9 @@
 //! Operations: see and steer a running outbox.
 
 pub mod metrics;
+pub(crate) mod plans;
 pub(crate) mod render;
 pub(crate) mod retention;
-mod sql;
+pub(crate) mod sql;
 pub(crate) mod status;
 pub mod trace;

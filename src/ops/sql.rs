@@ -2,7 +2,7 @@
 
 /// The positions, in one statement: drawn head, highest committed row, the commit log's state,
 /// and whether commit timestamps are tracked.
-pub(super) const POSITIONS: &str = r#"
+pub(crate) const POSITIONS: &str = r#"
 SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ordo.events_sequence) AS sequence_head,
        coalesce((SELECT max(sequence) FROM ordo.events), 0) AS committed_head,
        s.last_commit_seq, s.logged_through_sequence,
@@ -14,7 +14,7 @@ FROM ordo.sequencer_state AS s
 
 /// Events committed above the frontier (waiting on the hole) and the age of the oldest, by
 /// commit time where tracked, else by `recorded_at`.
-pub(super) const INSERT_LAG: &str = r#"
+pub(crate) const INSERT_LAG: &str = r#"
 SELECT count(*) FILTER (WHERE payload IS NOT NULL) AS events,
        date_part('epoch', now() - min(CASE WHEN $2 THEN coalesce(pg_xact_commit_timestamp(xmin), recorded_at)
                                            ELSE recorded_at END)) AS age
@@ -22,7 +22,7 @@ FROM ordo.events WHERE sequence > $1
 "#;
 
 /// Real events at or below the frontier that the commit log does not hold yet.
-pub(super) const COMMIT_LAG: &str = r#"
+pub(crate) const COMMIT_LAG: &str = r#"
 SELECT count(*) AS events,
        date_part('epoch', now() - min(CASE WHEN $3 THEN coalesce(pg_xact_commit_timestamp(e.xmin), e.recorded_at)
                                            ELSE e.recorded_at END)) AS age
@@ -33,7 +33,7 @@ WHERE e.sequence > $1 AND e.sequence <= $2 AND e.payload IS NOT NULL
 "#;
 
 /// Each subscription with its lag and the age of the first event it has not handled.
-pub(super) const SUBSCRIPTIONS: &str = r#"
+pub(crate) const SUBSCRIPTIONS: &str = r#"
 SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
        GREATEST(CASE s.lane WHEN 'commit' THEN $1 ELSE $2 END - s.position, 0) AS lag,
        date_part('epoch', now() - (
@@ -54,20 +54,20 @@ ORDER BY s.name
 
 /// A probe for the holder of a hole: a placeholder insert that waits on the holder's row if it
 /// has one. Run in a transaction that is always rolled back, under a short lock timeout.
-pub(super) const PROBE: &str = r#"
+pub(crate) const PROBE: &str = r#"
 INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
 VALUES (NULL, $1, gen_random_uuid(), NULL, '{}'::jsonb)
 ON CONFLICT (sequence) DO NOTHING
 "#;
 
-pub(super) const PROBE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '400ms'";
+pub(crate) const PROBE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '400ms'";
 
-pub(super) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+pub(crate) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
-pub(super) const BLOCKERS: &str = "SELECT pg_blocking_pids($1)";
+pub(crate) const BLOCKERS: &str = "SELECT pg_blocking_pids($1)";
 
 /// What operators need to know about a backend.
-pub(super) const BACKENDS: &str = r#"
+pub(crate) const BACKENDS: &str = r#"
 SELECT pid, coalesce(application_name, '') AS application_name, coalesce(state, '') AS state,
        date_part('epoch', now() - xact_start) AS transaction_age,
        left(coalesce(query, ''), 200) AS query
@@ -78,7 +78,7 @@ ORDER BY xact_start
 
 /// Transactions holding an xid in this database, oldest first: the suspects when the holder
 /// of a hole has not written its row yet.
-pub(super) const OPEN_WRITERS: &str = r#"
+pub(crate) const OPEN_WRITERS: &str = r#"
 SELECT pid
 FROM pg_stat_activity
 WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()

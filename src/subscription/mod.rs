@@ -7,7 +7,7 @@ pub(crate) mod config;
 pub(crate) mod handle;
 mod runner;
 mod source;
-mod sql;
+pub(crate) mod sql;
 pub(crate) mod subscriber;
 
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,7 @@
 /// The transaction id is obtained in a subquery the rows are joined to, so it is assigned
 /// before the first `nextval`: every sequence this statement draws belongs to a transaction that
 /// already had an xid, which is what the insert lane's abandonment proof needs.
-pub(super) const INSERT_EVENTS: &str = r#"
+pub(crate) const INSERT_EVENTS: &str = r#"
 INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
 SELECT tx.xid, nextval('ordo.events_sequence'), e.id, e.payload::jsonb, e.headers::jsonb
 FROM (SELECT pg_current_xact_id()::text::bigint AS xid) AS tx
@@ -15,4 +15,4 @@ RETURNING id, sequence, commit_xid, recorded_at
 "#;
 
 /// A cross-process wake-up: carries only the highest sequence this process has committed.
-pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";

@@ -1,0 +1,402 @@
+//! Load tool for the commit lane's tail, each figure beside a baseline measured in the same run
+//! (these machines are noisy; runs alternate A, B, B, A where two variants are compared).
+//!
+//! ```sh
+//! cargo run --release --example commit_lane_load                      # every phase (~2 min)
+//! ORDO_PHASES=paced,lag,wal,cold cargo run --release --example commit_lane_load
+//! ORDO_LOAD_SECONDS=5 ORDO_COLD_EVENTS=1000000 cargo run --release --example commit_lane_load
+//! ```
+//!
+//! Phases:
+//! - `paced`: one writer at 500 single-event transactions/s; commit → listener latency on the
+//!   insert lane (the baseline) and on the commit lane, in the writer's process and in a second
+//!   `Outbox` on its own pool (another process, as far as ordo can tell: both fold).
+//! - `lag`: 8 writers of single-event transactions as fast as they go; commit → commit-lane
+//!   listener latency beside the insert lane's, with 1 and with 3 outboxes folding (1, 3, 3, 1).
+//! - `wal`: 8 writers, raw `INSERT`s with nothing of ordo running against the same writers
+//!   publishing through an `Outbox` that folds (raw, ordo, ordo, raw): events/s and WAL bytes
+//!   per event (`pg_current_wal_insert_lsn()` deltas, which do not depend on machine noise).
+//! - `cold`: `ORDO_COLD_EVENTS` single-event transactions already in the table, folded from
+//!   scratch, beside a paged read of the same rows.
+//!
+//! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) to create scratch
+//! databases, dropped at the end. Prints one figure per line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use ordo::{Outbox, OutboxConfig, Start};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+#[path = "support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
+
+#[derive(Serialize, Deserialize)]
+struct Tick {
+    writer: u32,
+    n: u64,
+}
+
+const WRITERS: u32 = 8;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let seconds: u64 = env_or("ORDO_LOAD_SECONDS", 5);
+    let cold_events: i64 = env_or("ORDO_COLD_EVENTS", 1_000_000);
+    let server = scratch::server_url();
+    let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| "paced,lag,wal,cold".into());
+    println!("server settings: {}", settings(&server).await?);
+    if phases.contains("paced") {
+        let scratch = Scratch::create(&server).await?;
+        paced(&scratch, seconds).await?;
+        scratch.drop_db().await?;
+    }
+    if phases.contains("lag") {
+        for folders in [1, 3, 3, 1] {
+            let scratch = Scratch::create(&server).await?;
+            lag(&scratch, seconds, folders).await?;
+            scratch.drop_db().await?;
+        }
+    }
+    if phases.contains("wal") {
+        for ordo in [false, true, true, false] {
+            let scratch = Scratch::create(&server).await?;
+            wal(&scratch, seconds, ordo).await?;
+            scratch.drop_db().await?;
+        }
+    }
+    if phases.contains("cold") {
+        let scratch = Scratch::create(&server).await?;
+        cold(&scratch, cold_events).await?;
+        scratch.drop_db().await?;
+    }
+    Ok(())
+}
+
+/// The settings that decide these figures, as the server reports them.
+async fn settings(server: &str) -> Result<String> {
+    let pool = PgPool::connect(server).await?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, setting FROM pg_settings
+         WHERE name IN ('server_version', 'jit', 'jit_above_cost', 'shared_buffers', 'synchronous_commit',
+                        'wal_level', 'max_wal_size', 'plan_cache_mode', 'full_page_writes')
+         ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await?;
+    pool.close().await;
+    Ok(rows
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// Commit times by (writer, n), joined with receive times at the end.
+#[derive(Default)]
+struct Clock {
+    committed: std::sync::Mutex<std::collections::HashMap<(u32, u64), u64>>,
+}
+
+impl Clock {
+    fn put(&self, writer: u32, n: u64, at: u64) {
+        if let Ok(mut map) = self.committed.lock() {
+            map.insert((writer, n), at);
+        }
+    }
+
+    /// Microseconds from `commit()` returning to receipt, for every received event.
+    fn latencies(&self, received: &[(u32, u64, u64)]) -> Result<Histogram<u64>> {
+        let mut histogram = Histogram::<u64>::new(3)?;
+        let map = self.committed.lock().map_err(|_| anyhow!("poisoned"))?;
+        for (writer, n, at) in received {
+            if let Some(committed) = map.get(&(*writer, *n)) {
+                histogram.record(at.saturating_sub(*committed).max(1))?;
+            }
+        }
+        Ok(histogram)
+    }
+}
+
+fn line(label: &str, h: &Histogram<u64>) -> String {
+    format!(
+        "{label:<34} p50 {:>6} us  p99 {:>6} us  max {:>6} us  ({} events)",
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max(),
+        h.len()
+    )
+}
+
+/// Receives `(writer, n, at)` from a lane for `window`.
+fn receive_insert(
+    outbox: &Outbox<Tick>,
+    start: Instant,
+    window: Duration,
+) -> tokio::task::JoinHandle<Result<Vec<(u32, u64, u64)>>> {
+    let mut lane = outbox.listen_inserted(Start::Now);
+    tokio::spawn(async move {
+        let mut received = Vec::new();
+        let until = Instant::now() + window;
+        while let Ok(Some(event)) = tokio::time::timeout_at(until.into(), lane.next()).await {
+            let event = event?;
+            let at = start.elapsed().as_micros() as u64;
+            received.push((event.payload.writer, event.payload.n, at));
+        }
+        Ok(received)
+    })
+}
+
+fn receive_commit(
+    outbox: &Outbox<Tick>,
+    start: Instant,
+    window: Duration,
+) -> tokio::task::JoinHandle<Result<Vec<(u32, u64, u64)>>> {
+    let mut lane = outbox.listen_committed(Start::Now);
+    tokio::spawn(async move {
+        let mut received = Vec::new();
+        let until = Instant::now() + window;
+        while let Ok(Some(item)) = tokio::time::timeout_at(until.into(), lane.next()).await {
+            let item = item?;
+            let at = start.elapsed().as_micros() as u64;
+            received.push((item.event.payload.writer, item.event.payload.n, at));
+        }
+        Ok(received)
+    })
+}
+
+/// One writer at a paced 500 transactions/s.
+async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
+    let outbox = Outbox::<Tick>::new(scratch.pool(6).await?, OutboxConfig::default()).await?;
+    let other = Outbox::<Tick>::new(scratch.pool(6).await?, OutboxConfig::default()).await?;
+    let start = Instant::now();
+    let clock = Arc::new(Clock::default());
+    // Half a second of warm-up (connections, first plans) is not recorded.
+    let warm = 250u64;
+    let count = seconds * 500 + warm;
+    let window = Duration::from_millis(count * 2 + 1000);
+    let listeners = [
+        ("insert lane, same process", receive_insert(&outbox, start, window)),
+        ("commit lane, same process", receive_commit(&outbox, start, window)),
+        ("insert lane, second outbox", receive_insert(&other, start, window)),
+        ("commit lane, second outbox", receive_commit(&other, start, window)),
+    ];
+    let mut pace = tokio::time::interval(Duration::from_millis(2));
+    for n in 0..count {
+        pace.tick().await;
+        let mut tx = outbox.begin().await?;
+        tx.publish(Tick { writer: 0, n })?;
+        tx.commit().await?;
+        if n >= warm {
+            clock.put(0, n, start.elapsed().as_micros() as u64);
+        }
+    }
+    println!("paced: one writer, 500 single-event transactions/s for {seconds} s");
+    for (label, task) in listeners {
+        println!("{}", line(label, &clock.latencies(&task.await??)?));
+    }
+    outbox.shutdown().await;
+    other.shutdown().await;
+    Ok(())
+}
+
+/// 8 writers as fast as they go, spread over `folders` outboxes that all fold.
+async fn lag(scratch: &Scratch, seconds: u64, folders: usize) -> Result<()> {
+    let mut outboxes = Vec::new();
+    for _ in 0..folders {
+        outboxes.push(Outbox::<Tick>::new(scratch.pool(10).await?, OutboxConfig::default()).await?);
+    }
+    let start = Instant::now();
+    let clock = Arc::new(Clock::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let recording = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let outbox = outboxes[writer as usize % folders].clone();
+        let (clock, stop, recording, written) = (
+            Arc::clone(&clock),
+            Arc::clone(&stop),
+            Arc::clone(&recording),
+            Arc::clone(&written),
+        );
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut tx = outbox.begin().await?;
+                tx.publish(Tick { writer, n })?;
+                tx.commit().await?;
+                if recording.load(Ordering::Relaxed) {
+                    clock.put(writer, n, start.elapsed().as_micros() as u64);
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await; // warm-up
+    let window = Duration::from_secs(seconds);
+    let insert = receive_insert(&outboxes[0], start, window);
+    let commit = receive_commit(&outboxes[0], start, window);
+    recording.store(true, Ordering::Relaxed);
+    let began = Instant::now();
+    let insert = clock.latencies(&insert.await??)?;
+    let commit = clock.latencies(&commit.await??)?;
+    let rate = written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await??;
+    }
+    println!("lag: {WRITERS} writers, {folders} outbox(es) folding, {rate:.0} tx/s, {seconds} s");
+    println!("{}", line("  insert lane (baseline)", &insert));
+    println!("{}", line("  commit lane", &commit));
+    println!(
+        "  commit lane p99 - insert lane p99: {} us",
+        commit.value_at_quantile(0.99) as i64 - insert.value_at_quantile(0.99) as i64
+    );
+    for outbox in outboxes {
+        outbox.shutdown().await;
+    }
+    Ok(())
+}
+
+/// 8 writers for `seconds`: raw inserts with nothing of ordo running, or publishing through an
+/// outbox that folds. Events per second and WAL bytes per event.
+async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
+    let pool = scratch.pool(12).await?;
+    let outbox = match ordo {
+        true => Some(Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?),
+        false => None,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        let (stop, written) = (Arc::clone(&stop), Arc::clone(&written));
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match &outbox {
+                    Some(outbox) => {
+                        let mut tx = outbox.begin().await?;
+                        tx.publish(Tick { writer, n })?;
+                        tx.commit().await?;
+                    }
+                    None => {
+                        sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
+                            .bind(sqlx::types::Json(Tick { writer, n }))
+                            .execute(&pool)
+                            .await?;
+                    }
+                }
+                written.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await; // warm-up
+    let lsn = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, String>("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&pool)
+            .await
+    };
+    let (w0, l0, t0) = (written.load(Ordering::Relaxed), lsn(pool.clone()).await?, Instant::now());
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (w1, l1, t1) = (written.load(Ordering::Relaxed), lsn(pool.clone()).await?, Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await??;
+    }
+    let bytes: f64 = sqlx::query_scalar("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::float8")
+        .bind(&l1)
+        .bind(&l0)
+        .fetch_one(&pool)
+        .await?;
+    let events = (w1 - w0) as f64;
+    println!(
+        "wal: {WRITERS} writers, {:<28} {:>8.0} events/s  {:>6.0} WAL bytes/event",
+        if ordo { "ordo (commit lane folding)" } else { "raw INSERT (no ordo)" },
+        events / (t1 - t0).as_secs_f64(),
+        bytes / events
+    );
+    if let Some(outbox) = outbox {
+        outbox.shutdown().await;
+    }
+    Ok(())
+}
+
+/// `events` single-event transactions already in the table, folded from scratch.
+async fn cold(scratch: &Scratch, events: i64) -> Result<()> {
+    let pool = scratch.pool(6).await?;
+    let started = Instant::now();
+    let mut written = 0i64;
+    while written < events {
+        let chunk = (events - written).min(200_000);
+        // One transaction id per event: explicit commit_xid values far above any real one.
+        sqlx::query(
+            "INSERT INTO ordo.events (commit_xid, payload)
+             SELECT 1000000000000 + $1 + g, '{\"writer\": 0, \"n\": 0}'::jsonb
+             FROM generate_series(0, $2 - 1) AS g ORDER BY g",
+        )
+        .bind(written)
+        .bind(chunk)
+        .execute(&pool)
+        .await?;
+        written += chunk;
+    }
+    sqlx::query("ANALYZE ordo.events").execute(&pool).await?;
+    let load = started.elapsed();
+    let started = Instant::now();
+    let outbox = Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?;
+    while (outbox.commit_head().get() as i64) < events {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let folding = started.elapsed();
+    outbox.shutdown().await;
+    // Baseline in the same run: reading the same rows' (sequence, commit_xid) once, by pages.
+    let started = Instant::now();
+    let mut after = 0i64;
+    loop {
+        let page: Vec<(i64, Option<i64>)> = sqlx::query_as(
+            "SELECT sequence, commit_xid FROM ordo.events WHERE sequence > $1 ORDER BY sequence LIMIT 5000",
+        )
+        .bind(after)
+        .fetch_all(&pool)
+        .await?;
+        let Some(last) = page.last() else { break };
+        after = last.0;
+    }
+    let read = started.elapsed();
+    println!(
+        "cold: {events} single-event transactions (loaded in {:.1} s)",
+        load.as_secs_f64()
+    );
+    println!(
+        "  fold              {:>10.0} events/s ({:.2} s, start-up included)",
+        events as f64 / folding.as_secs_f64(),
+        folding.as_secs_f64()
+    );
+    println!(
+        "  paged read (base) {:>10.0} rows/s   fold/read {:.2}",
+        events as f64 / read.as_secs_f64(),
+        read.as_secs_f64() / folding.as_secs_f64()
+    );
+    Ok(())
+}

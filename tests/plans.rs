@@ -1,0 +1,124 @@
+//! No statement on ordo's hot paths is planned for JIT compilation on a stock server.
+//!
+//! PostgreSQL compiles a plan whose cost estimate crosses `jit_above_cost`, which costs
+//! hundreds of milliseconds on statements that execute in microseconds (the commit lane once
+//! stalled for half a second at every start and every lost compare-and-set because of it).
+//! Estimates are at their worst on a fresh database, so each statement is planned there, as a
+//! custom plan and as a generic one (what a prepared statement may switch to), and again once
+//! the tables hold data and statistics.
+
+mod common;
+
+use common::{Note, TestDb};
+use ordo::{HotStatement, Outbox, OutboxConfig, Start};
+use sqlx::{Acquire, PgConnection};
+
+
+/// The plan's total cost, and whether the server would JIT-compile it.
+async fn plan(conn: &mut PgConnection, mode: &str, statement: &HotStatement) -> (f64, bool) {
+    let (sql, types, args) = (statement.sql, statement.types, statement.args);
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL plan_cache_mode = {mode}"
+    )))
+    .execute(&mut *tx)
+    .await
+    .expect("plan cache mode");
+    let prepare = if types.is_empty() {
+        format!("PREPARE hot AS {sql}")
+    } else {
+        format!("PREPARE hot({types}) AS {sql}")
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+        .execute(&mut *tx)
+        .await
+        .unwrap_or_else(|e| panic!("prepare failed: {e}\n{sql}"));
+    let execute = if args.is_empty() {
+        "EXECUTE hot".to_owned()
+    } else {
+        format!("EXECUTE hot({args})")
+    };
+    let explained: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {execute}"
+    )))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap_or_else(|e| panic!("explain failed: {e}\n{sql}"));
+    // Not committed: PREPARE is session state, so drop it explicitly.
+    sqlx::raw_sql("DEALLOCATE hot")
+        .execute(&mut *tx)
+        .await
+        .expect("deallocate");
+    tx.rollback().await.expect("rollback");
+    let top = &explained[0];
+    let cost = top["Plan"]["Total Cost"].as_f64().expect("a total cost");
+    (cost, top.get("JIT").is_some())
+}
+
+async fn check_every_statement(db: &TestDb, when: &str) {
+    let mut conn = db.pool.acquire().await.expect("acquire");
+    let jit: String = sqlx::query_scalar("SHOW jit")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("jit");
+    let threshold: f64 = sqlx::query_scalar::<_, String>("SHOW jit_above_cost")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("jit_above_cost")
+        .parse()
+        .expect("a number");
+    let mut failures = Vec::new();
+    for statement in ordo::hot_path_statements() {
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            let (cost, compiled) = plan(&mut conn, mode, &statement).await;
+            // The cost bound holds whether or not this server was built with LLVM.
+            if compiled || cost >= threshold {
+                failures.push(format!(
+                    "{} ({mode}): cost {cost:.0} (jit_above_cost {threshold:.0}, jit {jit}), compiled: {compiled}",
+                    statement.name
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{when}: statements planned for JIT compilation:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_hot_path_statement_is_jit_compiled_on_a_fresh_database() {
+    let db = TestDb::new().await;
+    check_every_statement(&db, "fresh database").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_hot_path_statement_is_jit_compiled_once_the_tables_hold_data() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    for batch in 0..20u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..500).map(|n| Note {
+            writer: 0,
+            n: batch * 500 + n,
+        }))
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    let mut seen = 0u64;
+    while seen < 10_000 {
+        use futures::StreamExt;
+        let item = committed.next().await.expect("stream open").expect("event");
+        seen = item.commit_sequence.get();
+    }
+    outbox.shutdown().await;
+    sqlx::raw_sql("ANALYZE")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    check_every_statement(&db, "10,000 events, analyzed").await;
+}
