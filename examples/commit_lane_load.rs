@@ -190,10 +190,22 @@ async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
     let count = seconds * 500 + warm;
     let window = Duration::from_millis(count * 2 + 1000);
     let listeners = [
-        ("insert lane, same process", receive_insert(&outbox, start, window)),
-        ("commit lane, same process", receive_commit(&outbox, start, window)),
-        ("insert lane, second outbox", receive_insert(&other, start, window)),
-        ("commit lane, second outbox", receive_commit(&other, start, window)),
+        (
+            "insert lane, same process",
+            receive_insert(&outbox, start, window),
+        ),
+        (
+            "commit lane, same process",
+            receive_commit(&outbox, start, window),
+        ),
+        (
+            "insert lane, second outbox",
+            receive_insert(&other, start, window),
+        ),
+        (
+            "commit lane, second outbox",
+            receive_commit(&other, start, window),
+        ),
     ];
     let mut pace = tokio::time::interval(Duration::from_millis(2));
     for n in 0..count {
@@ -317,9 +329,17 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
             .fetch_one(&pool)
             .await
     };
-    let (w0, l0, t0) = (written.load(Ordering::Relaxed), lsn(pool.clone()).await?, Instant::now());
+    let (w0, l0, t0) = (
+        written.load(Ordering::Relaxed),
+        lsn(pool.clone()).await?,
+        Instant::now(),
+    );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let (w1, l1, t1) = (written.load(Ordering::Relaxed), lsn(pool.clone()).await?, Instant::now());
+    let (w1, l1, t1) = (
+        written.load(Ordering::Relaxed),
+        lsn(pool.clone()).await?,
+        Instant::now(),
+    );
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
         writer.await??;
@@ -332,7 +352,11 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     let events = (w1 - w0) as f64;
     println!(
         "wal: {WRITERS} writers, {:<28} {:>8.0} events/s  {:>6.0} WAL bytes/event",
-        if ordo { "ordo (commit lane folding)" } else { "raw INSERT (no ordo)" },
+        if ordo {
+            "ordo (commit lane folding)"
+        } else {
+            "raw INSERT (no ordo)"
+        },
         events / (t1 - t0).as_secs_f64(),
         bytes / events
     );

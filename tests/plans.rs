@@ -13,7 +13,6 @@ use common::{Note, TestDb};
 use ordo::{HotStatement, Outbox, OutboxConfig, Start};
 use sqlx::{Acquire, PgConnection};
 
-
 /// The plan's total cost, and whether the server would JIT-compile it.
 async fn plan(conn: &mut PgConnection, mode: &str, statement: &HotStatement) -> (f64, bool) {
     let (sql, types, args) = (statement.sql, statement.types, statement.args);
@@ -105,7 +104,7 @@ async fn no_hot_path_statement_is_jit_compiled_once_the_tables_hold_data() {
             writer: 0,
             n: batch * 500 + n,
         }))
-            .expect("publish");
+        .expect("publish");
         tx.commit().await.expect("commit");
     }
     let mut committed = outbox.listen_committed(Start::Beginning);
