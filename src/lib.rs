@@ -19,12 +19,16 @@
 //!   it (every transaction that was running when the hole was seen has ended), in which case a
 //!   placeholder row (NULL payload, NULL `commit_xid`) is written so that every process agrees.
 //!   There is no timer that skips.
-//! - **The commit-ordered lane** ([`Outbox::listen_committed`]): a dense log (`ordo.commit_log`,
-//!   [`CommitSequence`] 1, 2, 3, …) in which every source transaction's events are contiguous,
-//!   in insert order, the last one flagged as a `boundary`. An in-process *sequencer* folds the
-//!   insert lane into the log, appending under a compare-and-set on the one row of
-//!   `ordo.sequencer_state`; every [`Outbox`] runs one by default, any number may run at once,
-//!   and the log is the same as if one had.
+//! - **The commit-ordered lane** ([`Outbox::listen_committed`]): a dense log (the view
+//!   `ordo.commit_log`, [`CommitSequence`] 1, 2, 3, …) in which every source transaction's
+//!   events are contiguous, in insert order, the last one flagged as a `boundary`. An
+//!   in-process *sequencer* folds the insert lane into the log, appending under a
+//!   compare-and-set on the one row of `ordo.sequencer_state`; every [`Outbox`] runs one by
+//!   default, any number may run at once, and the log is the same as if one had (a sequencer
+//!   that loses the compare-and-set takes in what the winner appended and goes on). The log is
+//!   stored as one row per append (`ordo.commit_chunks`, arrays of at most 1,024 entries), so
+//!   under load it writes a few bytes per event; plain SQL reads it through the view, or a
+//!   range of it with `SELECT * FROM ordo.commit_log_range(after, upto)`.
 //! - **Envelopes.** Listeners receive `Arc`-shared [`Envelope`]s (id, sequence, `commit_xid`,
 //!   payload, headers, `recorded_at`): one allocation per event per process, however many
 //!   listeners.
@@ -37,7 +41,7 @@
 //!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start.
 //! - **Operations**: [`status`] names what holds a lane (the transaction, by pid) and how far
 //!   behind each consumer is; [`metrics`] lists the metrics emitted through the `metrics`
-//!   facade; [`run_retention`] drops old partitions of events and log together. The `ordo` CLI
+//!   facade; [`run_retention`] drops old partitions of events with their log entries. The `ordo` CLI
 //!   (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a figure is bad.
 //!
 //! ## What the commit order is, and is not
