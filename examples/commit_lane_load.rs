@@ -13,7 +13,8 @@
 //!   `Outbox` on its own pool (another process, as far as ordo can tell: both fold).
 //! - `lag`: 8 writers of single-event transactions as fast as they go; commit → commit-lane
 //!   listener latency beside the insert lane's, with 1 and with 3 outboxes folding (1, 3, 3, 1).
-//! - `wal`: 8 writers, raw `INSERT`s with nothing of ordo running against the same writers
+//! - `wal`: 8 writers, raw `INSERT`s (each in its own transaction, as an application's would
+//!   be) with nothing of ordo running against the same writers
 //!   publishing through an `Outbox` that folds (raw, ordo, ordo, raw): events/s and WAL bytes
 //!   per event (`pg_current_wal_insert_lsn()` deltas, which do not depend on machine noise).
 //! - `cold`: `ORDO_COLD_EVENTS` single-event transactions already in the table, folded from
@@ -311,10 +312,13 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
                         tx.commit().await?;
                     }
                     None => {
+                        // The same shape as an application's: a transaction, one insert.
+                        let mut tx = pool.begin().await?;
                         sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
                             .bind(sqlx::types::Json(Tick { writer, n }))
-                            .execute(&pool)
+                            .execute(&mut *tx)
                             .await?;
+                        tx.commit().await?;
                     }
                 }
                 written.fetch_add(1, Ordering::Relaxed);

@@ -500,3 +500,64 @@ async fn a_transaction_of_100000_events_is_logged_as_one_contiguous_group() {
     assert_eq!((first, last, boundaries), (2, 100_001, 1));
     quiesce_and_check(&db.pool).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_forging_the_commit_xid_of_a_logged_transaction_is_left_out_not_logged_twice() {
+    let db = TestDb::new().await;
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_all([Note { writer: 1, n: 0 }, Note { writer: 1, n: 1 }])
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    write_burst(&outbox, 5).await;
+    quiesce_and_check(&db.pool).await;
+    // Writer 1's transaction is complete in the log and the cursor is past it; a row written by
+    // hand now claims to belong to it.
+    let xid: i64 =
+        sqlx::query_scalar("SELECT commit_xid FROM ordo.events WHERE payload->>'writer' = '1'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("xid");
+    let forged: i64 = sqlx::query_scalar(
+        r#"INSERT INTO ordo.events (commit_xid, payload) VALUES ($1, '{"writer": 1, "n": 2}')
+           RETURNING sequence"#,
+    )
+    .bind(xid)
+    .fetch_one(&db.pool)
+    .await
+    .expect("forge");
+    write_burst(&outbox, 5).await;
+    let (real, _) = counts(&db.pool).await;
+    let caught_up = eventually(PATIENCE, || async {
+        let (_, logged) = counts(&db.pool).await;
+        logged >= real - 1
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the log did not catch up with the legitimate events"
+    );
+    let (forged_logged, writer_one): (i64, Vec<i64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM ordo.commit_log WHERE sequence = $1),
+                (SELECT array_agg(l.commit_seq ORDER BY l.commit_seq) FROM ordo.commit_log l
+                 JOIN ordo.events e USING (sequence) WHERE e.commit_xid = $2)",
+    )
+    .bind(forged)
+    .bind(xid)
+    .fetch_one(&db.pool)
+    .await
+    .expect("log");
+    assert_eq!(forged_logged, 0, "the forged row was logged");
+    assert_eq!(
+        writer_one.len(),
+        2,
+        "the forged transaction's group changed: {writer_one:?}"
+    );
+    assert_eq!(
+        writer_one[1],
+        writer_one[0] + 1,
+        "the group is not contiguous"
+    );
+    let (real, logged) = counts(&db.pool).await;
+    assert_eq!(logged, real - 1, "every legitimate event is logged once");
+}

@@ -40,6 +40,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// A peer further ahead than this many entries is followed by a restart (one statement that
 /// reads only what lies above the cursor) rather than by reading every entry it appended.
 const CATCH_UP_MAX: i64 = 8192;
+/// The skip set's mark for a group planned but not appended yet: no member is above it.
+const PLANNED: u64 = u64::MAX;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The state row as read at a restart.
@@ -50,9 +52,15 @@ struct Restart {
     logged: HashMap<i64, u64>,
 }
 
+/// One entry an append wrote, with the plan group (1-based) it belongs to.
+struct Appended1 {
+    entry: LogEntry,
+    ord: usize,
+}
+
 /// How an append ended.
 enum Appended {
-    Done(Vec<LogEntry>),
+    Done(Vec<Appended1>),
     /// A peer moved the cursor first.
     Refused,
 }
@@ -178,10 +186,19 @@ where
             };
             for slot in batch? {
                 let Some(xid) = slot.commit_xid else { continue };
-                if matches!(slot.item, SlotItem::Placeholder) || state.logged.contains_key(&xid) {
+                if matches!(slot.item, SlotItem::Placeholder) {
                     continue;
                 }
-                state.logged.insert(xid, slot.sequence);
+                if let Some(top) = state.logged.get(&xid) {
+                    // A logged group's members all sit at or below its top; a row above it
+                    // carries the transaction id of a group that is complete in the log.
+                    if slot.sequence > *top {
+                        foreign_row(slot.sequence, xid);
+                    }
+                    continue;
+                }
+                // Planned, not appended yet: every member met until the append is its own.
+                state.logged.insert(xid, PLANNED);
                 plan.push((xid, to_i64(slot.sequence)));
             }
         }
@@ -198,14 +215,15 @@ where
     ) -> Result<()> {
         let covered = reader.position();
         match append(&self.pool, state.cursor, covered, plan).await? {
-            Appended::Done(entries) => {
+            Appended::Done(appended) => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
-                metrics::counter!(m::FOLD_EVENTS).increment(entries.len() as u64);
+                metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
                 metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
                 metrics::gauge!(m::FOLD_LAG)
                     .set(self.lane.frontier().saturating_sub(covered) as f64);
+                record_appended(state, plan, &appended, covered);
+                let entries: Vec<LogEntry> = appended.into_iter().map(|a| a.entry).collect();
                 let head = entries.last().map_or(state.head, |e| e.commit_seq);
-                record_appended(state, plan, &entries, covered);
                 plan.clear();
                 self.publish(state, head, &entries);
             }
@@ -236,20 +254,21 @@ where
         plan: &mut Vec<(i64, i64)>,
         peer: PeerAppends,
     ) {
+        let mut tops: HashMap<i64, u64> = HashMap::new();
         for (entry, xid) in &peer.entries {
-            let top = state.logged.entry(*xid).or_insert(entry.sequence);
+            let top = tops.entry(*xid).or_insert(entry.sequence);
             *top = (*top).max(entry.sequence);
         }
+        // The peer's tops replace our marks for the planned groups it logged.
+        state.logged.extend(tops);
         let cursor = peer.cursor;
         plan.retain(|(_, low)| to_u64(*low) > cursor);
         if cursor >= reader.position() {
             plan.clear();
             reader.seek(cursor);
         }
-        let planned: std::collections::HashSet<i64> = plan.iter().map(|(xid, _)| *xid).collect();
-        state
-            .logged
-            .retain(|xid, top| *top > cursor || planned.contains(xid));
+        // Groups still planned carry the PLANNED mark, above any cursor.
+        state.logged.retain(|_, top| *top > cursor);
         state.cursor = cursor;
         let entries: Vec<LogEntry> = peer.entries.into_iter().map(|(e, _)| e).collect();
         self.publish(state, peer.head, &entries);
@@ -265,21 +284,42 @@ where
 }
 
 /// Bookkeeping after a successful append: the new cursor, and which appended groups reach
-/// above it (their later members will be met and must be skipped).
-fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[LogEntry], covered: u64) {
+/// above it (their later members will be met and must be skipped). A planned group with no
+/// entry was refused by the statement as foreign (see [`APPEND`]).
+fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[Appended1], covered: u64) {
     state.cursor = covered;
-    let mut groups = plan.iter();
-    let mut top = 0u64;
-    for entry in entries {
-        top = top.max(entry.sequence);
-        if entry.group_last {
-            if let Some((xid, _)) = groups.next() {
+    let mut tops = vec![None::<u64>; plan.len()];
+    for appended in entries {
+        if let Some(top) = appended.ord.checked_sub(1).and_then(|i| tops.get_mut(i)) {
+            *top = Some(top.map_or(appended.entry.sequence, |t| t.max(appended.entry.sequence)));
+        }
+    }
+    for ((xid, low), top) in plan.iter().zip(tops) {
+        match top {
+            Some(top) => {
                 state.logged.insert(*xid, top);
             }
-            top = 0;
+            None => {
+                foreign_row(to_u64(*low), *xid);
+                state.logged.insert(*xid, to_u64(*low));
+            }
         }
     }
     state.logged.retain(|_, top| *top > covered);
+}
+
+/// A row that breaks the schema contract: its `commit_xid` names a transaction whose group is
+/// already in the log. It is not appended (the commit lane does not carry it); the operator is
+/// told which row it is.
+fn foreign_row(sequence: u64, xid: i64) {
+    metrics::counter!(m::CONTRACT_VIOLATIONS, "kind" => "foreign_commit_xid").increment(1);
+    tracing::error!(
+        sequence,
+        commit_xid = xid,
+        "ordo.events row at sequence {sequence} carries commit_xid {xid}, a transaction already \
+         complete in the commit log: the commit lane leaves it out. Rows must take commit_xid \
+         from its column default (see the writer role in docs/operations.md)"
+    );
 }
 
 async fn restart(pool: &PgPool) -> Result<Restart> {
@@ -317,8 +357,11 @@ async fn append(
     }
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
-        if let Some(entry) = log_entry(row)? {
-            entries.push(entry);
+        if let (Some(entry), Some(ord)) = (log_entry(row)?, row.try_get::<Option<i64>, _>("ord")?) {
+            entries.push(Appended1 {
+                entry,
+                ord: usize::try_from(ord).unwrap_or(0),
+            });
         }
     }
     Ok(Appended::Done(entries))

@@ -60,9 +60,15 @@ ORDER BY l.commit_seq
 /// Appends whole groups under a compare-and-set on the state row.
 ///
 /// `$1` the cursor this process expects, `$2` the new cursor, `$3`/`$4` the groups in log order
-/// as (commit_xid, lowest unlogged sequence). Members are looked up here, on the server, so a
-/// group of any size is never materialised by the client; they are stored as chunks of at most
-/// 1,024 entries (the table's CHECK).
+/// as (commit_xid, the first sequence the fold met). Members are looked up here, on the server,
+/// so a group of any size is never materialised by the client; they are stored as chunks of at
+/// most 1,024 entries (the table's CHECK). Each returned entry names its group (`ord`, 1-based
+/// in the plan).
+///
+/// The first member the fold meets is the group's lowest sequence, so a planned group whose
+/// transaction has a row *below* it was logged before: the row met is foreign to the schema
+/// contract (a `commit_xid` written by hand). Such a group is left out (no entry comes back for
+/// its `ord`) rather than logged twice; the lookup by `commit_xid` costs the same either way.
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
@@ -74,12 +80,17 @@ WITH plan AS (
     SELECT g.xid, g.low, g.ord
     FROM unnest($3::bigint[], $4::bigint[]) WITH ORDINALITY AS g(xid, low, ord)
 ),
-members AS MATERIALIZED (
-    SELECT e.sequence,
-           row_number() OVER (ORDER BY p.ord, e.sequence) AS rn,
-           e.sequence = max(e.sequence) OVER (PARTITION BY p.ord) AS group_last
+candidates AS MATERIALIZED (
+    SELECT p.ord, p.low, e.sequence, min(e.sequence) OVER (PARTITION BY p.ord) AS first
     FROM plan AS p
-    JOIN ordo.events AS e ON e.commit_xid = p.xid AND e.sequence >= p.low
+    JOIN ordo.events AS e ON e.commit_xid = p.xid
+),
+members AS MATERIALIZED (
+    SELECT c.sequence, c.ord,
+           row_number() OVER (ORDER BY c.ord, c.sequence) AS rn,
+           c.sequence = max(c.sequence) OVER (PARTITION BY c.ord) AS group_last
+    FROM candidates AS c
+    WHERE c.first = c.low
 ),
 state AS (
     UPDATE ordo.sequencer_state
@@ -97,7 +108,7 @@ chunks AS (
     FROM state, members AS m
     GROUP BY state.base, (m.rn - 1) / 1024
 )
-SELECT state.base + m.rn AS commit_seq, m.sequence, m.group_last
+SELECT state.base + m.rn AS commit_seq, m.sequence, m.group_last, m.ord
 FROM state LEFT JOIN members AS m ON TRUE
 ORDER BY m.rn
 "#;

@@ -12,6 +12,7 @@
 //! | `ordo_fold_groups_total` | counter | | groups (source transactions) it appended |
 //! | `ordo_fold_appends_total` | counter | `result` = `appended` or `refused` | append statements; `refused` when a peer moved first |
 //! | `ordo_fold_restarts_total` | counter | | times the sequencer re-read its state from the log (at start, after an error, or after a peer got more than 8,192 entries ahead); a lost compare-and-set is not one |
+//! | `ordo_contract_violations_total` | counter | `kind` | rows that break the schema contract, found by a lane (`foreign_commit_xid`: a row whose `commit_xid` names a transaction already complete in the log; it is left out of the commit lane and logged at ERROR with its sequence) |
 //! | `ordo_fold_lag_events` | gauge | | insert positions resolved but not yet covered by this sequencer |
 //! | `ordo_delivery_latency_seconds` | histogram | `lane` | from the event's `recorded_at` to a listener receiving it |
 //! | `ordo_gap_waits_total` | counter | | holes that outlived the grace and went to abandonment proof |
@@ -38,6 +39,8 @@ pub const FOLD_GROUPS: &str = "ordo_fold_groups_total";
 pub const FOLD_APPENDS: &str = "ordo_fold_appends_total";
 /// The metric `ordo_fold_restarts_total` (see the table above).
 pub const FOLD_RESTARTS: &str = "ordo_fold_restarts_total";
+/// The metric `ordo_contract_violations_total` (see the table above).
+pub const CONTRACT_VIOLATIONS: &str = "ordo_contract_violations_total";
 /// The metric `ordo_fold_lag_events` (see the table above).
 pub const FOLD_LAG: &str = "ordo_fold_lag_events";
 /// The metric `ordo_delivery_latency_seconds` (see the table above).
