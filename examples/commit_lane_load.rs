@@ -21,7 +21,9 @@
 //!   scratch, beside a paged read of the same rows.
 //!
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) to create scratch
-//! databases, dropped at the end. Prints one figure per line.
+//! databases, dropped at the end. Prints one figure per line. WAL is cluster-wide: measure `wal`
+//! on a server nothing else writes to (a private cluster: `pg_createcluster 15 bench -p 5433
+//! --start -- --auth-local=trust --auth-host=trust`, then `DATABASE_URL=postgres://postgres@127.0.0.1:5433/postgres`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -292,6 +294,11 @@ async fn lag(scratch: &Scratch, seconds: u64, folders: usize) -> Result<()> {
 /// outbox that folds. Events per second and WAL bytes per event.
 async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     let pool = scratch.pool(12).await?;
+    // Both variants start right after a checkpoint, so full-page images weigh the same in each
+    // (needs a superuser or pg_checkpoint; without it the figures carry that noise).
+    if let Err(error) = sqlx::query("CHECKPOINT").execute(&pool).await {
+        println!("wal: CHECKPOINT refused ({error}); figures include checkpoint noise");
+    }
     let outbox = match ordo {
         true => Some(Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?),
         false => None,

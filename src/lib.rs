@@ -157,3 +157,7 @@ pub use subscription::{
 };
 pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;
+
+/// The sqlx ordo was built with: its API takes `sqlx` types (`PgPool`, `PgConnection`,
+/// `Transaction`), so build yours from this one and the versions cannot drift apart.
+pub use sqlx;
