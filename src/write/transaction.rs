@@ -117,6 +117,36 @@ where
     ///   [`Outbox::commit_status`] with the error's `xid` says `Aborted`; the variant's docs
     ///   give the whole procedure.
     ///
+    /// A retry that never publishes twice:
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Paid { order: i64 }
+    /// # async fn run(outbox: ordo::Outbox<Paid>) -> ordo::Result<()> {
+    /// use std::time::Duration;
+    /// use ordo::{CommitStatus, Error, Headers};
+    ///
+    /// let id = uuid::Uuid::now_v7(); // the same id on every attempt
+    /// 'attempt: loop {
+    ///     let mut tx = outbox.begin().await?;
+    ///     sqlx::query("UPDATE orders SET paid = true WHERE id = 7").execute(&mut *tx).await?;
+    ///     tx.publish_with_id(id, Paid { order: 7 }, Headers::new())?;
+    ///     match tx.commit().await {
+    ///         Ok(_) => return Ok(()),
+    ///         Err(Error::CommitInDoubt { xid, .. }) => loop {
+    ///             match outbox.commit_status(xid).await {
+    ///                 Ok(CommitStatus::Committed) => return Ok(()),
+    ///                 Ok(CommitStatus::Aborted) => continue 'attempt,
+    ///                 // In progress, or the server still unreachable: ask again later.
+    ///                 _ => tokio::time::sleep(Duration::from_secs(1)).await,
+    ///             }
+    ///         },
+    ///         // Nothing was stored: retrying is safe (here: give up).
+    ///         Err(error) => return Err(error),
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     /// Not cancel safe: dropping the future while `COMMIT` is in flight leaves the outcome
     /// unknown and unreported. Keep [`event_ids`](Self::event_ids) before calling it if you
