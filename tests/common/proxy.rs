@@ -21,6 +21,8 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// Relays running at once; further connections are closed at once.
 pub const MAX_CONNECTIONS: usize = 32;
+/// The proxy stops by itself after this long even if a test leaks it.
+const LIFETIME: Duration = Duration::from_secs(300);
 /// After a drop-after-commit, how long the relay waits for the server's answer to `COMMIT`.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// No protocol message ordo's tests send is near this; a bigger length means a parsing bug.
@@ -160,8 +162,10 @@ fn split_url(url: &str) -> (String, (String, String, String)) {
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     let mut relays = JoinSet::new();
+    let end = tokio::time::Instant::now() + LIFETIME;
     loop {
-        let Ok((client, _)) = listener.accept().await else {
+        // Leaving drops `relays`, which aborts every relay.
+        let Ok(Ok((client, _))) = tokio::time::timeout_at(end, listener.accept()).await else {
             return;
         };
         while relays.try_join_next().is_some() {}
