@@ -6,7 +6,8 @@
 //! untyped start-up messages, then `type, length, body`), answers `SSLRequest` itself with `N`
 //! so the stream stays readable, and copies the server's messages back. sqlx sends `COMMIT` as a
 //! simple-query (`Q`) message. At most [`MAX_CONNECTIONS`] relays run at once; the proxy and
-//! every relay stop when the [`Proxy`] is dropped.
+//! every relay stop when the [`Proxy`] is dropped, or after five minutes in any case. A fault
+//! fires only on a connection that sent [`MARKER`], never on the outbox's own background work.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
