@@ -318,3 +318,41 @@ async fn a_150000_event_transaction_commits_in_bounded_memory_and_is_delivered_o
     }
     outbox.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_in_inserts_a_batch_of_several_chunks_in_order_in_the_callers_transaction() {
+    const EVENTS: u32 = 12_000;
+    let db = TestDb::new().await;
+    let outbox: Outbox<Note> = Outbox::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("start the outbox");
+    let mut lane = outbox.listen_inserted(Start::Beginning);
+
+    let mut tx = db.pool.begin().await.expect("begin");
+    let sequences = outbox
+        .publish_in(&mut tx, (0..EVENTS).map(|n| Note { writer: 5, n }))
+        .await
+        .expect("publish_in");
+    assert_eq!(sequences.len(), EVENTS as usize);
+    assert!(sequences.windows(2).all(|pair| pair[0] < pair[1]));
+    let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("the caller's xid");
+    tx.commit().await.expect("the caller commits");
+    assert_eq!(
+        outbox.commit_status(xid).await.expect("commit_status"),
+        CommitStatus::Committed
+    );
+
+    for n in 0..EVENTS {
+        let event = timeout(PATIENCE, lane.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {n} of {EVENTS} events arrived"))
+            .expect("the lane goes on")
+            .expect("an event, not an error");
+        assert_eq!(event.payload, Note { writer: 5, n }, "in publish order");
+        assert_eq!(event.commit_xid, xid, "one transaction");
+    }
+    outbox.shutdown().await;
+}
