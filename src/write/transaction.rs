@@ -111,7 +111,9 @@ where
     /// # Errors
     /// - [`Error::Database`](crate::Error::Database) if the insert or the commit failed: then
     ///   **nothing was published** (the server refused the commit, or it is known to have
-    ///   rolled back). Retrying the transaction is safe.
+    ///   rolled back). Retrying the transaction is safe. (With no event buffered there is no
+    ///   outcome to resolve: a lost answer to `COMMIT` is this error too, as with plain sqlx,
+    ///   and the domain writes may have committed.)
     /// - [`Error::CommitInDoubt`] if the connection broke during `COMMIT` and the outcome could
     ///   not be learned: the events may or may not be stored. Do **not** retry before
     ///   [`Outbox::commit_status`] with the error's `xid` says `Aborted`; the variant's docs
