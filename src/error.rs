@@ -98,6 +98,39 @@ pub enum Error {
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,
+
+    /// `COMMIT` was sent but its answer was lost (the connection broke), and the server could
+    /// not be asked in time whether transaction `xid` committed (it was unreachable, or the
+    /// transaction was still in progress). The transaction, its domain writes and its events
+    /// may or may not be stored. **Do not retry blindly**: a retry after a commit that did take
+    /// effect publishes every event twice.
+    ///
+    /// What to do: ask [`Outbox::commit_status`](crate::Outbox::commit_status)`(xid)`, later or
+    /// with a backoff, until it answers
+    /// - [`Committed`](crate::CommitStatus::Committed): done; the events are stored and every
+    ///   listener gets them once. Do not retry.
+    /// - [`Aborted`](crate::CommitStatus::Aborted): nothing was stored; run the whole
+    ///   transaction again. Republish the same `event_ids` with
+    ///   [`publish_with_id`](crate::OutboxTransaction::publish_with_id), so that consumers that
+    ///   deduplicate by id would also absorb a mistaken second copy.
+    /// - [`InProgress`](crate::CommitStatus::InProgress): ask again; never retry meanwhile.
+    ///
+    /// If the `xid` was lost too (a crash), [`Outbox::published`](crate::Outbox::published)
+    /// tells which of `event_ids` are stored, once the transaction can no longer be in
+    /// progress.
+    #[error(
+        "the COMMIT of transaction {xid} ({} events) may or may not have taken effect: the connection was lost ({source}) and the server could not be asked; do not retry until Outbox::commit_status({xid}) says aborted",
+        event_ids.len()
+    )]
+    CommitInDoubt {
+        /// The transaction's id (`ordo.events.commit_xid` of its events).
+        xid: i64,
+        /// The ids of the events it published, in publish order.
+        event_ids: Vec<uuid::Uuid>,
+        /// How the commit failed.
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
 impl Error {

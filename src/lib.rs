@@ -8,7 +8,8 @@
 //!
 //! - **Publishing.** [`Outbox::begin`] opens a transaction ([`OutboxTransaction`], which derefs
 //!   to the connection for your domain writes). [`OutboxTransaction::publish`] buffers an event;
-//!   [`OutboxTransaction::commit`] inserts every buffered event in one statement and commits.
+//!   [`OutboxTransaction::commit`] inserts every buffered event in one statement (bounded
+//!   chunks for a very large transaction) and commits.
 //!   Rollback, or dropping the transaction, publishes nothing. [`Outbox::publish_in`] writes
 //!   into a `sqlx::Transaction` you own. Any SQL client can publish too:
 //!   `INSERT INTO ordo.events (payload) VALUES ('{"k": 1}')` is a valid event.
@@ -81,6 +82,10 @@
 //!   abandonment proof of a rolled-back hole for at most
 //!   [`OutboxConfig::gap_fill_timeout`]; then the placeholder is written under a conflict check
 //!   that waits for the hole's writer if it is still alive.
+//! - A commit whose answer is lost (the connection broke during `COMMIT`) is resolved by asking
+//!   PostgreSQL whether the transaction committed; only when that cannot be learned does
+//!   `commit` return [`Error::CommitInDoubt`], whose docs say how to retry without publishing
+//!   twice ([`Outbox::commit_status`], [`OutboxTransaction::publish_with_id`]).
 //! - Database errors in background tasks are logged (`tracing`) and retried with capped
 //!   backoff; listener page reads that fail are yielded as `Err` items and retried at the same
 //!   position.
@@ -155,6 +160,7 @@ pub use subscription::{
     Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState, SubscriptionStatus,
     list_subscriptions, pause_subscription, reset_subscription, resume_subscription,
 };
+pub use write::in_doubt::CommitStatus;
 pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;
 

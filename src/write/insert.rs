@@ -1,5 +1,18 @@
-//! Turning buffered events into rows of `ordo.events`, in one statement.
+//! Turning buffered events into rows of `ordo.events`, in bounded chunks.
+//!
+//! Events are serialised at publish time (an encoding error surfaces at the call that caused
+//! it) into chunks of at most [`CHUNK_EVENTS`] events and [`CHUNK_BYTES`] bytes of JSON, and
+//! inserted chunk by chunk at commit, each chunk's JSON dropped once sent. A small transaction
+//! is one chunk, so one statement, as before. A very large one costs its JSON text while it is
+//! buffered (the events must wait for commit: every insert comes after the transaction's reads)
+//! plus one chunk in flight, instead of every row materialised several times over: a
+//! 1,000,000-event transaction once peaked at 1.4 GB.
+//!
+//! The typed values are kept only for transactions of at most [`HANDOFF_EVENTS`] events, which
+//! the commit hands to the in-process lane as they are (no decode). A larger transaction is
+//! read back from the table by the lane, page by page, like events written by plain SQL.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -14,29 +27,181 @@ use crate::insert_lane::cache::{Slot, SlotItem};
 use crate::insert_lane::rows::to_u64;
 use crate::position::EventSequence;
 
-/// An event serialised at publish time, so an encoding error surfaces at the call that caused
-/// it, and kept typed, so the in-process lane hands out the very value published (no decode).
-pub(crate) struct Buffered<P> {
-    id: Uuid,
-    payload: P,
-    payload_json: String,
-    headers: Headers,
-    headers_json: String,
+/// Events per insert statement at most. Large enough that a statement's round trip is small
+/// next to its work, small enough that one chunk's rows, binds and answer stay a few megabytes.
+pub(crate) const CHUNK_EVENTS: usize = 5_000;
+/// Bytes of JSON (payloads and headers) per insert statement at most; a single bigger event is
+/// a chunk of its own.
+pub(crate) const CHUNK_BYTES: usize = 8 << 20;
+/// Transactions of at most this many events are handed to the in-process lane as typed
+/// values; larger ones are read back from the table. At or below the default cache capacity,
+/// so a handed-over transaction fits the lane's window.
+pub(crate) const HANDOFF_EVENTS: usize = CHUNK_EVENTS;
+
+/// JSON texts stored end to end: one allocation per chunk, not one per event.
+#[derive(Default)]
+struct Column {
+    text: String,
+    ends: Vec<usize>,
 }
 
-impl<P: Serialize> Buffered<P> {
-    pub(crate) fn new(payload: P, mut headers: Headers) -> Result<Self> {
+impl Column {
+    fn push(&mut self, json: &str) {
+        self.text.push_str(json);
+        self.ends.push(self.text.len());
+    }
+
+    fn strs(&self) -> Vec<&str> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let json = &self.text[start..end];
+                start = end;
+                json
+            })
+            .collect()
+    }
+}
+
+/// The events of one insert statement: `ids[first..first + len]` of the buffer.
+struct Chunk {
+    first: usize,
+    payloads: Column,
+    headers: Column,
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        self.payloads.ends.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.payloads.text.len() + self.headers.text.len()
+    }
+}
+
+/// A published event's typed values, for the in-process hand-off.
+struct Typed<P> {
+    payload: P,
+    headers: Headers,
+}
+
+/// The events of one transaction, serialised, waiting for commit.
+pub(crate) struct Buffer<P> {
+    /// Every event's id, in publish order (kept to the end: an in-doubt commit reports them).
+    ids: Vec<Uuid>,
+    /// Not yet inserted, in order.
+    chunks: VecDeque<Chunk>,
+    /// `typed[i]` belongs to `ids[i]`; `None` once the transaction outgrew the hand-off.
+    typed: Option<Vec<Typed<P>>>,
+}
+
+impl<P: Serialize> Buffer<P> {
+    /// A buffer whose events will be handed to the in-process lane if it stays small.
+    pub(crate) fn for_handoff() -> Self {
+        Self {
+            ids: Vec::new(),
+            chunks: VecDeque::new(),
+            typed: Some(Vec::new()),
+        }
+    }
+
+    /// A buffer whose events the lane will read from the table.
+    pub(crate) fn json_only() -> Self {
+        Self {
+            ids: Vec::new(),
+            chunks: VecDeque::new(),
+            typed: None,
+        }
+    }
+
+    /// Serialises and appends one event; on error nothing is appended.
+    pub(crate) fn push(&mut self, id: Uuid, payload: P, mut headers: Headers) -> Result<()> {
         crate::ops::trace::inject(&mut headers);
         let payload_json = serde_json::to_string(&payload).map_err(Error::Encode)?;
         let headers_json = serde_json::to_string(&headers).map_err(Error::Encode)?;
-        Ok(Self {
-            // Time-ordered ids keep the unique index append-mostly.
-            id: Uuid::now_v7(),
-            payload,
-            payload_json,
-            headers,
-            headers_json,
-        })
+        let chunk = self.open_chunk(payload_json.len() + headers_json.len());
+        chunk.payloads.push(&payload_json);
+        chunk.headers.push(&headers_json);
+        self.ids.push(id);
+        if let Some(typed) = &mut self.typed {
+            if self.ids.len() > HANDOFF_EVENTS {
+                // Too big for the hand-off: stop holding typed values (the lane reads the table).
+                self.typed = None;
+            } else {
+                typed.push(Typed { payload, headers });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<P> Buffer<P> {
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub(crate) fn ids(&self) -> &[Uuid] {
+        &self.ids
+    }
+
+    /// The chunk the next event of `bytes` bytes goes into.
+    fn open_chunk(&mut self, bytes: usize) -> &mut Chunk {
+        let first = self.ids.len();
+        let fits = self.chunks.back().is_some_and(|chunk| {
+            chunk.len() < CHUNK_EVENTS && chunk.bytes() + bytes <= CHUNK_BYTES
+        });
+        if !fits {
+            self.chunks.push_back(Chunk {
+                first,
+                payloads: Column::default(),
+                headers: Column::default(),
+            });
+        }
+        // Just ensured there is one.
+        let last = self.chunks.len() - 1;
+        &mut self.chunks[last]
+    }
+
+    /// Pairs each committed row with its typed event, giving the lane's slots in sequence
+    /// order; `None` when the transaction was too large to hand over.
+    pub(crate) fn into_slots(self, rows: Vec<Inserted>) -> Option<Vec<Slot<P>>> {
+        let typed = self.typed?;
+        if typed.len() != self.ids.len() || rows.len() != self.ids.len() {
+            return None;
+        }
+        let count = rows.len();
+        let mut by_id: HashMap<Uuid, Typed<P>> = self.ids.into_iter().zip(typed).collect();
+        let mut slots: Vec<Slot<P>> = rows
+            .into_iter()
+            .filter_map(|row| {
+                let typed = by_id.remove(&row.id)?;
+                Some(Slot {
+                    sequence: row.sequence,
+                    commit_xid: Some(row.commit_xid),
+                    item: SlotItem::Event(Arc::new(Envelope {
+                        id: row.id,
+                        sequence: EventSequence::new(row.sequence),
+                        commit_xid: row.commit_xid,
+                        payload: typed.payload,
+                        headers: typed.headers,
+                        recorded_at: row.recorded_at,
+                    })),
+                })
+            })
+            .collect();
+        // A caller-supplied id used twice in one transaction pairs ambiguously: let the lane
+        // read such a transaction from the table rather than guess.
+        if slots.len() != count {
+            return None;
+        }
+        slots.sort_by_key(|slot| slot.sequence);
+        Some(slots)
     }
 }
 
@@ -48,70 +213,53 @@ pub(crate) struct Inserted {
     recorded_at: DateTime<Utc>,
 }
 
-/// Inserts every buffered event in one statement on `conn`.
-pub(crate) async fn insert<P>(
-    conn: &mut PgConnection,
-    events: &[Buffered<P>],
-) -> Result<Vec<Inserted>> {
-    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
-    let payloads: Vec<&str> = events.iter().map(|e| e.payload_json.as_str()).collect();
-    let headers: Vec<&str> = events.iter().map(|e| e.headers_json.as_str()).collect();
-    let rows = sqlx::query(INSERT_EVENTS)
-        .bind(ids)
-        .bind(payloads)
-        .bind(headers)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Inserted {
+/// What the chunked insert wrote.
+pub(crate) struct Written {
+    /// The writing transaction's id (every chunk runs in the same transaction).
+    pub(crate) xid: i64,
+    /// Every sequence drawn, ascending.
+    pub(crate) sequences: Vec<EventSequence>,
+    /// The rows, only for a buffer that keeps its typed values (for the hand-off).
+    pub(crate) rows: Vec<Inserted>,
+}
+
+/// Inserts every buffered event on `conn`, chunk by chunk, dropping each chunk's JSON once it
+/// has been sent. The buffer keeps its ids.
+pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -> Result<Written> {
+    let keep_rows = buffer.typed.is_some();
+    let mut written = Written {
+        xid: 0,
+        sequences: Vec::with_capacity(buffer.ids.len()),
+        rows: Vec::new(),
+    };
+    while let Some(chunk) = buffer.chunks.pop_front() {
+        let ids = &buffer.ids[chunk.first..chunk.first + chunk.len()];
+        // Every chunk is the same statement: the first one assigns the xid before its first
+        // `nextval` (see INSERT_EVENTS); later ones run in a transaction that already has it,
+        // and draw higher sequences, so insert order is sequence order across chunks.
+        let rows = sqlx::query(INSERT_EVENTS)
+            .bind(ids)
+            .bind(chunk.payloads.strs())
+            .bind(chunk.headers.strs())
+            .fetch_all(&mut *conn)
+            .await?;
+        drop(chunk);
+        for row in &rows {
+            let inserted = Inserted {
                 id: row.try_get("id")?,
                 sequence: to_u64(row.try_get("sequence")?),
                 commit_xid: row.try_get("commit_xid")?,
                 recorded_at: row.try_get("recorded_at")?,
-            })
-        })
-        .collect()
-}
-
-/// Pairs each committed row with its typed event, giving the lane's slots in sequence order.
-pub(crate) fn into_slots<P>(events: Vec<Buffered<P>>, rows: Vec<Inserted>) -> Vec<Slot<P>> {
-    let in_order =
-        events.len() == rows.len() && events.iter().zip(&rows).all(|(e, r)| e.id == r.id);
-    let mut pairs: Vec<(Buffered<P>, Inserted)> = if in_order {
-        events.into_iter().zip(rows).collect()
-    } else {
-        // RETURNING follows insertion order in practice; do not rely on it.
-        let mut by_id: std::collections::HashMap<Uuid, Inserted> =
-            rows.into_iter().map(|row| (row.id, row)).collect();
-        events
-            .into_iter()
-            .filter_map(|event| by_id.remove(&event.id).map(|row| (event, row)))
-            .collect()
-    };
-    pairs.sort_by_key(|(_, row)| row.sequence);
-    pairs
-        .into_iter()
-        .map(|(event, row)| Slot {
-            sequence: row.sequence,
-            commit_xid: Some(row.commit_xid),
-            item: SlotItem::Event(Arc::new(Envelope {
-                id: row.id,
-                sequence: EventSequence::new(row.sequence),
-                commit_xid: row.commit_xid,
-                payload: event.payload,
-                headers: event.headers,
-                recorded_at: row.recorded_at,
-            })),
-        })
-        .collect()
-}
-
-pub(crate) fn sequences(rows: &[Inserted]) -> Vec<EventSequence> {
-    let mut out: Vec<EventSequence> = rows
-        .iter()
-        .map(|r| EventSequence::new(r.sequence))
-        .collect();
-    out.sort();
-    out
+            };
+            written.xid = inserted.commit_xid;
+            written
+                .sequences
+                .push(EventSequence::new(inserted.sequence));
+            if keep_rows {
+                written.rows.push(inserted);
+            }
+        }
+    }
+    written.sequences.sort();
+    Ok(written)
 }

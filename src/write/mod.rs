@@ -1,6 +1,7 @@
 //! The write side: [`Outbox`], its transaction wrapper, `publish_in` for caller-owned
 //! transactions, and the cross-process wake-up notifier.
 
+pub(crate) mod in_doubt;
 pub(crate) mod insert;
 pub(crate) mod notifier;
 pub(crate) mod outbox;

@@ -7,8 +7,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
 
-use super::insert::{self, Buffered};
+use super::in_doubt::{self, CommitStatus};
+use super::insert::{self, Buffer};
 use super::notifier;
 use super::transaction::OutboxTransaction;
 use crate::commit_lane::listener::{self as commit_listener, CommitReader, CommitStream};
@@ -204,11 +206,20 @@ where
     ///
     /// Because ordo does not see that commit, this process's listeners find the events through
     /// the table (the lane polls quickly, having been told their sequences), and other
-    /// processes on their next wake-up or resync.
+    /// processes on their next wake-up or resync. Every event is serialised before the first
+    /// insert (an encoding error inserts nothing); a large batch is then inserted in bounded
+    /// chunks, so memory stays near the batch's JSON size.
     ///
     /// **Causal order caveat.** The commit lane orders transactions by their lowest sequence,
     /// which is causal only if a transaction inserts its events *after* every read it makes.
     /// Call `publish_in` last, right before committing, as [`OutboxTransaction::commit`] does.
+    ///
+    /// **If your commit fails without an answer** (the connection broke during `COMMIT`), the
+    /// transaction may have committed. Take its id before committing
+    /// (`SELECT pg_current_xact_id()::text::bigint` in the same transaction, after
+    /// `publish_in`), and on such a failure ask [`commit_status`](Self::commit_status) with it
+    /// until it says committed (do not retry) or aborted (retry); see
+    /// [`Error::CommitInDoubt`] for the procedure `OutboxTransaction::commit` follows.
     ///
     /// # Errors
     /// [`Error::Encode`] if an event does not serialise; [`Error::Database`] if the insert
@@ -218,20 +229,47 @@ where
         tx: &mut Transaction<'_, Postgres>,
         events: impl IntoIterator<Item = P>,
     ) -> Result<Vec<EventSequence>> {
-        let buffered = events
-            .into_iter()
-            .map(|event| Buffered::new(event, Headers::new()))
-            .collect::<Result<Vec<_>>>()?;
-        if buffered.is_empty() {
+        let mut buffer = Buffer::json_only();
+        for event in events {
+            buffer.push(Uuid::now_v7(), event, Headers::new())?;
+        }
+        if buffer.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = insert::insert(tx, &buffered).await?;
-        let sequences = insert::sequences(&rows);
-        metrics::counter!(m::EVENTS_PUBLISHED).increment(sequences.len() as u64);
-        if let Some(last) = sequences.last() {
+        let written = insert::insert(tx, &mut buffer).await?;
+        metrics::counter!(m::EVENTS_PUBLISHED).increment(written.sequences.len() as u64);
+        if let Some(last) = written.sequences.last() {
             self.inner.lane.hint_head(last.get());
         }
-        Ok(sequences)
+        Ok(written.sequences)
+    }
+
+    /// Whether transaction `xid` committed: the question to ask after
+    /// [`Error::CommitInDoubt`] (whose `xid` it takes), or after a caller-owned transaction
+    /// that used [`publish_in`](Self::publish_in) lost its `COMMIT`'s answer. `xid` is the
+    /// 64-bit id in `ordo.events.commit_xid` and [`Envelope::commit_xid`](crate::Envelope).
+    ///
+    /// `InProgress` means the transaction can still commit: ask again later, and do not
+    /// publish its events again meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the server cannot be asked (or `xid` is in the future, that is,
+    /// not a transaction id of this server).
+    pub async fn commit_status(&self, xid: i64) -> Result<CommitStatus> {
+        in_doubt::status(&self.inner.pool, xid).await
+    }
+
+    /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost
+    /// the transaction id of an in-doubt commit but kept its event ids
+    /// ([`OutboxTransaction::event_ids`]): an id found was published; an id not found was not
+    /// published *yet*, which is final only once the transaction that wrote it can no longer
+    /// be in progress (its connection is gone and the server has noticed). Prefer
+    /// [`commit_status`](Self::commit_status) when you have the xid.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the query fails.
+    pub async fn published(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        in_doubt::published(&self.inner.pool, ids).await
     }
 
     /// A stream of the insert-ordered lane from `start`: every committed event once, in
@@ -331,14 +369,20 @@ where
         self.inner.tasks.stop(SHUTDOWN_GRACE).await;
     }
 
-    /// Hands events this process just committed to its own lane, and wakes other processes.
-    pub(crate) fn committed(&self, slots: Vec<Slot<P>>) {
-        let Some(last) = slots.last().map(|slot| slot.sequence) else {
+    /// Hands events this process just committed to its own lane (`slots`, or `None` to have
+    /// the lane read them from the table), and wakes other processes.
+    pub(crate) fn committed(&self, last: u64, count: usize, slots: Option<Vec<Slot<P>>>) {
+        if count == 0 {
             return;
-        };
-        metrics::counter!(m::EVENTS_PUBLISHED).increment(slots.len() as u64);
-        // A send error means the frontier task has stopped; the table still has the events.
-        let _ = self.inner.commits.send(slots);
+        }
+        metrics::counter!(m::EVENTS_PUBLISHED).increment(count as u64);
+        match slots {
+            // A send error means the frontier task has stopped; the table still has the events.
+            Some(slots) => {
+                let _ = self.inner.commits.send(slots);
+            }
+            None => self.inner.lane.hint_head(last),
+        }
         self.inner.committed.send_if_modified(|sent| {
             let newer = last > *sent;
             if newer {
@@ -346,5 +390,11 @@ where
             }
             newer
         });
+    }
+
+    /// Points the lane at sequences written by a transaction whose outcome is unknown, so that
+    /// it reads them soon if they did commit.
+    pub(crate) fn hint_written(&self, last: u64) {
+        self.inner.lane.hint_head(last);
     }
 }

@@ -16,3 +16,17 @@ RETURNING id, sequence, commit_xid, recorded_at
 
 /// A cross-process wake-up: carries only the highest sequence this process has committed.
 pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+/// Whether a transaction committed. `commit_xid` is the full 64-bit transaction id
+/// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. When the server no longer
+/// keeps that status (NULL), an event stored under the xid still proves it committed.
+pub(crate) const COMMIT_STATUS: &str = r#"
+SELECT coalesce(
+    pg_xact_status($1::bigint::text::xid8),
+    CASE WHEN EXISTS (SELECT 1 FROM ordo.events WHERE commit_xid = $1) THEN 'committed' END)
+"#;
+
+/// Which of the given ids are stored as events (`ordo.events.id` is indexed, not unique).
+pub(crate) const PUBLISHED: &str = r#"
+SELECT DISTINCT id FROM ordo.events WHERE id = ANY($1::uuid[]) AND commit_xid IS NOT NULL
+"#;

@@ -183,3 +183,4 @@ pub struct Note {
     pub n: u32,
 }
 pub mod invariants;
+pub mod proxy;

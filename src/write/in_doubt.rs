@@ -1,0 +1,94 @@
+//! Commits whose answer was lost.
+//!
+//! When the connection drops while `COMMIT` is in flight, the client cannot tell whether the
+//! server committed. The writing transaction's id is known (the insert returned it), and
+//! PostgreSQL keeps every recent transaction's fate (`pg_xact_status`), so another connection
+//! can ask. A transaction whose backend has not noticed the lost client yet is still
+//! `in progress`; it ends as soon as the backend reads the closed socket, so the question is
+//! asked again for a short while before the commit is reported in doubt.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use super::sql::{COMMIT_STATUS, PUBLISHED};
+use crate::error::Result;
+
+/// How long a failed commit keeps asking before it reports [`Error::CommitInDoubt`]. A backend
+/// whose client vanished (FIN or RST) ends its transaction within milliseconds; one that is
+/// still `in progress` after this is behind a network partition, and waiting longer inside
+/// `commit()` would only hold the caller.
+///
+/// [`Error::CommitInDoubt`]: crate::Error::CommitInDoubt
+const PATIENCE: Duration = Duration::from_secs(5);
+const FIRST_POLL: Duration = Duration::from_millis(10);
+const MAX_POLL: Duration = Duration::from_millis(250);
+
+/// Whether a transaction committed, as PostgreSQL knows it
+/// ([`Outbox::commit_status`](crate::Outbox::commit_status)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommitStatus {
+    /// It committed: its events are stored and will be delivered. Do not publish them again.
+    Committed,
+    /// It rolled back (or never reached `COMMIT`): nothing it wrote is stored. Retrying is
+    /// safe.
+    Aborted,
+    /// It is still running (a backend that has not yet noticed its client is gone, or a
+    /// transaction held open). Ask again later; do not retry yet, or the events may be stored
+    /// twice.
+    InProgress,
+    /// PostgreSQL no longer keeps this transaction's status (it is older than the commit-status
+    /// horizon) and `ordo.events` holds no event of it; if retention may have dropped its
+    /// events, look for your own domain rows.
+    Unknown,
+}
+
+/// Asks the server whether transaction `xid` committed.
+pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
+    let status: Option<String> = sqlx::query_scalar(COMMIT_STATUS)
+        .bind(xid)
+        .fetch_one(pool)
+        .await?;
+    Ok(match status.as_deref() {
+        Some("committed") => CommitStatus::Committed,
+        Some("aborted") => CommitStatus::Aborted,
+        Some("in progress") => CommitStatus::InProgress,
+        _ => CommitStatus::Unknown,
+    })
+}
+
+/// Which of `ids` are stored as events.
+pub(crate) async fn published(pool: &PgPool, ids: &[uuid::Uuid]) -> Result<Vec<uuid::Uuid>> {
+    Ok(sqlx::query_scalar(PUBLISHED)
+        .bind(ids)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// After a `COMMIT` that failed without an answer from the server: whether transaction `xid`
+/// committed, asked on another connection of `pool` for at most [`PATIENCE`]. `InProgress` or
+/// `Unknown` means the outcome could not be learned in time.
+pub(crate) async fn resolve(pool: &PgPool, xid: i64) -> CommitStatus {
+    let deadline = Instant::now() + PATIENCE;
+    let mut poll = FIRST_POLL;
+    loop {
+        let asked = tokio::time::timeout_at(deadline, status(pool, xid)).await;
+        match asked {
+            Ok(Ok(status @ (CommitStatus::Committed | CommitStatus::Aborted))) => return status,
+            // The status of a transaction this recent is never forgotten; be safe anyway.
+            Ok(Ok(CommitStatus::Unknown)) => return CommitStatus::Unknown,
+            Ok(Ok(CommitStatus::InProgress)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, xid, "asking whether an in-doubt commit took effect failed");
+            }
+            Err(_) => return CommitStatus::InProgress,
+        }
+        if Instant::now() + poll >= deadline {
+            return CommitStatus::InProgress;
+        }
+        tokio::time::sleep(poll).await;
+        poll = (poll * 2).min(MAX_POLL);
+    }
+}
