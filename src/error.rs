@@ -131,6 +131,29 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+
+    /// A wait for the lanes or a subscription to reach what a writer committed did not end
+    /// within its limit. What to do: check `ordo status` (a stall names what holds the lane; a
+    /// subscription may be paused, halted or run by no process).
+    #[error("waited {waited:?} for {what}; it was not reached (see `ordo status`)")]
+    WaitTimedOut {
+        /// What was awaited, in words.
+        what: String,
+        /// How long.
+        waited: std::time::Duration,
+    },
+
+    /// A subscription that a wait depends on is halted (or paused) and will not get there by
+    /// itself. What to do: `ordo subscriptions resume NAME` once its `last_error` is dealt with.
+    #[error("subscription {name:?} is {status}: {}", last_error.as_deref().unwrap_or("no error recorded"))]
+    SubscriptionNotRunning {
+        /// The subscription.
+        name: String,
+        /// Its stored status (`halted` or `paused`).
+        status: String,
+        /// Its last handler error, if any.
+        last_error: Option<String>,
+    },
 }
 
 impl Error {

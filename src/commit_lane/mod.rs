@@ -9,6 +9,7 @@
 pub(crate) mod listener;
 pub(crate) mod sequencer;
 pub(crate) mod sql;
+pub(crate) mod wait;
 pub(crate) mod watcher;
 
 use std::collections::VecDeque;

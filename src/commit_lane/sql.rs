@@ -159,3 +159,19 @@ trimmed AS (
 )
 SELECT floor FROM boundary
 "#;
+
+/// The commit positions of the given insert sequences (`$1`), for those already logged. Only
+/// chunks reaching up to the lowest of them are read, so a wait for fresh writes reads the
+/// log's tail.
+pub(crate) const POSITIONS_OF: &str = r#"
+SELECT u.sequence, c.first_commit_seq + u.ord - 1 AS commit_seq
+FROM ordo.commit_chunks AS c
+CROSS JOIN LATERAL unnest(c.sequences) WITH ORDINALITY AS u(sequence, ord)
+WHERE c.max_sequence >= (SELECT min(s) FROM unnest($1::bigint[]) AS s)
+  AND u.sequence = ANY ($1::bigint[])
+"#;
+
+/// A subscription's lane, position and status, for waits from any process.
+pub(crate) const SUBSCRIPTION_PROGRESS: &str = r#"
+SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $1
+"#;
