@@ -158,8 +158,9 @@ fn missing_ordo_relation(error: &sqlx::Error) -> Option<String> {
     })
 }
 
-/// A database error as an operator should read it: PostgreSQL's message, hint and SQLSTATE, without the source line sqlx appends (a line of PostgreSQL's C code, easily
-/// read as a line of the user's SQL).
+/// A database error as an operator should read it: PostgreSQL's message, hint and SQLSTATE,
+/// without the source line sqlx appends (a line of PostgreSQL's C code, easily read as a line
+/// of the user's SQL).
 fn describe(error: &sqlx::Error) -> String {
     let Some(db) = error.as_database_error() else {
         return error.to_string();

@@ -428,18 +428,23 @@ async fn status_names_a_prepared_transaction_holding_a_sequence() {
         .await
         .expect("prepare");
     commit_plain_event(&db.pool).await;
+    // Nothing may panic while the transaction is prepared: it would outlive the test (and
+    // keep its database from being dropped).
     let stalled = eventually(Duration::from_secs(10), || async {
-        insert_stall(&db.pool).await.is_some()
+        ordo::status(&db.pool)
+            .await
+            .map(|s| !s.stalls.is_empty())
+            .unwrap_or(true)
     })
     .await;
-    let status = ordo::status(&db.pool).await.expect("status");
-    let table = ordo::status_table(&status);
-    let stall = status.stalls.into_iter().find(|s| s.lane == "insert");
-    // Finish it before asserting: a prepared transaction outlives the test otherwise.
+    let status = ordo::status(&db.pool).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("ROLLBACK PREPARED '{gid}'")))
         .execute(&db.pool)
         .await
         .expect("rollback prepared");
+    let status = status.expect("status");
+    let table = ordo::status_table(&status);
+    let stall = status.stalls.into_iter().find(|s| s.lane == "insert");
     assert!(stalled, "a stall is reported");
     let stall = stall.expect("a stall");
     assert_eq!(
