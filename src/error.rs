@@ -12,8 +12,8 @@ use crate::position::EventSequence;
 #[non_exhaustive]
 pub enum Error {
     /// The database refused or failed a statement, or the connection was lost.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    #[error("database error: {}", describe(.0))]
+    Database(#[source] sqlx::Error),
 
     /// Running ordo's migrations failed.
     #[error("migrating the ordo schema failed: {0}")]
@@ -99,6 +99,31 @@ pub enum Error {
     #[error("the ordo outbox has been shut down")]
     Shutdown,
 
+    /// A relation of the `ordo` schema does not exist: the database was never migrated (or
+    /// only partly).
+    #[error(
+        "{relation} does not exist: the ordo schema is not migrated in this database; run `ordo migrate` (or `ordo::migrate(&pool)`) first"
+    )]
+    NotMigrated {
+        /// The missing relation or schema, as PostgreSQL named it.
+        relation: String,
+        /// What PostgreSQL said.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The database was migrated by a newer version of ordo than this one: its schema may
+    /// differ from what this version reads and writes, so it is refused.
+    #[error(
+        "the ordo schema in this database is at migration {database}, newer than the newest this version of ordo knows ({known}): it was migrated by a newer ordo; run that version (or newer) against it"
+    )]
+    SchemaTooNew {
+        /// The newest migration recorded in `ordo._sqlx_migrations`.
+        database: i64,
+        /// The newest migration this build embeds.
+        known: i64,
+    },
+
     /// `COMMIT` was sent but its answer was lost (the connection broke), and the server could
     /// not be asked in time whether transaction `xid` committed (it was unreachable, or the
     /// transaction was still in progress). The transaction, its domain writes and its events
@@ -154,6 +179,62 @@ pub enum Error {
         /// Its last handler error, if any.
         last_error: Option<String>,
     },
+}
+
+/// Every database error converts here, so that the one that means "not migrated" says so
+/// wherever it surfaces.
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        match missing_ordo_relation(&error) {
+            Some(relation) => Error::NotMigrated {
+                relation,
+                source: error,
+            },
+            None => Error::Database(error),
+        }
+    }
+}
+
+/// The ordo relation or schema a failed statement found missing (SQLSTATE 42P01
+/// `undefined_table`, 3F000 `invalid_schema_name`), if that is why it failed.
+fn missing_ordo_relation(error: &sqlx::Error) -> Option<String> {
+    let db = error.as_database_error()?;
+    let code = db.code()?;
+    let message = db.message();
+    let ours = match code.as_ref() {
+        "42P01" => message.contains("\"ordo."),
+        "3F000" => message.contains("\"ordo\""),
+        _ => false,
+    };
+    ours.then(|| {
+        message
+            .strip_suffix(" does not exist")
+            .unwrap_or(message)
+            .to_owned()
+    })
+}
+
+/// A database error as an operator should read it: PostgreSQL's message, hint and SQLSTATE,
+/// without the source line sqlx appends (a line of PostgreSQL's C code, easily read as a line
+/// of the user's SQL).
+fn describe(error: &sqlx::Error) -> String {
+    let Some(db) = error.as_database_error() else {
+        return error.to_string();
+    };
+    let mut text = db.message().to_owned();
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        // Not the detail: it can quote a failing row, payload and all.
+        if let Some(hint) = pg.hint() {
+            text.push_str("; hint: ");
+            text.push_str(hint);
+        }
+    }
+    if let Some(code) = db.code() {
+        text.push_str(" [SQLSTATE ");
+        text.push_str(&code);
+        text.push(']');
+    }
+    text
 }
 
 impl Error {

@@ -148,11 +148,13 @@ pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::metrics;
 #[doc(hidden)]
 pub use ops::plans::{HotStatement, hot_path_statements};
-pub use ops::render::{prometheus_text, status_table};
+pub use ops::render::{printable, prometheus_text, status_table, subscriptions_table};
 pub use ops::retention::{
     PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
 };
-pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, Stall, SubscriptionLag, status};
+pub use ops::status::{
+    Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, SubscriptionLag, status,
+};
 pub use ops::trace::TRACEPARENT;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{

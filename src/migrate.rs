@@ -3,11 +3,25 @@
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The table in which ordo records its applied migrations. It lives in the `ordo` schema, so
 /// ordo's history never mixes with an application's own `_sqlx_migrations`.
 pub const MIGRATIONS_TABLE: &str = "ordo._sqlx_migrations";
+
+/// Whether ordo's history table exists yet (a database never migrated has none).
+const HISTORY_EXISTS: &str = "SELECT to_regclass('ordo._sqlx_migrations') IS NOT NULL";
+
+/// The newest migration applied to this database.
+const NEWEST_APPLIED: &str = "SELECT max(version) FROM ordo._sqlx_migrations";
+
+/// `CREATE SCHEMA IF NOT EXISTS` and `CREATE TABLE IF NOT EXISTS` send a NOTICE on every run
+/// after the first, which sqlx logs at INFO: the migrating session asks for warnings only.
+const QUIET: &str = "SET client_min_messages = warning";
+const UNQUIET: &str = "RESET client_min_messages";
+
+/// SQLSTATE `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 /// The migrator for the `ordo` schema, with the `.sql` files of `migrations/` embedded.
 ///
@@ -24,9 +38,12 @@ pub fn migrator() -> Migrator {
 
 /// Creates or upgrades the `ordo` schema (tables, sequence, indexes) in the database behind
 /// `pool`. Idempotent: already-applied migrations are skipped, and concurrent callers are
-/// serialised by an advisory lock.
+/// serialised by an advisory lock. PostgreSQL's notices ("already exists, skipping") are not
+/// logged; a debug event says which migration the schema is at.
 ///
 /// # Errors
+/// [`Error::SchemaTooNew`](crate::Error::SchemaTooNew) when the database holds a migration
+/// newer than any this version knows (a newer ordo migrated it);
 /// [`Error::Migrate`](crate::Error::Migrate) when a migration fails or an applied one was
 /// modified.
 ///
@@ -36,6 +53,57 @@ pub fn migrator() -> Migrator {
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &PgPool) -> Result<()> {
-    migrator().run(pool).await?;
+    check_schema_version(pool).await?;
+    let mut conn = pool.acquire().await?;
+    sqlx::query(QUIET).execute(&mut *conn).await?;
+    let ran = migrator().run(&mut *conn).await;
+    // The connection goes back to the pool: it must not keep the quieter setting. If it
+    // cannot be reset, it is not reused.
+    if sqlx::query(UNQUIET).execute(&mut *conn).await.is_err() {
+        conn.close_on_drop();
+    }
+    ran?;
+    tracing::debug!(
+        target: "ordo::migrate",
+        version = newest_known(),
+        "the ordo schema is up to date"
+    );
     Ok(())
+}
+
+/// The newest migration this build embeds.
+fn newest_known() -> i64 {
+    migrator()
+        .iter()
+        .map(|migration| migration.version)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Refuses a database whose ordo schema was migrated by a newer ordo: this version would read
+/// and write a schema it does not know. A database not migrated at all passes (the first
+/// statement on a missing table says to migrate), and so does one whose history this role may
+/// not read.
+pub(crate) async fn check_schema_version(pool: &PgPool) -> Result<()> {
+    let exists: bool = sqlx::query_scalar(HISTORY_EXISTS).fetch_one(pool).await?;
+    if !exists {
+        return Ok(());
+    }
+    let newest: Option<i64> = match sqlx::query_scalar(NEWEST_APPLIED).fetch_one(pool).await {
+        Ok(newest) => newest,
+        Err(error)
+            if error
+                .as_database_error()
+                .and_then(|db| db.code())
+                .is_some_and(|code| code == INSUFFICIENT_PRIVILEGE) =>
+        {
+            return Ok(());
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let known = newest_known();
+    match newest {
+        Some(database) if database > known => Err(Error::SchemaTooNew { database, known }),
+        _ => Ok(()),
+    }
 }

@@ -22,7 +22,11 @@ use ordo::{CommitSequence, EventSequence, Outbox, OutboxConfig, Start};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::str::FromStr;
+
+#[path = "ordo/diagnose.rs"]
+mod diagnose;
 
 #[derive(Parser)]
 #[command(name = "ordo", version, about = "Operate an ordo outbox on PostgreSQL")]
@@ -30,6 +34,10 @@ struct Cli {
     /// PostgreSQL URL of the database holding the `ordo` schema.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+
+    /// Seconds to wait for a connection before saying why there is none.
+    #[arg(long, global = true, default_value_t = 10.0, value_name = "SECONDS")]
+    connect_timeout: f64,
 
     #[command(subcommand)]
     command: Command,
@@ -89,6 +97,20 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(value * seconds))
 }
 
+/// A position as PostgreSQL stores it: a `bigint`, so at most `i64::MAX`.
+fn parse_position(text: &str) -> Result<u64, String> {
+    let value: u64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a position (a whole number, 0 or more)"))?;
+    if i64::try_from(value).is_err() {
+        return Err(format!(
+            "{value} is beyond any position: positions are PostgreSQL bigints, at most {}",
+            i64::MAX
+        ));
+    }
+    Ok(value)
+}
+
 #[derive(clap::Args)]
 struct StatusArgs {
     /// Print one JSON object.
@@ -135,7 +157,7 @@ struct TailArgs {
     lane: Lane,
     /// Start after this position (an insert sequence or a commit sequence, by lane); default
     /// the beginning.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_position)]
     after: Option<u64>,
     /// Exit after this many events.
     #[arg(long)]
@@ -171,7 +193,9 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("ordo: {error}");
+            // Errors can quote subscription names, handler errors and payload text: nothing
+            // in them may drive the terminal.
+            eprintln!("ordo: {}", ordo::printable(&error.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -183,12 +207,7 @@ async fn run(cli: Cli) -> CliResult {
     let Some(url) = cli.database_url else {
         return Err("no database: set DATABASE_URL or pass --database-url".into());
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
-        .await
-        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let pool = connect(&url, cli.connect_timeout).await?;
     match cli.command {
         Command::Migrate => {
             ordo::migrate(&pool).await?;
@@ -200,6 +219,35 @@ async fn run(cli: Cli) -> CliResult {
         Command::Subscriptions(args) => subscriptions(pool, args).await,
         Command::Status(args) => status(pool, args).await,
         Command::Retention(args) => retention(pool, args).await,
+    }
+}
+
+/// A pool on `url`, or an error that says why not and where: refused, unreachable, or a
+/// server that accepts connections and never answers. Never the URL itself (it may hold a
+/// password).
+async fn connect(url: &str, timeout: f64) -> Result<PgPool, Box<dyn std::error::Error>> {
+    let timeout = Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or("--connect-timeout takes a positive number of seconds")?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|_| "DATABASE_URL (or --database-url) is not a valid PostgreSQL URL")?;
+    let pooled = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(timeout)
+        .connect_with(options.clone())
+        .await;
+    match pooled {
+        Ok(pool) => Ok(pool),
+        Err(error @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))) => {
+            Err(diagnose::connect_failure(&options, &error).await.into())
+        }
+        Err(error) => Err(format!(
+            "cannot connect to the database at {}: {}",
+            diagnose::place(&options),
+            ordo::Error::from(error)
+        )
+        .into()),
     }
 }
 
@@ -309,9 +357,32 @@ struct CommitLine<'a> {
     payload: &'a Value,
 }
 
+/// `value` as one line of JSON that is also safe on a terminal: serde_json escapes C0 controls,
+/// and DEL, C1 controls (8-bit CSI among them) and bidirectional overrides are escaped here too
+/// (still valid JSON, the same string once parsed).
+fn json_line(value: &impl Serialize) -> serde_json::Result<String> {
+    let line = serde_json::to_string(value)?;
+    if !line.chars().any(|c| c.is_control() || is_bidi_override(c)) {
+        return Ok(line);
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        if c.is_control() || is_bidi_override(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+fn is_bidi_override(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Writes one JSON line; `false` when the reader went away (a closed pipe is not an error).
 fn emit(out: &mut impl Write, line: &impl Serialize, flush: bool) -> io::Result<bool> {
-    let line = serde_json::to_string(line).map_err(io::Error::other)?;
+    let line = json_line(line).map_err(io::Error::other)?;
     let written = writeln!(out, "{line}").and_then(|()| if flush { out.flush() } else { Ok(()) });
     match written {
         Ok(()) => Ok(true),
@@ -360,23 +431,11 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             let mut out = io::stdout().lock();
             if args.json {
                 for row in &rows {
-                    writeln!(out, "{}", serde_json::to_string(row)?)?;
+                    writeln!(out, "{}", json_line(row)?)?;
                 }
                 return Ok(());
             }
-            writeln!(
-                out,
-                "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  LAST ERROR",
-                "NAME", "LANE", "POSITION", "LAG", "STATUS", "ATTEMPTS"
-            )?;
-            for row in &rows {
-                let error = row.last_error.as_deref().unwrap_or("-");
-                writeln!(
-                    out,
-                    "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
-                    row.name, row.lane, row.position, row.lag, row.status, row.attempts, error
-                )?;
-            }
+            write!(out, "{}", ordo::subscriptions_table(&rows))?;
             Ok(())
         }
         SubscriptionAction::Resume { name } => {
@@ -398,15 +457,19 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
 }
 
 async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
-    if let Some(every) = args.watch
-        && !(every.is_finite() && every >= 0.1)
-    {
-        return Err("--watch takes a number of seconds, at least 0.1".into());
-    }
+    let watch = match args.watch {
+        None => None,
+        Some(every) => Some(
+            Duration::try_from_secs_f64(every)
+                .ok()
+                .filter(|d| d.as_secs_f64() >= 0.1)
+                .ok_or("--watch takes a number of seconds, at least 0.1")?,
+        ),
+    };
     loop {
         let status = ordo::status(&pool).await?;
         let text = if args.json {
-            format!("{}\n", serde_json::to_string(&status)?)
+            format!("{}\n", json_line(&status)?)
         } else if args.prometheus {
             ordo::prometheus_text(&status)
         } else {
@@ -420,12 +483,12 @@ async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
         write!(out, "{text}")?;
         out.flush()?;
         drop(out);
-        let Some(every) = args.watch else {
+        let Some(every) = watch else {
             return Ok(());
         };
         tokio::select! {
             _ = interrupted() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
+            _ = tokio::time::sleep(every) => {}
         }
     }
 }

@@ -1,8 +1,39 @@
 //! [`OutboxStatus`] for people (a table) and for Prometheus (text exposition format).
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use super::status::{LagClock, OutboxStatus, Stall};
+use crate::subscription::SubscriptionRow;
+
+/// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
+/// the bidirectional overrides that reorder what a line appears to say are shown as escapes
+/// (`\n`, `\u{1b}`) instead of acting on the operator's terminal. Subscription names, handler
+/// errors (which can carry payload text) and other sessions' queries all reach a table through
+/// it.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => {
+                let _ = write!(out, "{}", c.escape_unicode());
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
 
 fn age(seconds: Option<f64>) -> String {
     match seconds {
@@ -66,13 +97,13 @@ pub fn status_table(status: &OutboxStatus) -> String {
             let _ = writeln!(
                 out,
                 "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7}  {}",
-                sub.name,
-                sub.lane,
+                printable(&sub.name),
+                printable(&sub.lane),
                 sub.position,
                 sub.lag,
                 age(sub.oldest_unprocessed_seconds),
-                sub.status,
-                sub.last_error.as_deref().unwrap_or("-")
+                printable(&sub.status),
+                printable(sub.last_error.as_deref().unwrap_or("-"))
             );
         }
     }
@@ -92,7 +123,7 @@ fn write_stall(out: &mut String, stall: &Stall) {
         "STALL on the {} lane for {}: {}",
         stall.lane,
         age(stall.seconds),
-        stall.reason
+        printable(&stall.reason)
     );
     let backends = stall
         .holder
@@ -100,23 +131,84 @@ fn write_stall(out: &mut String, stall: &Stall) {
         .map(|b| ("holder", b))
         .chain(stall.suspects.iter().map(|b| ("suspect", b)));
     for (role, backend) in backends {
+        // A monitoring role without pg_read_all_stats sees no state, start or query of other
+        // roles' sessions: say so rather than print blanks.
+        let state = if backend.state.is_empty() {
+            "hidden"
+        } else {
+            backend.state.as_str()
+        };
         let _ = writeln!(
             out,
-            "  {role}: pid {} application {:?} state {:?} transaction age {}  query: {}",
+            "  {role}: pid {} application \"{}\" state {} transaction age {}  query: {}",
             backend.pid,
-            backend.application_name,
-            backend.state,
+            printable(&backend.application_name),
+            printable(state),
             age(backend.transaction_seconds),
-            backend.query.replace('\n', " ")
+            printable(&backend.query)
+        );
+    }
+    for prepared in &stall.prepared {
+        let _ = writeln!(
+            out,
+            "  prepared transaction: gid \"{}\" owner {} xid {} prepared {} ago  (COMMIT PREPARED or ROLLBACK PREPARED it)",
+            printable(&prepared.gid),
+            printable(&prepared.owner),
+            prepared.transaction_id,
+            age(prepared.prepared_seconds)
+        );
+    }
+    if stall
+        .holder
+        .iter()
+        .chain(&stall.suspects)
+        .any(|b| b.state.is_empty())
+    {
+        let _ = writeln!(
+            out,
+            "  (states and queries of other roles' sessions are hidden from this role: GRANT pg_read_all_stats TO it to see them)"
         );
     }
 }
 
+/// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
+pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  LAST ERROR",
+        "NAME", "LANE", "POSITION", "LAG", "STATUS", "ATTEMPTS"
+    );
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
+            printable(&row.name),
+            printable(&row.lane),
+            row.position,
+            row.lag,
+            printable(&row.status),
+            row.attempts,
+            printable(row.last_error.as_deref().unwrap_or("-"))
+        );
+    }
+    out
+}
+
 fn escape(label: &str) -> String {
-    label
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    let mut out = String::with_capacity(label.len());
+    for c in label.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            // The exposition format has no escape for these; a terminal reading the output
+            // must not act on them either.
+            c if needs_escape(c) => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `status` in Prometheus text exposition format (gauges), as `ordo status --prometheus`

@@ -52,37 +52,46 @@ FROM ordo.subscriptions AS s
 ORDER BY s.name
 "#;
 
-/// A probe for the holder of a hole: a placeholder insert that waits on the holder's row if it
-/// has one. Run in a transaction that is always rolled back, under a short lock timeout.
-pub(crate) const PROBE: &str = r#"
-INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
-VALUES (NULL, $1, gen_random_uuid(), NULL, '{}'::jsonb)
-ON CONFLICT (sequence) DO NOTHING
-"#;
-
-pub(crate) const PROBE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '400ms'";
-
-pub(crate) const BACKEND_PID: &str = "SELECT pg_backend_pid()";
-
-pub(crate) const BLOCKERS: &str = "SELECT pg_blocking_pids($1)";
-
-/// What operators need to know about a backend.
-pub(crate) const BACKENDS: &str = r#"
+/// What operators need to know about a backend. A role without `pg_read_all_stats` sees
+/// another role's pid, application name and transaction id, but a NULL state and start time.
+pub(super) const BACKENDS: &str = r#"
 SELECT pid, coalesce(application_name, '') AS application_name, coalesce(state, '') AS state,
        date_part('epoch', now() - xact_start) AS transaction_age,
        left(coalesce(query, ''), 200) AS query
 FROM pg_stat_activity
 WHERE pid = ANY($1)
-ORDER BY xact_start
+ORDER BY age(backend_xid) DESC NULLS LAST, xact_start, pid
 "#;
 
-/// Transactions holding an xid in this database, oldest first: the suspects when the holder
-/// of a hole has not written its row yet.
-pub(crate) const OPEN_WRITERS: &str = r#"
-SELECT pid
-FROM pg_stat_activity
-WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-  AND xact_start < now() - make_interval(secs => $1)
-ORDER BY xact_start
-LIMIT 5
+/// Open transactions of this database that have drawn from `ordo.events_sequence`: `nextval`
+/// holds a `RowExclusiveLock` on the sequence until its transaction ends, so the transaction
+/// behind an unresolved sequence, while it lives, is one of these. Read-only (`pg_locks` is
+/// public), and it never lists ordo's own placeholder writes, which name their sequences
+/// instead of drawing them. Oldest transaction id first.
+pub(super) const SEQUENCE_DRAWERS: &str = r#"
+SELECT l.pid
+FROM pg_locks AS l
+LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation = 'ordo.events_sequence'::regclass
+  AND l.pid IS NOT NULL AND l.pid <> pg_backend_pid()
+ORDER BY age(a.backend_xid) DESC NULLS LAST, l.pid
+"#;
+
+/// Prepared transactions (two-phase commit) that have drawn from `ordo.events_sequence`: they
+/// keep the sequence's lock with no backend (`pid` NULL), and their own transaction id lock
+/// ties the lock to `pg_prepared_xacts`.
+pub(super) const PREPARED_DRAWERS: &str = r#"
+SELECT p.gid, p.owner::text AS owner, p.transaction::text AS transaction,
+       date_part('epoch', now() - p.prepared) AS prepared_age
+FROM pg_locks AS s
+JOIN pg_locks AS x
+  ON x.virtualtransaction = s.virtualtransaction AND x.locktype = 'transactionid'
+ AND x.mode = 'ExclusiveLock'
+JOIN pg_prepared_xacts AS p ON p.transaction = x.transactionid
+WHERE s.locktype = 'relation' AND s.mode = 'RowExclusiveLock' AND s.pid IS NULL
+  AND s.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND s.relation = 'ordo.events_sequence'::regclass
+ORDER BY p.prepared
 "#;

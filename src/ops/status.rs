@@ -85,12 +85,30 @@ pub struct Stall {
     pub waiting_on: Option<EventSequence>,
     /// How long it has been waiting, in seconds, at least.
     pub seconds: Option<f64>,
-    /// The transaction holding it, when it could be identified for certain (its row for the
-    /// sequence exists, uncommitted).
+    /// The transaction holding it, when only one open transaction could be (the only one that
+    /// has drawn an event sequence and not ended).
     pub holder: Option<Backend>,
-    /// When the holder has not written its row yet: the open transactions with an xid older than
-    /// the wait, oldest first.
+    /// When several could: the open transactions that have drawn an event sequence, oldest
+    /// first; one of them holds the lane.
     pub suspects: Vec<Backend>,
+    /// Prepared transactions (`PREPARE TRANSACTION`) that have drawn an event sequence: they
+    /// hold it until `COMMIT PREPARED` or `ROLLBACK PREPARED`, whatever happens to the session
+    /// that prepared them.
+    pub prepared: Vec<PreparedTransaction>,
+}
+
+/// A prepared transaction, as `pg_prepared_xacts` shows it.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct PreparedTransaction {
+    /// Its global identifier (`COMMIT PREPARED 'gid'` ends it).
+    pub gid: String,
+    /// The role that prepared it.
+    pub owner: String,
+    /// Its transaction id.
+    pub transaction_id: String,
+    /// Seconds since it was prepared.
+    pub prepared_seconds: Option<f64>,
 }
 
 /// Everything `ordo status` shows.
@@ -132,7 +150,8 @@ fn seconds(row: &PgRow, column: &str) -> Result<Option<f64>> {
 
 /// Reads the outbox's state from the database behind `pool`, names the transactions holding a
 /// lane, and returns it all. Cheap on large tables while a sequencer keeps up (every query is
-/// bounded by the frontier or the log's cursor); probing a stall's holder takes up to 0.4 s.
+/// bounded by the frontier or the log's cursor). It only reads: a role with `SELECT` on the
+/// `ordo` schema is enough (add `pg_read_all_stats` to see other roles' states and queries).
 ///
 /// # Errors
 /// [`Error::Database`](crate::Error::Database) if a query fails (for instance, the schema is
@@ -189,6 +208,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
             seconds: Some(folded_late),
             holder: None,
             suspects: Vec::new(),
+            prepared: Vec::new(),
         });
     }
     Ok(OutboxStatus {
@@ -239,66 +259,52 @@ async fn subscriptions(
         .collect()
 }
 
-/// Names the transaction holding `hole`: a probe insert of a placeholder at the hole waits on
-/// the holder's uncommitted row, if it has one, and `pg_blocking_pids` names it. The probe is
-/// always rolled back.
+/// Names the transaction holding `hole`, without writing anything (a monitoring role may only
+/// read, and a probe write could collide with the very writer it looks for).
+///
+/// The transaction that drew `hole` keeps a lock on `ordo.events_sequence` until it ends, so
+/// while it lives it is one of the transactions holding that lock: one of them is the holder,
+/// and when there is only one it is named as such. No such transaction means the writer has
+/// already ended and the lane will prove the hole abandoned.
 async fn insert_stall(pool: &PgPool, hole: u64, stuck_for: f64) -> Result<Stall> {
-    let mut probe = pool.begin().await?;
-    let probe_pid: i32 = sqlx::query_scalar(sql::BACKEND_PID)
-        .fetch_one(&mut *probe)
+    let pids: Vec<i32> = sqlx::query_scalar(sql::SEQUENCE_DRAWERS)
+        .fetch_all(pool)
         .await?;
-    sqlx::query(sql::PROBE_LOCK_TIMEOUT)
-        .execute(&mut *probe)
-        .await?;
-    let blockers = {
-        let waiting = sqlx::query(sql::PROBE)
-            .bind(to_i64(hole))
-            .execute(&mut *probe);
-        let watching = async {
-            for _ in 0..30 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let blockers: Vec<i32> = sqlx::query_scalar(sql::BLOCKERS)
-                    .bind(probe_pid)
-                    .fetch_one(pool)
-                    .await?;
-                if !blockers.is_empty() {
-                    return Ok::<_, crate::Error>(blockers);
-                }
-            }
-            Ok(Vec::new())
-        };
-        let mut waiting = std::pin::pin!(waiting);
-        let blockers = tokio::select! {
-            // Not blocked: the holder has no row at the hole (yet, or ever).
-            _ = &mut waiting => Vec::new(),
-            blockers = watching => blockers?,
-        };
-        // Let the probe end (its lock timeout bounds the wait) before rolling it back.
-        let _ = waiting.await;
-        blockers
-    };
-    // Whatever the probe did, none of it may stay.
-    let _ = probe.rollback().await;
-
-    let holder = backends(pool, &blockers).await?.into_iter().next();
-    let suspects = if holder.is_some() {
-        Vec::new()
-    } else {
-        let pids: Vec<i32> = sqlx::query_scalar(sql::OPEN_WRITERS)
-            .bind(stuck_for)
-            .fetch_all(pool)
-            .await?;
-        backends(pool, &pids).await?
-    };
-    let reason = match &holder {
-        Some(backend) => format!(
-            "sequence {hole} is held by an open transaction (pid {}, {}) that has written it but not committed",
-            backend.pid, backend.state
+    let live = backends(pool, &pids).await?;
+    let prepared = prepared_drawers(pool).await?;
+    let candidates = live.len() + prepared.len();
+    let (holder, reason) = match (live.as_slice(), prepared.as_slice()) {
+        ([only], []) => (
+            Some(only.clone()),
+            format!(
+                "sequence {hole} is held by an open transaction that has not committed (pid {}, the only open transaction that has drawn an event sequence)",
+                only.pid
+            ),
         ),
-        None => format!(
-            "sequence {hole} was drawn by a transaction that has not written its row; it will be proven abandoned or committed"
+        ([], [only]) => (
+            None,
+            format!(
+                "sequence {hole} is held by prepared transaction {:?} (owner {}, prepared {} ago): finish it with COMMIT PREPARED or ROLLBACK PREPARED",
+                only.gid,
+                only.owner,
+                only.prepared_seconds
+                    .map_or("an unknown time".to_owned(), |s| format!("{s:.1}s"))
+            ),
+        ),
+        ([], []) => (
+            None,
+            format!(
+                "sequence {hole} has no row and no open transaction has drawn an event sequence: its writer ended without committing it, and a running ordo process (an Outbox, or `ordo fold`) will prove it abandoned and move on"
+            ),
+        ),
+        _ => (
+            None,
+            format!(
+                "sequence {hole} is held by one of the {candidates} open transactions that have drawn an event sequence (oldest first); which one cannot be told without writing"
+            ),
         ),
     };
+    let suspects = if holder.is_some() { Vec::new() } else { live };
     Ok(Stall {
         lane: "insert",
         reason,
@@ -306,7 +312,22 @@ async fn insert_stall(pool: &PgPool, hole: u64, stuck_for: f64) -> Result<Stall>
         seconds: Some(stuck_for),
         holder,
         suspects,
+        prepared,
     })
+}
+
+async fn prepared_drawers(pool: &PgPool) -> Result<Vec<PreparedTransaction>> {
+    let rows = sqlx::query(sql::PREPARED_DRAWERS).fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(PreparedTransaction {
+                gid: row.try_get("gid")?,
+                owner: row.try_get("owner")?,
+                transaction_id: row.try_get("transaction")?,
+                prepared_seconds: seconds(row, "prepared_age")?,
+            })
+        })
+        .collect()
 }
 
 async fn backends(pool: &PgPool, pids: &[i32]) -> Result<Vec<Backend>> {

@@ -89,10 +89,12 @@ where
     /// the background tasks. The schema must exist ([`migrate`](crate::migrate)).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::Database`] if the table
-    /// cannot be read (for instance, the schema was not migrated).
+    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::NotMigrated`] if the
+    /// schema does not exist; [`Error::SchemaTooNew`] if a newer ordo migrated it;
+    /// [`Error::Database`] if the table cannot be read.
     pub async fn new(pool: PgPool, config: OutboxConfig) -> Result<Self> {
         config.validate()?;
+        crate::migrate::check_schema_version(&pool).await?;
         let frontier = rows::initial_frontier(&pool).await?;
         let lane = Arc::new(LaneShared::new(
             pool.clone(),

@@ -94,51 +94,80 @@ impl Drop for TestDb {
     }
 }
 
-/// The server the tests run against.
+/// What to do without a server; printed once per test binary, not once per test.
+const NO_SERVER: &str = "ordo's tests need PostgreSQL 14+: set DATABASE_URL (for example \
+    postgres://postgres@127.0.0.1:5432/postgres, a role that may CREATE DATABASE), \
+    or start Docker so that testcontainers can run one";
+
+/// The server the tests run against. Without one, the first test to ask prints how to get one
+/// and every test fails with a one-line pointer to it.
 pub fn server_url() -> &'static str {
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => start_container(),
-    })
+    static URL: OnceLock<Option<String>> = OnceLock::new();
+    let url = URL.get_or_init(|| match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let started = start_container();
+            if let Err(why) = &started {
+                eprintln!("{why}");
+            }
+            started.ok()
+        }
+    });
+    match url {
+        Some(url) => url,
+        None => {
+            panic!("no PostgreSQL server for the tests: see the first failure for how to get one")
+        }
+    }
 }
 
-fn start_container() -> String {
+fn start_container() -> Result<String, String> {
     let docker = std::process::Command::new("docker")
         .arg("info")
         .output()
         .map(|out| out.status.success())
         .unwrap_or(false);
     if !docker {
-        panic!(
-            "ordo's tests need PostgreSQL 14+: set DATABASE_URL (for example \
-             postgres://postgres@127.0.0.1:5432/postgres, a role that may CREATE DATABASE), \
-             or start Docker so that testcontainers can run one"
-        );
+        return Err(NO_SERVER.to_owned());
     }
     let (sender, receiver) = std::sync::mpsc::channel();
     // The container lives as long as this thread, which parks for the rest of the test binary.
     std::thread::spawn(move || {
         use testcontainers_modules::postgres::Postgres;
         use testcontainers_modules::testcontainers::runners::AsyncRunner;
-        let runtime = tokio::runtime::Runtime::new().expect("a runtime for testcontainers");
+        let Ok(runtime) = tokio::runtime::Runtime::new() else {
+            let _ = sender.send(Err("no tokio runtime for testcontainers".to_owned()));
+            return;
+        };
         runtime.block_on(async move {
-            let container = Postgres::default()
-                .start()
-                .await
-                .expect("start a PostgreSQL container");
-            let port = container
-                .get_host_port_ipv4(5432)
-                .await
-                .expect("the container's port");
-            let _ = sender.send(format!(
+            let container = match Postgres::default().start().await {
+                Ok(container) => container,
+                Err(error) => {
+                    let _ = sender.send(Err(format!(
+                        "could not start a PostgreSQL container ({error}); {NO_SERVER}"
+                    )));
+                    return;
+                }
+            };
+            let port = match container.get_host_port_ipv4(5432).await {
+                Ok(port) => port,
+                Err(error) => {
+                    let _ = sender.send(Err(format!("the container's port: {error}")));
+                    return;
+                }
+            };
+            let _ = sender.send(Ok(format!(
                 "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
-            ));
+            )));
             std::future::pending::<()>().await;
             drop(container);
         });
     });
-    receiver.recv().expect("the container's URL")
+    receiver.recv().unwrap_or_else(|_| {
+        Err(format!(
+            "the testcontainers thread ended early; {NO_SERVER}"
+        ))
+    })
 }
 
 /// `url` with its database name replaced by `name`.
