@@ -53,11 +53,9 @@ ORDER BY s.name
 
 /// A probe for the holder of a hole: a placeholder insert that waits on the holder's row if it
 /// has one. Run in a transaction that is always rolled back, under a short lock timeout.
-pub(super) const PROBE: &str = r#"
-INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
-VALUES (NULL, $1, gen_random_uuid(), NULL, '{}'::jsonb)
-ON CONFLICT (sequence) DO NOTHING
-"#;
+/// Through the placeholder function, the one way a writer role may write a placeholder; a role
+/// without EXECUTE on it (a reader) gets an error, and the stall names suspects instead.
+pub(super) const PROBE: &str = "SELECT ordo.fill_placeholders($1, $1)";
 
 pub(super) const PROBE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '400ms'";
 
