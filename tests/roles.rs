@@ -448,6 +448,38 @@ async fn a_reader_runs_status_and_listens_with_the_sequencer_off_but_cannot_publ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_status_reports_a_stall_it_may_not_probe() {
+    let roles = Roles::new(1_000_000).await;
+    let writer = roles.pool_as(&roles.writer, 2).await;
+    let reader = roles.pool_as(&roles.reader, 2).await;
+    // A writer draws a sequence and holds its transaction open without writing the row; an
+    // event commits above it.
+    let mut holder = writer.begin().await.expect("begin");
+    sqlx::query("SELECT pg_current_xact_id(), nextval('ordo.events_sequence')")
+        .execute(&mut *holder)
+        .await
+        .expect("draw");
+    sqlx::query("INSERT INTO ordo.events (payload) VALUES ('{\"writer\": 1, \"n\": 1}')")
+        .execute(&writer)
+        .await
+        .expect("publish above the hole");
+    // The reader's probe of the holder is refused at once (no EXECUTE on the placeholder
+    // function); status still reports the stall.
+    let stalled = eventually(PATIENCE, || async {
+        let status = ordo::status(&reader).await.expect("a reader reads status");
+        status
+            .stalls
+            .iter()
+            .any(|stall| stall.lane == "insert" && stall.holder.is_none())
+    })
+    .await;
+    assert!(stalled, "the stall on sequence 1 was not reported");
+    holder.rollback().await.expect("rollback");
+    writer.close().await;
+    reader.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_are_idempotent_bind_odd_names_and_refuse_unrestrictable_roles() {
     let mut roles = Roles::new(1_000_000).await;
     let grants = Grants::writer(&roles.writer).and(Grants::reader(&roles.reader));
