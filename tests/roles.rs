@@ -673,6 +673,32 @@ async fn a_forged_row_above_the_head_is_reported_not_filled_up_to() {
         vec![forged]
     );
     assert!(ordo::status_table(&status).contains("rows above the sequence head"));
+
+    // The operator deletes the row and writers draw past its sequence: the real event there is
+    // delivered, not the forged row the lane once read.
+    sqlx::query("DELETE FROM ordo.events WHERE sequence = $1")
+        .bind(forged)
+        .execute(&db.pool)
+        .await
+        .expect("delete the forged row");
+    sqlx::query("SELECT setval('ordo.events_sequence', $1 - 1)")
+        .bind(forged)
+        .execute(&db.pool)
+        .await
+        .expect("move the head to below the forged sequence");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 4, n: 0 }).expect("publish");
+    tx.commit()
+        .await
+        .expect("the publish at the forged sequence");
+    // Everything between the old head and the forged sequence is a hole to fill.
+    let event = tokio::time::timeout(PATIENCE, inserted.next())
+        .await
+        .expect("delivered")
+        .expect("open")
+        .expect("event");
+    assert_eq!(event.sequence.get() as i64, forged);
+    assert_eq!(event.payload, Note { writer: 4, n: 0 });
     outbox.shutdown().await;
 }
 

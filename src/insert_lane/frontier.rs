@@ -282,6 +282,16 @@ where
     /// it writes no placeholder that a later publish would collide with.
     fn rows_above_head(&mut self, head: u64, rows: &[(u64, uuid::Uuid)]) {
         self.above_head = Some(head);
+        // Forget them: an operator may delete them, and a writer later commit a real row at
+        // the same sequence, which must then be read, not the forged row held here. Rows above
+        // the head are read again once writers have drawn up to them.
+        if self.frontier >= head {
+            self.pending.retain(|sequence, _| *sequence <= head);
+            self.known_head = head;
+            // Nothing is waited on below the head: the next look is an idle one, which reads
+            // the head and fetches nothing until it moves.
+            self.hole = None;
+        }
         let new: Vec<String> = rows
             .iter()
             .filter(|(sequence, _)| *sequence > self.reported_above)
