@@ -179,6 +179,19 @@ pub enum Error {
         /// Its last handler error, if any.
         last_error: Option<String>,
     },
+
+    /// [`grant`](crate::grant) refused a role: it does not exist, privileges cannot restrict
+    /// it (a superuser, or the owner of ordo's tables), or ordo's owner is a superuser (an
+    /// operator would become one). The database's message and hint are in `reason`.
+    #[error("cannot make role {role:?} an ordo {kind}: {reason}")]
+    Grant {
+        /// The role named.
+        role: String,
+        /// `writer`, `reader` or `operator`.
+        kind: &'static str,
+        /// Why, and what to do.
+        reason: String,
+    },
 }
 
 /// Every database error converts here, so that the one that means "not migrated" says so

@@ -44,6 +44,9 @@
 //!   behind each consumer is; [`metrics`] lists the metrics emitted through the `metrics`
 //!   facade; [`run_retention`] drops old partitions of events with their log entries. The `ordo` CLI
 //!   (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a figure is bad.
+//! - **Roles**: [`grant`] gives an application role only what it needs ([`Grants::writer`]:
+//!   it cannot write `sequence` or `commit_xid`, nor create partitions), a read-only role
+//!   ([`Grants::reader`]) and an operator ([`Grants::operator`], partitions and retention).
 //!
 //! ## What the commit order is, and is not
 //!
@@ -145,6 +148,7 @@ pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
+pub use ops::grants::{Grants, RoleKind, grant};
 pub use ops::metrics;
 #[doc(hidden)]
 pub use ops::plans::{HotStatement, hot_path_statements};

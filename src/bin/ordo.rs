@@ -9,6 +9,7 @@
 //! ordo subscriptions [--json]                    list durable subscriptions
 //! ordo subscriptions resume|pause NAME
 //! ordo subscriptions reset NAME [--to POSITION]
+//! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
@@ -57,6 +58,23 @@ enum Command {
     Status(StatusArgs),
     /// Show the partitions and what retention would do; `--apply` does it.
     Retention(RetentionArgs),
+    /// Grant roles what an ordo writer, reader or operator needs (idempotent).
+    Grant(GrantArgs),
+}
+
+#[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("roles").required(true).multiple(true))]
+struct GrantArgs {
+    /// An application role: publishes and runs an Outbox (lanes, sequencer, subscriptions);
+    /// may not set `sequence` or `commit_xid`, nor create partitions.
+    #[arg(long, value_name = "ROLE", group = "roles")]
+    writer: Vec<String>,
+    /// A read-only role: status, tail, listeners with the sequencer off.
+    #[arg(long, value_name = "ROLE", group = "roles")]
+    reader: Vec<String>,
+    /// An operator: partitions, retention, subscription admin (a member of ordo's owner).
+    #[arg(long, value_name = "ROLE", group = "roles")]
+    operator: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -219,6 +237,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Subscriptions(args) => subscriptions(pool, args).await,
         Command::Status(args) => status(pool, args).await,
         Command::Retention(args) => retention(pool, args).await,
+        Command::Grant(args) => grant(pool, args).await,
     }
 }
 
@@ -249,6 +268,21 @@ async fn connect(url: &str, timeout: f64) -> Result<PgPool, Box<dyn std::error::
         )
         .into()),
     }
+}
+
+async fn grant(pool: PgPool, args: GrantArgs) -> CliResult {
+    let grants = args
+        .writer
+        .iter()
+        .map(ordo::Grants::writer)
+        .chain(args.reader.iter().map(ordo::Grants::reader))
+        .chain(args.operator.iter().map(ordo::Grants::operator))
+        .fold(ordo::Grants::default(), ordo::Grants::and);
+    ordo::grant(&pool, &grants).await?;
+    for (kind, role) in grants.roles() {
+        eprintln!("ordo: {role} is an ordo {}", kind.as_str());
+    }
+    Ok(())
 }
 
 async fn tail(pool: PgPool, args: TailArgs) -> CliResult {

@@ -49,6 +49,11 @@ pub(crate) struct FrontierTask<P> {
     known_head: u64,
     hole: Option<Hole>,
     resolver: Option<(u64, JoinHandle<Result<Resolution>>)>,
+    /// The sequence head at which the rows blocking the frontier were all found above it (a
+    /// broken schema contract). No resolver runs until the head moves past it.
+    above_head: Option<u64>,
+    /// The highest row above the head already reported, so each is logged once.
+    reported_above: u64,
     next_poll: Instant,
     error_backoff: Duration,
 }
@@ -75,6 +80,8 @@ where
             known_head: frontier,
             hole: None,
             resolver: None,
+            above_head: None,
+            reported_above: 0,
             next_poll,
             error_backoff: ERROR_BACKOFF,
         }
@@ -111,6 +118,7 @@ where
                 done = wait_resolver(&mut self.resolver) => {
                     self.resolver = None;
                     match done {
+                        Ok(Ok(Resolution::AboveHead { head, rows })) => self.rows_above_head(head, &rows),
                         Ok(Ok(resolution)) => tracing::debug!(?resolution, "hole resolved"),
                         Ok(Err(error)) => tracing::warn!(%error, "resolving a hole failed; will retry"),
                         Err(error) if error.is_cancelled() => {}
@@ -153,6 +161,12 @@ where
     /// sequence head when idle.
     async fn look(&mut self) -> Result<()> {
         let pool = &self.shared.pool;
+        if let Some(head) = self.above_head
+            && rows::head(pool).await? > head
+        {
+            // Writers have drawn more: the holes below the new head can be resolved again.
+            self.above_head = None;
+        }
         if self.hole.is_none() && self.known_head <= self.max_known() {
             self.known_head = self.known_head.max(rows::head(pool).await?);
             if self.known_head <= self.max_known() {
@@ -241,7 +255,7 @@ where
         let outlived_grace = now.duration_since(hole.since) >= self.config.gap_grace;
         // Only a hole with a committed row above it blocks anyone; a hole at the top is left to
         // its writer until something commits above it.
-        if blocked && outlived_grace && self.resolver.is_none() {
+        if blocked && outlived_grace && self.resolver.is_none() && self.above_head.is_none() {
             let upto = self.known_head.max(self.max_known());
             let resolver = Resolver {
                 pool: self.shared.pool.clone(),
@@ -260,6 +274,42 @@ where
         }
         if due {
             self.schedule(poll);
+        }
+    }
+
+    /// The frontier waits on a hole above the sequence head, behind rows no publish wrote.
+    /// They are reported, once each, and left alone: the lane fills nothing above the head, so
+    /// it writes no placeholder that a later publish would collide with.
+    fn rows_above_head(&mut self, head: u64, rows: &[(u64, uuid::Uuid)]) {
+        self.above_head = Some(head);
+        // Forget them: an operator may delete them, and a writer later commit a real row at
+        // the same sequence, which must then be read, not the forged row held here. Rows above
+        // the head are read again once writers have drawn up to them.
+        if self.frontier >= head {
+            self.pending.retain(|sequence, _| *sequence <= head);
+            self.known_head = head;
+            // Nothing is waited on below the head: the next look is an idle one, which reads
+            // the head and fetches nothing until it moves.
+            self.hole = None;
+        }
+        let new: Vec<String> = rows
+            .iter()
+            .filter(|(sequence, _)| *sequence > self.reported_above)
+            .map(|(sequence, id)| format!("sequence {sequence} (id {id})"))
+            .collect();
+        if let Some((highest, _)) = rows.last() {
+            self.reported_above = self.reported_above.max(*highest);
+        }
+        if !new.is_empty() {
+            tracing::warn!(
+                head,
+                rows = %new.join(", "),
+                "ordo.events has rows above the sequence head that no publish wrote (inserted \
+                 with an explicit sequence, or the sequence was set back); the insert lane waits \
+                 at the head instead of filling placeholders up to them, and a publish that \
+                 draws one of their sequences will fail with a duplicate key: delete the rows, \
+                 or move the sequence past them with setval"
+            );
         }
     }
 

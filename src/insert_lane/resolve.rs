@@ -18,7 +18,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::rows::to_i64;
+use super::rows::{self, to_i64};
 use crate::error::Result;
 
 pub(crate) const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
@@ -32,22 +32,29 @@ SELECT NOT EXISTS (
 )
 "#;
 
-/// Placeholders for every sequence of `[$1, $2]` that has no row. Explicit NULLs: a placeholder
-/// belongs to no transaction, not to the one writing it.
-pub(crate) const FILL: &str = r#"
-INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
-SELECT NULL, s, gen_random_uuid(), NULL, '{}'::jsonb
-FROM generate_series($1::bigint, $2::bigint) AS s
-ON CONFLICT (sequence) DO NOTHING
-"#;
+/// Placeholders for every sequence of `[$1, $2]` that has no row, at or below the sequence
+/// head. Through a `SECURITY DEFINER` function (migration `20261130000200_roles`): a writer role
+/// may not write `sequence` or `commit_xid` itself, and the function writes nothing above the
+/// head and never over a row. Its placeholders belong to no transaction (NULL `commit_xid`).
+pub(crate) const FILL: &str = "SELECT ordo.fill_placeholders($1, $2)";
 
 /// How the resolution ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Resolution {
     /// Every writer of the range has ended; placeholders written where rows were missing.
     Proven { filled: u64 },
     /// The proof was held up past the timeout; placeholders written under conflict checks.
     TimedOut { filled: u64 },
+    /// Nothing to resolve: the hole is above the sequence head, so no transaction has drawn it
+    /// yet, and the rows that made it look like a hole are above the head too. Such rows break
+    /// the schema contract (they were inserted with an explicit `sequence`, or the sequence was
+    /// set back); filling up to them would take sequences that later publishes draw.
+    AboveHead {
+        /// The sequence head when the hole was looked at.
+        head: u64,
+        /// The first rows above the head: (sequence, id).
+        rows: Vec<(u64, uuid::Uuid)>,
+    },
 }
 
 pub(crate) struct Resolver {
@@ -61,6 +68,15 @@ impl Resolver {
     /// Resolves every hole in `[from, upto]`. The caller guarantees each of those sequences was
     /// drawn before this call.
     pub(crate) async fn resolve(&self, from: u64, upto: u64) -> Result<Resolution> {
+        // Read before the snapshot: every sequence at or below it was drawn before the snapshot.
+        // A legitimate row is never above it (its writer drew it before inserting), so the
+        // range is cut there and a forged row cannot make the lane fill sequences nobody drew.
+        let head = rows::head(&self.pool).await?;
+        let upto = upto.min(head);
+        if from > upto {
+            let rows = rows::rows_above(&self.pool, head).await?;
+            return Ok(Resolution::AboveHead { head, rows });
+        }
         let snapshot: String = sqlx::query_scalar(SNAPSHOT).fetch_one(&self.pool).await?;
         let deadline = Instant::now() + self.timeout;
         let mut poll = self.poll;
@@ -88,14 +104,15 @@ impl Resolver {
     }
 
     async fn fill(&self, from: u64, upto: u64) -> Result<u64> {
-        let done = sqlx::query(FILL)
+        let filled: i64 = sqlx::query_scalar(FILL)
             .bind(to_i64(from))
             .bind(to_i64(upto))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
+        let filled = rows::to_u64(filled);
         // Counted here, not when the frontier task joins the resolver: the frontier may pass
         // the hole (seeing the placeholder) and drop the resolver's result unread.
-        metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(done.rows_affected());
-        Ok(done.rows_affected())
+        metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(filled);
+        Ok(filled)
     }
 }

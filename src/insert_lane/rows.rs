@@ -55,6 +55,12 @@ SELECT CASE
 END
 "#;
 
+/// The first rows above the sequence head. A legitimate row never is: its writer drew its
+/// sequence before inserting it.
+const ABOVE_HEAD: &str = r#"
+SELECT sequence, id FROM ordo.events WHERE sequence > $1 ORDER BY sequence LIMIT 10
+"#;
+
 /// Every position at or below the sequencer's cursor is resolved, so the start-up scan for
 /// the frontier begins there instead of at the first event.
 pub(crate) const RESOLVED_FLOOR: &str = "SELECT logged_through_sequence FROM ordo.sequencer_state";
@@ -178,6 +184,16 @@ pub(crate) async fn retention_floors(pool: &PgPool) -> Result<(u64, u64)> {
 pub(crate) async fn head(pool: &PgPool) -> Result<u64> {
     let head: i64 = sqlx::query_scalar(HEAD).fetch_one(pool).await?;
     Ok(to_u64(head))
+}
+
+/// Up to ten rows above `head` (the sequence head), as (sequence, id): rows that break the
+/// schema contract, inserted with an explicit `sequence` or left by a sequence set back.
+pub(crate) async fn rows_above(pool: &PgPool, head: u64) -> Result<Vec<(u64, Uuid)>> {
+    let rows: Vec<(i64, Uuid)> = sqlx::query_as(ABOVE_HEAD)
+        .bind(to_i64(head))
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(s, id)| (to_u64(s), id)).collect())
 }
 
 /// The insert lane's frontier as the table shows it: the end of the contiguous run of rows

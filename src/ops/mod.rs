@@ -1,5 +1,6 @@
 //! Operations: see and steer a running outbox.
 
+pub(crate) mod grants;
 pub mod metrics;
 pub(crate) mod plans;
 pub(crate) mod render;

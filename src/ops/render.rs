@@ -107,6 +107,14 @@ pub fn status_table(status: &OutboxStatus) -> String {
             );
         }
     }
+    if let Some(first) = status.rows_above_head.first() {
+        let _ = writeln!(
+            out,
+            "\nrows above the sequence head {}: {} (first {first}); no publish wrote them: delete them, or setval ordo.events_sequence past them",
+            status.sequence_head,
+            status.rows_above_head.len()
+        );
+    }
     let _ = writeln!(out);
     if status.stalls.is_empty() {
         let _ = writeln!(out, "no stalls");

@@ -139,6 +139,12 @@ pub struct OutboxStatus {
     pub subscriptions: Vec<SubscriptionLag>,
     /// What holds a lane back, with the transaction responsible where it can be named.
     pub stalls: Vec<Stall>,
+    /// Rows above [`sequence_head`](Self::sequence_head) (the first ten): rows no publish
+    /// wrote, inserted with an explicit `sequence` (or left by a sequence set back). They break
+    /// the schema contract: the insert lane waits at the head rather than fill placeholders up
+    /// to them, and a publish that draws one of their sequences fails with a duplicate key.
+    /// Delete them, or move `ordo.events_sequence` past them with `setval`. Normally empty.
+    pub rows_above_head: Vec<EventSequence>,
 }
 
 /// Below this, a wait is a transaction committing out of order, not a stall worth naming.
@@ -190,10 +196,27 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
     let sequencer_idle_seconds =
         idle.map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
 
+    let rows_above_head = rows_above_head(pool, sequence_head, committed_head).await?;
     let mut stalls = Vec::new();
     let stuck_for = insert_lane.seconds.unwrap_or(0.0);
     if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
-        stalls.push(insert_stall(pool, frontier + 1, stuck_for).await?);
+        if frontier >= sequence_head && !rows_above_head.is_empty() {
+            // Nobody holds the hole: no transaction has drawn it yet.
+            stalls.push(Stall {
+                lane: "insert",
+                reason: format!(
+                    "rows above the sequence head {sequence_head} (first: {}) were not written by a publish; the lane waits for writers to draw up to them",
+                    rows_above_head[0]
+                ),
+                waiting_on: Some(EventSequence::new(frontier + 1)),
+                seconds: Some(stuck_for),
+                holder: None,
+                suspects: Vec::new(),
+                prepared: Vec::new(),
+            });
+        } else {
+            stalls.push(insert_stall(pool, frontier + 1, stuck_for).await?);
+        }
     }
     let folded_late = commit_lane.seconds.unwrap_or(0.0);
     if commit_lane.events > 0 && folded_late >= 1.0 {
@@ -228,7 +251,25 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         commit_lane,
         subscriptions,
         stalls,
+        rows_above_head,
     })
+}
+
+/// Rows above the sequence head, which no legitimate writer leaves (it draws its sequence
+/// before inserting). Free unless the highest committed row is above the head.
+async fn rows_above_head(
+    pool: &PgPool,
+    sequence_head: u64,
+    committed_head: u64,
+) -> Result<Vec<EventSequence>> {
+    if committed_head <= sequence_head {
+        return Ok(Vec::new());
+    }
+    let rows = crate::insert_lane::rows::rows_above(pool, sequence_head).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(sequence, _)| EventSequence::new(sequence))
+        .collect())
 }
 
 async fn subscriptions(

@@ -2,14 +2,17 @@
 
 /// Inserts a transaction's buffered events in one statement.
 ///
-/// The transaction id is obtained in a subquery the rows are joined to, so it is assigned
-/// before the first `nextval`: every sequence this statement draws belongs to a transaction that
-/// already had an xid, which is what the insert lane's abandonment proof needs.
+/// It names only the columns a writer role may insert (`id`, `payload`, `headers`; see
+/// `ordo.grant_writer`): `commit_xid`, `sequence` and `recorded_at` come from the column
+/// defaults. `commit_xid` is declared before `sequence`, and PostgreSQL evaluates the defaults
+/// of a row in column order, so the transaction id is assigned before the row's `nextval`:
+/// every sequence this statement draws belongs to a transaction that already had an xid, which
+/// is what the insert lane's abandonment proof needs (`tests/roles.rs` checks it). The rows
+/// draw their sequences in `ord` order, so events keep the order they were published in.
 pub(crate) const INSERT_EVENTS: &str = r#"
-INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
-SELECT tx.xid, nextval('ordo.events_sequence'), e.id, e.payload::jsonb, e.headers::jsonb
-FROM (SELECT pg_current_xact_id()::text::bigint AS xid) AS tx
-CROSS JOIN unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS e(id, payload, headers, ord)
+INSERT INTO ordo.events (id, payload, headers)
+SELECT e.id, e.payload::jsonb, e.headers::jsonb
+FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS e(id, payload, headers, ord)
 ORDER BY e.ord
 RETURNING id, sequence, commit_xid, recorded_at
 "#;
