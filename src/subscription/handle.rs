@@ -97,7 +97,12 @@ impl SubscriptionHandle {
     /// The subscription's current status, with its lag against this process's view of the
     /// lane head.
     pub fn status(&self) -> SubscriptionStatus {
-        let mut status = self.status.borrow().clone();
+        self.with_lag(&self.status.borrow())
+    }
+
+    /// `status` with its lag against this process's view of the lane head.
+    fn with_lag(&self, status: &SubscriptionStatus) -> SubscriptionStatus {
+        let mut status = status.clone();
         let head = match status.ordering {
             Ordering::Insert => *self.heads.insert.borrow(),
             Ordering::Commit => self.heads.commit.head(),
@@ -106,17 +111,36 @@ impl SubscriptionHandle {
         status
     }
 
-    /// Waits until the status satisfies `condition`, or `limit` passes; returns the last status
-    /// seen and whether the condition held.
+    /// Waits until the status (as [`status`](Self::status) reports it, lag included)
+    /// satisfies `condition`, or `limit` passes; returns the last status seen and whether the
+    /// condition held. The condition is evaluated again whenever the runner's state or the
+    /// lane's head changes.
+    ///
+    /// To wait for what a writer committed, prefer
+    /// [`Outbox::wait_for_subscription`](crate::Outbox::wait_for_subscription): it is keyed by
+    /// the sequences `commit()` returned and works from any process.
     pub async fn wait_for(
         &self,
         limit: Duration,
         mut condition: impl FnMut(&SubscriptionStatus) -> bool,
     ) -> (SubscriptionStatus, bool) {
         let mut changes = self.status.clone();
-        let held = tokio::time::timeout(limit, changes.wait_for(|s| condition(s))).await;
-        let held = matches!(held, Ok(Ok(_)));
-        (self.status(), held)
+        let mut insert_head = self.heads.insert.clone();
+        let mut commit_head = self.heads.commit.head.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let current = self.with_lag(&changes.borrow_and_update());
+            if condition(&current) {
+                return (current, true);
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { break },
+                _ = insert_head.changed() => {}
+                _ = commit_head.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        (self.status(), false)
     }
 
     /// Stops the runner gracefully: the event in hand is finished and checkpointed, the lease
