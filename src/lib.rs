@@ -131,7 +131,7 @@ mod task;
 mod write;
 
 pub use commit_lane::listener::CommitStream;
-pub use config::OutboxConfig;
+pub use config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
@@ -139,7 +139,7 @@ pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::metrics;
 pub use ops::render::{prometheus_text, status_table};
 pub use ops::retention::{
-    PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
+    MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
 };
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, Stall, SubscriptionLag, status};
 pub use ops::trace::TRACEPARENT;
