@@ -703,3 +703,122 @@ async fn creating_many_partitions_ahead_holds_a_writer_for_one_step_at_most_not_
         "a single insert waited {longest:?} during a run of {run:?}"
     );
 }
+
+/// Counts the maintainer's warnings that its role may not run DDL, and its quiet retries.
+#[derive(Default)]
+struct DeniedLog {
+    warnings: std::sync::atomic::AtomicUsize,
+    retries: std::sync::atomic::AtomicUsize,
+}
+
+struct DeniedLayer(Arc<DeniedLog>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DeniedLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let counter = if message.0.contains("may not create or drop partitions") {
+            &self.0.warnings
+        } else if message.0.contains("still not allowed") {
+            &self.0.retries
+        } else {
+            return;
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_delivering() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tracing_subscriber::layer::SubscriberExt;
+    let log = Arc::new(DeniedLog::default());
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(DeniedLayer(Arc::clone(&log))),
+    )
+    .expect("the only global subscriber of this binary");
+
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // An application role: it may read and write ordo's tables, not own them.
+    let role = format!("ordo_app_{}", uuid::Uuid::new_v4().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA ordo TO {role}"),
+        format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ordo TO {role}"),
+        format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ordo TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&db.pool)
+            .await
+            .expect("the application role");
+    }
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let app_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.username(&role))
+        .await
+        .expect("connect as the application role");
+    let config = OutboxConfig::default().maintenance_interval(Duration::from_millis(200));
+    let outbox = Outbox::<Note>::new(app_pool.clone(), config)
+        .await
+        .expect("outbox");
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    // Past the three partitions the migration made: the maintainer tries, is refused, and
+    // the writes land in the default partition.
+    for n in 0..40u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..10).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    for expected in 1..=400u64 {
+        let item = committed.next().await.expect("item").expect("event");
+        assert_eq!(item.commit_sequence.get(), expected);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            log.warnings.load(Relaxed) > 0
+        })
+        .await,
+        "the maintainer says its role may not create partitions"
+    );
+    // Several refused runs later, it has not said it again.
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            log.retries.load(Relaxed) >= 3
+        })
+        .await,
+        "the maintainer goes on trying at its interval"
+    );
+    assert_eq!(log.warnings.load(Relaxed), 1);
+    let report = ordo::plan_retention(&app_pool, &RetentionConfig::new())
+        .await
+        .expect("plan");
+    assert_eq!(report.default_rows, 100, "{report:#?}");
+    assert!(report.warning.is_some(), "{report:#?}");
+
+    // An operator role folds them; nothing is lost.
+    let folded = run_retention(&db.pool, &RetentionConfig::new())
+        .await
+        .expect("retention as the owner");
+    assert_eq!(folded.folded, vec!["events_301".to_owned()], "{folded:#?}");
+    outbox.shutdown().await;
+    app_pool.close().await;
+    let owned = format!("DROP OWNED BY {role}");
+    let _ = sqlx::query(sqlx::AssertSqlSafe(owned))
+        .execute(&db.pool)
+        .await;
+    drop(db);
+    let admin = PgPool::connect(common::server_url()).await.expect("admin");
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
+        .execute(&admin)
+        .await;
+}

@@ -59,7 +59,9 @@ pub(crate) async fn maintain(
             match outcome {
                 Ok(report) => watch.ran(&report, create),
                 Err(error) if sqlstate(&error).as_deref() == Some(INSUFFICIENT_PRIVILEGE) => {
-                    if !watch.denied {
+                    if watch.denied {
+                        tracing::debug!("partition maintenance still not allowed for this role");
+                    } else {
                         tracing::warn!(
                             %error,
                             "this outbox's database role may not create or drop partitions of ordo.events: \
