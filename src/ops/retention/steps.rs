@@ -109,8 +109,9 @@ pub(super) enum Extended {
     Created(String),
     /// The partitions reach far enough above the head.
     Enough,
-    /// The default partition holds rows below the range partitions: only an operator can place
-    /// them (they were inserted with explicit sequences below the retention floor).
+    /// The default partition holds rows both below and above where the range partitions end:
+    /// it cannot become one range partition, and only an operator can place the rows below
+    /// (they were inserted with explicit sequences under the retention floor).
     CannotFold(String),
 }
 
@@ -122,7 +123,9 @@ async fn extend(conn: &mut PgConnection, config: &RetentionConfig) -> Result<Ext
     let (head, size) = plan::head_and_size(&mut tx).await?;
     let top = plan::partitions(&mut tx).await?.last().map_or(1, |b| b.to);
     let waiting = plan::default_rows(&mut tx).await?;
-    if waiting.rows > 0 {
+    // Rows below the range partitions (written with explicit sequences under the floor) are
+    // not the maintainer's to place; they do not stop it from extending above them.
+    if waiting.high.is_some_and(|high| high >= top) {
         let done = fold(&mut tx, top, size).await?;
         if let Extended::Folded(_) = done {
             tx.commit().await?;
