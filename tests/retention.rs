@@ -747,12 +747,17 @@ async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_d
     .expect("the only global subscriber of this binary");
 
     let db = TestDb::with_partition_size(Some(100)).await;
-    // An application role: it may read and write ordo's tables, not own them.
+    // An application role: it may read and write ordo's tables (the partitioned parents, not
+    // their partitions, not the seals), not own them.
     let role = format!("ordo_app_{}", uuid::Uuid::new_v4().simple());
     for statement in [
         format!("CREATE ROLE {role} LOGIN"),
         format!("GRANT USAGE ON SCHEMA ordo TO {role}"),
-        format!("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA ordo TO {role}"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE ON ordo.events, ordo.commit_log, ordo.sequencer_state,
+             ordo.subscriptions, ordo.dead_letters TO {role}"
+        ),
+        format!("GRANT SELECT ON ordo.partitioning TO {role}"),
         format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ordo TO {role}"),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(statement))

@@ -299,7 +299,7 @@ async fn look(
         dropping &= info.drop;
         partitions.push(info);
     }
-    let default = plan::default_rows(conn).await?;
+    let default = plan::default_rows(conn, &snapshot.bounds).await?;
     let covered_until = snapshot.top();
     let ahead = plan::partitions_ahead(&snapshot.bounds, snapshot.head);
     Ok(RetentionReport {

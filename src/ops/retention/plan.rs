@@ -87,9 +87,27 @@ pub(super) async fn partitions(conn: &mut PgConnection) -> Result<Vec<Bound>> {
     Ok(bounds)
 }
 
-/// The rows in the default partition.
-pub(super) async fn default_rows(conn: &mut PgConnection) -> Result<DefaultRows> {
-    let row = sqlx::query(sql::DEFAULT_ROWS).fetch_one(&mut *conn).await?;
+/// The rows in the default partition of `ordo.events`, whose range partitions are `bounds`.
+pub(super) async fn default_rows(conn: &mut PgConnection, bounds: &[Bound]) -> Result<DefaultRows> {
+    let top = to_i64(bounds.last().map_or(0, |b| b.to));
+    let query = match bounds.first().and_then(|b| b.from) {
+        None => sqlx::query(sql::DEFAULT_ROWS_ABOVE).bind(top),
+        Some(low) => sqlx::query(sql::DEFAULT_ROWS_OUTSIDE)
+            .bind(top)
+            .bind(to_i64(low)),
+    };
+    rows_of(&query.fetch_one(&mut *conn).await?)
+}
+
+/// The rows of the default partition that a fold has just detached.
+pub(super) async fn detached_rows(conn: &mut PgConnection) -> Result<DefaultRows> {
+    let row = sqlx::query(sql::DETACHED_ROWS)
+        .fetch_one(&mut *conn)
+        .await?;
+    rows_of(&row)
+}
+
+fn rows_of(row: &sqlx::postgres::PgRow) -> Result<DefaultRows> {
     let low: Option<i64> = row.try_get("low")?;
     let high: Option<i64> = row.try_get("high")?;
     Ok(DefaultRows {
@@ -170,8 +188,19 @@ pub(super) async fn record_seals(conn: &mut PgConnection, snapshot: &Snapshot) -
 }
 
 /// How long ago each partition (by upper bound) was first seen sealed, in seconds.
+///
+/// A role that may not read the seals (an application role watching, with maintenance off)
+/// sees none: every partition then counts as sealed just now, so a plan drops nothing.
 pub(super) async fn seal_ages(conn: &mut PgConnection) -> Result<HashMap<u64, f64>> {
-    let rows = sqlx::query(sql::SEAL_AGES).fetch_all(&mut *conn).await?;
+    let rows = match sqlx::query(sql::SEAL_AGES).fetch_all(&mut *conn).await {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(error))
+            if error.code().as_deref() == Some(super::INSUFFICIENT_PRIVILEGE) =>
+        {
+            return Ok(HashMap::new());
+        }
+        Err(error) => return Err(error.into()),
+    };
     rows.iter()
         .map(|row| Ok((to_u64(row.try_get("upper_bound")?), row.try_get("age")?)))
         .collect()

@@ -27,8 +27,22 @@ SELECT s.name, s.lane, s.position,
 FROM ordo.subscriptions AS s
 "#;
 
-/// The rows that landed in the default partition because no range partition covered them.
-pub(super) const DEFAULT_ROWS: &str = r#"
+/// The rows in the default partition, read through the parent (a role may read `ordo.events`
+/// without any right on its partitions): the range partitions are contiguous, so the default
+/// holds exactly the rows at or above their end (`$1`) ...
+pub(super) const DEFAULT_ROWS_ABOVE: &str = r#"
+SELECT count(*) AS rows, min(sequence) AS low, max(sequence) AS high
+FROM ordo.events WHERE sequence >= $1
+"#;
+
+/// ... and, once the first partition (from `MINVALUE`) was dropped, below their start (`$2`).
+pub(super) const DEFAULT_ROWS_OUTSIDE: &str = r#"
+SELECT count(*) AS rows, min(sequence) AS low, max(sequence) AS high
+FROM ordo.events WHERE sequence >= $1 OR sequence < $2
+"#;
+
+/// The rows of the default partition after a fold detached it (by the owner, who may read it).
+pub(super) const DETACHED_ROWS: &str = r#"
 SELECT count(*) AS rows, min(sequence) AS low, max(sequence) AS high FROM ordo.events_default
 "#;
 

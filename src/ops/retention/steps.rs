@@ -121,8 +121,9 @@ pub(super) enum Extended {
 async fn extend(conn: &mut PgConnection, config: &RetentionConfig) -> Result<Extended> {
     let mut tx = begin(conn).await?;
     let (head, size) = plan::head_and_size(&mut tx).await?;
-    let top = plan::partitions(&mut tx).await?.last().map_or(1, |b| b.to);
-    let waiting = plan::default_rows(&mut tx).await?;
+    let bounds = plan::partitions(&mut tx).await?;
+    let top = bounds.last().map_or(1, |b| b.to);
+    let waiting = plan::default_rows(&mut tx, &bounds).await?;
     // Rows below the range partitions (written with explicit sequences under the floor) are
     // not the maintainer's to place; they do not stop it from extending above them.
     if waiting.high.is_some_and(|high| high >= top) {
@@ -155,7 +156,7 @@ async fn fold(tx: &mut PgConnection, top: u64, size: u64) -> Result<Extended> {
         .execute(&mut *tx)
         .await?;
     // Detached and locked: nobody adds a row now, so these reads are final.
-    let rows = plan::default_rows(tx).await?;
+    let rows = plan::detached_rows(tx).await?;
     let (head, _) = plan::head_and_size(tx).await?;
     if let Some(low) = rows.low.filter(|low| *low < top) {
         return Ok(Extended::CannotFold(format!(
