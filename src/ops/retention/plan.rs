@@ -99,12 +99,12 @@ pub(super) async fn default_rows(conn: &mut PgConnection, bounds: &[Bound]) -> R
     rows_of(&query.fetch_one(&mut *conn).await?)
 }
 
-/// The rows of the default partition that a fold has just detached.
-pub(super) async fn detached_rows(conn: &mut PgConnection) -> Result<DefaultRows> {
-    let row = sqlx::query(sql::DETACHED_ROWS)
+/// The lowest and highest sequence in the default partition that a fold has just detached.
+pub(super) async fn detached_range(conn: &mut PgConnection) -> Result<(Option<u64>, Option<u64>)> {
+    let (low, high): (Option<i64>, Option<i64>) = sqlx::query_as(sql::DETACHED_RANGE)
         .fetch_one(&mut *conn)
         .await?;
-    rows_of(&row)
+    Ok((low.map(to_u64), high.map(to_u64)))
 }
 
 fn rows_of(row: &sqlx::postgres::PgRow) -> Result<DefaultRows> {

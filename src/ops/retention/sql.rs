@@ -41,9 +41,10 @@ SELECT count(*) AS rows, min(sequence) AS low, max(sequence) AS high
 FROM ordo.events WHERE sequence >= $1 OR sequence < $2
 "#;
 
-/// The rows of the default partition after a fold detached it (by the owner, who may read it).
-pub(super) const DETACHED_ROWS: &str = r#"
-SELECT count(*) AS rows, min(sequence) AS low, max(sequence) AS high FROM ordo.events_default
+/// The lowest and highest sequence of the default partition after a fold detached it (read by
+/// the owner, who may). No count: that would scan the table under the fold's exclusive lock.
+pub(super) const DETACHED_RANGE: &str = r#"
+SELECT min(sequence) AS low, max(sequence) AS high FROM ordo.events_default
 "#;
 
 /// Records, for each upper bound in `$1`, that its partition is sealed, unless it was seen

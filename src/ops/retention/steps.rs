@@ -156,15 +156,15 @@ async fn fold(tx: &mut PgConnection, top: u64, size: u64) -> Result<Extended> {
         .execute(&mut *tx)
         .await?;
     // Detached and locked: nobody adds a row now, so these reads are final.
-    let rows = plan::detached_rows(tx).await?;
+    let (low, high) = plan::detached_range(tx).await?;
     let (head, _) = plan::head_and_size(tx).await?;
-    if let Some(low) = rows.low.filter(|low| *low < top) {
+    if let Some(low) = low.filter(|low| *low < top) {
         return Ok(Extended::CannotFold(format!(
             "ordo.events_default holds sequence {low}, below the range partitions (from {top}): \
              move or delete such rows by hand"
         )));
     }
-    let high = rows.high.unwrap_or(top).max(head);
+    let high = high.unwrap_or(top).max(head);
     let to = top + (high + 1 - top).div_ceil(size).max(1) * size;
     for statement in sql::fold_detached(events, top, to) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
