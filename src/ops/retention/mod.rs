@@ -20,7 +20,7 @@
 //! Every change is its own short transaction (one partition pair created, folded or dropped),
 //! re-checked under an advisory lock that serialises runs, with a short lock timeout: writers
 //! never queue behind more than one step, and a step that cannot have its locks at once is
-//! tried again until [`RetentionConfig::retry_for`] has passed. No step holds a connection
+//! tried again for up to [`RetentionConfig::retry_for`]. No step holds a connection
 //! while it waits for another.
 
 mod maintain;
@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 
@@ -96,9 +95,10 @@ impl RetentionConfig {
         self
     }
 
-    /// How long a run keeps trying a step whose locks it could not have within the step's
-    /// 100 ms lock timeout (a busy table, a long transaction), pausing between tries. Past it,
-    /// the run ends with the lock error; what was done stays done. Default 30 s.
+    /// How long a run keeps trying a step (one partition pair created, folded or dropped) whose
+    /// locks it could not have within the step's 100 ms lock timeout (a busy table, a long
+    /// transaction), pausing between tries. Past it, the run ends with the lock error; what was
+    /// done stays done. Default 30 s.
     pub fn retry_for(mut self, deadline: Duration) -> Self {
         self.retry_for = deadline;
         self
@@ -205,7 +205,6 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 /// run goes on from there.
 pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
-    let deadline = Instant::now() + config.retry_for;
     // The plan, on one connection that is released before any step.
     let before = {
         let mut conn = pool.acquire().await?;
@@ -216,7 +215,7 @@ pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<Re
     let mut notes = Vec::new();
     // Bounded, should writers outrun the steps: the next run goes on from here.
     for _ in 0..2 * MAX_AHEAD {
-        match steps::retrying(pool, deadline, config, Step::Extend).await? {
+        match steps::retrying(pool, config, Step::Extend).await? {
             Done::Extended(Extended::Folded(name)) => folded.push(name),
             Done::Extended(Extended::Created(name)) => created.push(name),
             Done::Extended(Extended::CannotFold(why)) => {
@@ -230,7 +229,7 @@ pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<Re
     for doomed in before.partitions.iter().filter(|p| p.drop) {
         let step = Step::DropOldest(&doomed.name);
         if !matches!(
-            steps::retrying(pool, deadline, config, step).await?,
+            steps::retrying(pool, config, step).await?,
             Done::Dropped(true)
         ) {
             break;

@@ -4,7 +4,7 @@
 //! the advisory lock that serialises retention across processes, re-reads what it decides on
 //! (another run may have acted since the plan), makes one change and commits. Writers then
 //! wait at most for one step, never for a whole run. A step that meets a lock it cannot have at
-//! once gives way, and is tried again after a pause until the run's deadline.
+//! once gives way, and is tried again after a pause, for a bounded time.
 
 use std::time::Duration;
 
@@ -55,14 +55,15 @@ pub(super) enum Done {
 }
 
 /// Runs `step` on a fresh pooled connection until it succeeds, fails for a reason other than a
-/// lock it could not have, or `deadline` passes (then that last error is returned). The
-/// connection goes back to the pool between attempts: nothing is held while pausing.
+/// lock it could not have, or [`RetentionConfig::retry_for`] has passed since its first try
+/// (then that last error is returned). The connection goes back to the pool between attempts:
+/// nothing is held while pausing.
 pub(super) async fn retrying(
     pool: &PgPool,
-    deadline: Instant,
     config: &RetentionConfig,
     step: Step<'_>,
 ) -> Result<Done> {
+    let deadline = Instant::now() + config.retry_for;
     let mut pause = FIRST_PAUSE;
     loop {
         let result = {
