@@ -4,6 +4,14 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// The fewest connections the pool given to [`Outbox::new`](crate::Outbox::new) may allow
+/// (`max_connections`): one for the application's transactions, one for the outbox's
+/// background work. No background task holds a pooled connection while it waits for another,
+/// so two never deadlock; more make delivery independent of open application transactions.
+/// Besides its pool, an outbox opens one connection for cross-process wake-ups (`LISTEN`) and
+/// up to two for its sequencer.
+pub const MIN_POOL_CONNECTIONS: u32 = 2;
+
 /// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
 /// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
 #[derive(Debug, Clone)]
@@ -22,6 +30,7 @@ pub struct OutboxConfig {
     pub(crate) fold_interval: Duration,
     pub(crate) retention: crate::RetentionConfig,
     pub(crate) maintenance_interval: Duration,
+    pub(crate) partition_maintenance: bool,
 }
 
 impl Default for OutboxConfig {
@@ -41,6 +50,7 @@ impl Default for OutboxConfig {
             fold_interval: Duration::ZERO,
             retention: crate::RetentionConfig::default(),
             maintenance_interval: Duration::from_secs(60),
+            partition_maintenance: true,
         }
     }
 }
@@ -145,10 +155,11 @@ impl OutboxConfig {
     }
 
     /// What this outbox's maintainer does every
-    /// [`maintenance_interval`](Self::maintenance_interval): it always keeps partitions ready
-    /// ahead of the head (writers fail when none covers their sequence); it drops old ones only
-    /// when [`RetentionConfig::keep`](crate::RetentionConfig::keep) is set. Default: create
-    /// ahead, drop nothing.
+    /// [`maintenance_interval`](Self::maintenance_interval): it keeps partitions ready ahead of
+    /// the head (past the last one, events land in the default partition, which it folds back
+    /// into a range partition); it drops old ones only when
+    /// [`RetentionConfig::keep`](crate::RetentionConfig::keep) is set. Default: create ahead,
+    /// drop nothing.
     pub fn retention(mut self, retention: crate::RetentionConfig) -> Self {
         self.retention = retention;
         self
@@ -160,8 +171,28 @@ impl OutboxConfig {
         self
     }
 
+    /// Whether this outbox's maintainer creates, folds and drops partitions. Turn it off for an
+    /// application role that may not create tables (it does not own `ordo.events`); an operator
+    /// role must then run `ordo retention --apply` (or [`run_retention`](crate::run_retention))
+    /// regularly. When off, the maintainer still watches and logs a warning when fewer than
+    /// [`RetentionConfig::warn_below`](crate::RetentionConfig::warn_below) partitions remain
+    /// ahead of the head; writes never fail for want of a partition (they land in the default
+    /// partition). Default on; a role refused DDL is also detected at run time and told once.
+    pub fn partition_maintenance(mut self, enabled: bool) -> Self {
+        self.partition_maintenance = enabled;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = Error::invalid_config;
+        self.retention.validate()?;
+        if !self.partition_maintenance && self.retention.keep.is_some() {
+            return invalid(
+                "partition_maintenance/retention",
+                "retention.keep drops partitions, which needs partition_maintenance on; \
+                 drop with `ordo retention --keep` from an operator role instead",
+            );
+        }
         if self.cache_capacity < 16 {
             return invalid("cache_capacity", "must hold at least 16 events");
         }

@@ -143,7 +143,7 @@ mod task;
 mod write;
 
 pub use commit_lane::listener::CommitStream;
-pub use config::OutboxConfig;
+pub use config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
@@ -154,7 +154,7 @@ pub use ops::metrics;
 pub use ops::plans::{HotStatement, hot_path_statements};
 pub use ops::render::{printable, prometheus_text, status_table, subscriptions_table};
 pub use ops::retention::{
-    PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
+    MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
 };
 pub use ops::status::{
     Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, SubscriptionLag, status,

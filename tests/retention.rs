@@ -319,14 +319,30 @@ async fn partition_maintenance_gives_way_to_a_long_transaction_instead_of_queuei
         .execute(&mut *long)
         .await
         .expect("insert");
-    // Creating partitions needs an exclusive lock on the parent: the maintainer gives up
-    // quickly (lock timeout) rather than wait, which would queue every writer behind it.
-    let run = tokio::time::timeout(
-        Duration::from_secs(20),
-        run_retention(&db.pool, &RetentionConfig::new().ahead(5)),
-    )
-    .await
-    .expect("the maintainer does not wait for the long transaction");
+    // Creating partitions needs an exclusive lock on the parent: each try gives up quickly
+    // (lock timeout) rather than wait, which would queue every writer behind it; the run gives
+    // up once its deadline has passed.
+    let config = RetentionConfig::new()
+        .ahead(5)
+        .retry_for(Duration::from_secs(1));
+    let pool = db.pool.clone();
+    let run = tokio::spawn(async move { run_retention(&pool, &config).await });
+    // Writers are never queued for long behind it: others commit while it tries.
+    for n in 0..5 {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            sqlx::query("INSERT INTO ordo.events (payload) VALUES (jsonb_build_object('writer', 2, 'n', $1::int))")
+                .bind(n)
+                .execute(&db.pool),
+        )
+        .await
+        .expect("a writer is not queued behind the maintenance")
+        .expect("insert");
+    }
+    let run = tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the run ends at its deadline")
+        .expect("the run did not panic");
     match run {
         Err(Error::Database(sqlx::Error::Database(error))) => {
             assert_eq!(
@@ -337,11 +353,6 @@ async fn partition_maintenance_gives_way_to_a_long_transaction_instead_of_queuei
         }
         other => panic!("expected a lock timeout, got {other:?}"),
     }
-    // Writers were never queued behind it: another one commits while the long one is open.
-    sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 2, "n": 2}')"#)
-        .execute(&db.pool)
-        .await
-        .expect("a writer is not blocked");
     long.commit().await.expect("commit");
     let report = run_retention(&db.pool, &RetentionConfig::new().ahead(5))
         .await
@@ -350,4 +361,469 @@ async fn partition_maintenance_gives_way_to_a_long_transaction_instead_of_queuei
         !report.created.is_empty(),
         "created once the long transaction ended"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_waits_out_a_busy_table_within_its_deadline_instead_of_giving_up() {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    let mut busy = db.pool.begin().await.expect("begin");
+    sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 1, "n": 1}')"#)
+        .execute(&mut *busy)
+        .await
+        .expect("insert");
+    let pool = db.pool.clone();
+    let mut run =
+        tokio::spawn(async move { run_retention(&pool, &RetentionConfig::new().ahead(4)).await });
+    // Many lock timeouts pass while the table is busy; the run keeps trying (it used to give up
+    // after three).
+    let early = tokio::time::timeout(Duration::from_millis(1500), &mut run).await;
+    assert!(
+        early.is_err(),
+        "the run ended while the table was still busy: {early:?}"
+    );
+    busy.commit().await.expect("commit");
+    let report = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the run ends once the table is free")
+        .expect("no panic")
+        .expect("retention succeeds once the table is free");
+    assert_eq!(report.created.len(), 2, "{report:#?}");
+    assert_eq!(report.partitions_ahead, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_is_dropped_only_once_every_event_in_it_committed_longer_ago_than_keep() {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // Seals are recorded by the runs below only (the three partitions the migration made hold
+    // every event of this test).
+    let config = OutboxConfig::default().partition_maintenance(false);
+    let outbox = Outbox::<Note>::new(db.pool.clone(), config)
+        .await
+        .expect("outbox");
+    // A transaction starts early (its `recorded_at` is its start)...
+    let mut long = db.pool.begin().await.expect("begin");
+    let _: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *long)
+        .await
+        .expect("started");
+    // ...others publish sequences 1..=99 meanwhile...
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_all((0..99).map(|n| Note { writer: 1, n }))
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    // ...and it publishes last, as the docs advise, once it is a few seconds old: sequence 100,
+    // the last of the first partition.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            long_age(&db.pool).await > 3.0
+        })
+        .await
+    );
+    let sequences = outbox
+        .publish_in(&mut long, [Note { writer: 2, n: 0 }])
+        .await
+        .expect("publish last");
+    assert_eq!(sequences[0].get(), 100);
+    long.commit().await.expect("commit");
+    // The head moves into the next partition, and every lane passes the first one.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_all((0..50).map(|n| Note { writer: 3, n }))
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            outbox.commit_head().get() == 150
+        })
+        .await
+    );
+
+    // `keep` is shorter than the long transaction's age since its start, longer than its age
+    // since its commit: the partition stays.
+    let keep = RetentionConfig::new().keep(Duration::from_secs(2));
+    let report = run_retention(&db.pool, &keep).await.expect("retention");
+    assert!(report.dropped.is_empty(), "{report:#?}");
+    let first = &report.partitions[0];
+    assert!(
+        !first.drop && first.reason.contains("within retention"),
+        "{first:?}"
+    );
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE sequence <= 100")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(events, 100, "nothing younger than keep was dropped");
+
+    // Once the partition has been sealed longer than `keep`, it goes.
+    let last = std::sync::Mutex::new(None);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let report = run_retention(&db.pool, &keep).await.expect("retention");
+            let done = report.dropped == vec!["events_p0".to_owned()];
+            *last.lock().expect("not poisoned") = Some(report);
+            done
+        })
+        .await,
+        "{last:#?}"
+    );
+    check_log_after_retention(&db.pool).await;
+    outbox.shutdown().await;
+}
+
+/// How long the oldest open transaction in this database has run, in seconds.
+async fn long_age(pool: &PgPool) -> f64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(max(date_part('epoch', clock_timestamp() - xact_start)), 0)::float8
+         FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_refuses_a_pool_of_one_connection_naming_the_setting_and_the_minimum() {
+    let db = TestDb::new().await;
+    let pool = db.another_pool(1).await;
+    let refused = tokio::time::timeout(
+        Duration::from_secs(20),
+        Outbox::<Note>::new(pool, OutboxConfig::default()),
+    )
+    .await
+    .expect("refused at once, not stuck");
+    match refused {
+        Err(Error::InvalidConfig { setting, reason }) => {
+            assert!(setting.contains("max_connections"), "{setting}");
+            assert!(
+                reason.contains(&format!("at least {}", ordo::MIN_POOL_CONNECTIONS)),
+                "{reason}"
+            );
+        }
+        Err(other) => panic!("expected InvalidConfig, got {other}"),
+        Ok(_) => panic!("a pool of one connection was accepted"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_on_the_smallest_pool_publishes_and_delivers_on_both_lanes() {
+    const EVENTS: usize = 30;
+    let db = TestDb::new().await;
+    let pool = db.another_pool(ordo::MIN_POOL_CONNECTIONS).await;
+    let run = async {
+        let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+            .await
+            .expect("outbox");
+        let mut inserted = outbox.listen_inserted(Start::Beginning);
+        let mut committed = outbox.listen_committed(Start::Beginning);
+        let subscription = outbox
+            .subscribe(JobConfig::new("small-pool"), Counts)
+            .await
+            .expect("subscribe");
+        for n in 0..EVENTS as u32 {
+            let mut tx = outbox.begin().await.expect("begin");
+            tx.publish(Note { writer: 1, n }).expect("publish");
+            tx.commit().await.expect("commit");
+        }
+        for n in 0..EVENTS as u32 {
+            let event = inserted.next().await.expect("item").expect("event");
+            assert_eq!(event.payload.n, n);
+            let event = committed.next().await.expect("item").expect("event");
+            assert_eq!(event.event.payload.n, n);
+        }
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                ordo::list_subscriptions(&pool)
+                    .await
+                    .is_ok_and(|rows| rows.iter().any(|r| r.position == EVENTS as u64))
+            })
+            .await,
+            "the subscription handled every event"
+        );
+        subscription.shutdown().await;
+        outbox.shutdown().await;
+    };
+    // Not a timing assert: a generous bound that only a stall (the pool waiting out its
+    // acquire timeout, or for ever) exceeds.
+    tokio::time::timeout(Duration::from_secs(25), run)
+        .await
+        .expect("publishing and delivery on a pool of the minimum size must not stall");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_never_fail_for_want_of_a_partition_and_retention_folds_the_overflow_back() {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // No maintainer creates partitions: the migration's three cover sequences 1..=300.
+    let config = OutboxConfig::default().partition_maintenance(false);
+    let outbox = Outbox::<Note>::new(db.pool.clone(), config)
+        .await
+        .expect("outbox");
+    let mut inserted = outbox.listen_inserted(Start::Beginning);
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    // 400 events, half through the outbox, half by plain SQL, in transactions of ten.
+    for n in 0..20u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..10).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
+        tx.commit()
+            .await
+            .expect("an outbox write past the partitions succeeds");
+        sqlx::query(
+            "INSERT INTO ordo.events (payload)
+             SELECT jsonb_build_object('writer', 1000 + $1::int, 'n', g) FROM generate_series(0, 9) AS g",
+        )
+        .bind(n as i32)
+        .execute(&db.pool)
+        .await
+        .expect("a plain-SQL write past the partitions succeeds");
+    }
+    let plan = ordo::plan_retention(&db.pool, &RetentionConfig::new())
+        .await
+        .expect("plan");
+    assert_eq!(
+        (plan.default_rows, plan.partitions_ahead),
+        (100, 0),
+        "{plan:#?}"
+    );
+    assert!(
+        plan.warning
+            .as_deref()
+            .is_some_and(|w| w.contains("events_default")),
+        "{plan:#?}"
+    );
+
+    // Both lanes deliver everything, each once, in order.
+    let mut delivered = Vec::new();
+    for _ in 0..400 {
+        let event = inserted.next().await.expect("item").expect("event");
+        delivered.push(event.sequence.get());
+    }
+    assert_eq!(delivered, (1..=400).collect::<Vec<_>>());
+    let mut logged = std::collections::HashSet::new();
+    for expected in 1..=400u64 {
+        let item = committed.next().await.expect("item").expect("event");
+        assert_eq!(item.commit_sequence.get(), expected);
+        assert!(logged.insert(item.event.sequence.get()), "repeated");
+    }
+
+    // Retention folds the default partitions' rows into a range partition pair and goes on.
+    let report = run_retention(&db.pool, &RetentionConfig::new())
+        .await
+        .expect("retention");
+    assert_eq!(report.folded, vec!["events_301".to_owned()], "{report:#?}");
+    assert_eq!(report.default_rows, 0, "{report:#?}");
+    assert!(
+        report.partitions_ahead >= 2 && report.warning.is_none(),
+        "{report:#?}"
+    );
+    let placed: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM ordo.events_301), (SELECT count(*) FROM ordo.commit_log_301),
+                (SELECT count(*) FROM ordo.events_default), (SELECT count(*) FROM ordo.commit_log_default)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("placement");
+    assert_eq!(placed, (100, 100, 0, 0));
+    let names = partition_names(&db.pool).await;
+    assert!(names.contains(&"events_401".to_owned()), "{names:?}");
+
+    // Nothing lost or repeated, and the lanes go on past the fold.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_all((0..10).map(|k| Note { writer: 77, n: k }))
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    for expected in 401..=410u64 {
+        let event = inserted.next().await.expect("item").expect("event");
+        assert_eq!(event.sequence.get(), expected);
+        let item = committed.next().await.expect("item").expect("event");
+        assert_eq!(item.commit_sequence.get(), expected);
+    }
+    let (events, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT sequence) FROM ordo.events")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+    assert_eq!((events, distinct), (410, 410));
+    common::invariants::check_log(&db.pool, &common::invariants::ORDO)
+        .await
+        .expect("the commit log's invariants");
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_many_partitions_ahead_holds_a_writer_for_one_step_at_most_not_the_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let db = TestDb::with_partition_size(Some(100)).await;
+    let refused = run_retention(&db.pool, &RetentionConfig::new().ahead(ordo::MAX_AHEAD + 1)).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidConfig { setting, .. }) if setting.contains("ahead")),
+        "{refused:?}"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (pool, stop) = (db.pool.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut longest = Duration::ZERO;
+            let mut writes = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let began = tokio::time::Instant::now();
+                sqlx::query(
+                    r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 1, "n": 0}')"#,
+                )
+                .execute(&pool)
+                .await
+                .expect("insert");
+                longest = longest.max(began.elapsed());
+                writes += 1;
+            }
+            (longest, writes)
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ordo.events")
+                .fetch_one(&db.pool)
+                .await
+                .is_ok_and(|n| n > 0)
+        })
+        .await
+    );
+    let began = tokio::time::Instant::now();
+    let report = run_retention(&db.pool, &RetentionConfig::new().ahead(ordo::MAX_AHEAD))
+        .await
+        .expect("retention");
+    let run = began.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (longest, writes) = writer.await.expect("writer");
+    assert!(report.created.len() >= 90, "{}", report.created.len());
+    assert!(writes > 1, "the writer kept writing during the run");
+    // Structural, not a micro-timing: one transaction for the whole run held the writer for
+    // nearly all of it; one per partition holds it for a step.
+    assert!(
+        longest < run / 2,
+        "a single insert waited {longest:?} during a run of {run:?}"
+    );
+}
+
+/// Counts the maintainer's warnings that its role may not run DDL, and its quiet retries.
+#[derive(Default)]
+struct DeniedLog {
+    warnings: std::sync::atomic::AtomicUsize,
+    retries: std::sync::atomic::AtomicUsize,
+}
+
+struct DeniedLayer(Arc<DeniedLog>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DeniedLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let counter = if message.0.contains("may not create or drop partitions") {
+            &self.0.warnings
+        } else if message.0.contains("still not allowed") {
+            &self.0.retries
+        } else {
+            return;
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_delivering() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tracing_subscriber::layer::SubscriberExt;
+    let log = Arc::new(DeniedLog::default());
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(DeniedLayer(Arc::clone(&log))),
+    )
+    .expect("the only global subscriber of this binary");
+
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // An application role: it may read and write ordo's tables (the partitioned parents, not
+    // their partitions, not the seals), not own them.
+    let role = format!("ordo_app_{}", uuid::Uuid::new_v4().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA ordo TO {role}"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE ON ordo.events, ordo.commit_log, ordo.sequencer_state,
+             ordo.subscriptions, ordo.dead_letters TO {role}"
+        ),
+        format!("GRANT SELECT ON ordo.partitioning TO {role}"),
+        format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ordo TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&db.pool)
+            .await
+            .expect("the application role");
+    }
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let app_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.username(&role))
+        .await
+        .expect("connect as the application role");
+    let config = OutboxConfig::default().maintenance_interval(Duration::from_millis(200));
+    let outbox = Outbox::<Note>::new(app_pool.clone(), config)
+        .await
+        .expect("outbox");
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    // Past the three partitions the migration made: the maintainer tries, is refused, and
+    // the writes land in the default partition.
+    for n in 0..40u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..10).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    for expected in 1..=400u64 {
+        let item = committed.next().await.expect("item").expect("event");
+        assert_eq!(item.commit_sequence.get(), expected);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            log.warnings.load(Relaxed) > 0
+        })
+        .await,
+        "the maintainer says its role may not create partitions"
+    );
+    // Several refused runs later, it has not said it again.
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            log.retries.load(Relaxed) >= 3
+        })
+        .await,
+        "the maintainer goes on trying at its interval"
+    );
+    assert_eq!(log.warnings.load(Relaxed), 1);
+    let report = ordo::plan_retention(&app_pool, &RetentionConfig::new())
+        .await
+        .expect("plan");
+    assert_eq!(report.default_rows, 100, "{report:#?}");
+    assert!(report.warning.is_some(), "{report:#?}");
+
+    // An operator role folds them; nothing is lost.
+    let folded = run_retention(&db.pool, &RetentionConfig::new())
+        .await
+        .expect("retention as the owner");
+    assert_eq!(folded.folded, vec!["events_301".to_owned()], "{folded:#?}");
+    outbox.shutdown().await;
+    app_pool.close().await;
+    let owned = format!("DROP OWNED BY {role}");
+    let _ = sqlx::query(sqlx::AssertSqlSafe(owned))
+        .execute(&db.pool)
+        .await;
+    drop(db);
+    let admin = PgPool::connect(common::server_url()).await.expect("admin");
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
+        .execute(&admin)
+        .await;
 }

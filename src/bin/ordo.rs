@@ -5,7 +5,7 @@
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
 //! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
-//! ordo retention [--keep 30d] [--apply] [--force] partitions, and dropping old ones
+//! ordo retention [--keep 30d] [--ahead N] [--apply] [--force]  partitions, and dropping old ones
 //! ordo subscriptions [--json]                    list durable subscriptions
 //! ordo subscriptions resume|pause NAME
 //! ordo subscriptions reset NAME [--to POSITION]
@@ -79,40 +79,56 @@ struct GrantArgs {
 
 #[derive(clap::Args)]
 struct RetentionArgs {
-    /// Drop partitions whose newest event is older than this (e.g. 30d, 12h, 45m, 90s).
-    /// Without it nothing is dropped; partitions ahead are still created with --apply.
+    /// Drop partitions sealed longer ago than this: every event in them committed at least
+    /// that long ago (e.g. 30d, 12h, 45m, 90s, "1h 30m"). Without it nothing is dropped;
+    /// partitions ahead are still created with --apply.
     #[arg(long, value_parser = parse_duration)]
     keep: Option<Duration>,
-    /// Partitions to keep ready above the head.
-    #[arg(long, default_value_t = 2)]
+    /// Partitions to keep ready above the head (1 to ordo::MAX_AHEAD).
+    #[arg(long, default_value_t = 2, value_parser = ahead_in_range)]
     ahead: u32,
     /// Drop even what subscriptions still need (they will halt). Never splits a transaction.
     #[arg(long)]
     force: bool,
-    /// Create and drop; without it, only show the plan.
+    /// Create, fold and drop; without it, only show the plan.
     #[arg(long)]
     apply: bool,
+    /// How long to keep retrying a partition whose lock is busy (each try waits 100 ms).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    retry_for: Duration,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
 
+/// A duration such as `30d`, `12h`, `45m`, `90s` or `1h 30m` (a bare number is seconds),
+/// parsed with overflow checks: a value too large is an error, never a panic.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 30d, 12h, 45m or 90s"))?;
-    let seconds = match unit {
-        "d" => 86_400,
-        "h" => 3_600,
-        "m" => 60,
-        "s" | "" => 1,
-        _ => return Err(format!("{text:?}: the unit must be d, h, m or s")),
+    let text = text.trim();
+    let parsed = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|error| error.to_string())
+    } else {
+        humantime::parse_duration(text).map_err(|error| error.to_string())
     };
-    Ok(Duration::from_secs(value * seconds))
+    parsed.map_err(|error| {
+        format!("{text:?} is not a duration such as 30d, 12h, 45m or 90s: {error}")
+    })
+}
+
+fn ahead_in_range(text: &str) -> Result<u32, String> {
+    let ahead: u32 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of partitions"))?;
+    if !(1..=ordo::MAX_AHEAD).contains(&ahead) {
+        return Err(format!(
+            "{ahead} is out of range: between 1 and {} partitions ahead (each partition costs every \
+             query on ordo.events planning time; use larger partitions instead)",
+            ordo::MAX_AHEAD
+        ));
+    }
+    Ok(ahead)
 }
 
 /// A position as PostgreSQL stores it: a `bigint`, so at most `i64::MAX`.
@@ -530,7 +546,8 @@ async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
 async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
     let mut config = ordo::RetentionConfig::new()
         .ahead(args.ahead)
-        .force(args.force);
+        .force(args.force)
+        .retry_for(args.retry_for);
     if let Some(keep) = args.keep {
         config = config.keep(keep);
     }
@@ -539,11 +556,24 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
     } else {
         ordo::plan_retention(&pool, &config).await?
     };
+    if let Some(warning) = &report.warning {
+        // On stderr too, so that a cron job's mail carries it.
+        eprintln!("ordo retention: WARNING: {warning}");
+    }
     let mut out = io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
+    retention_table(&mut out, &report, args.apply)?;
+    Ok(())
+}
+
+fn retention_table(
+    out: &mut impl Write,
+    report: &ordo::RetentionReport,
+    applied: bool,
+) -> io::Result<()> {
     writeln!(
         out,
         "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
@@ -551,12 +581,21 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
     )?;
     writeln!(
         out,
+        "head {}; {} partition(s) ahead of it; range partitions end before {}; {} event(s) in the default partition",
+        report.head, report.partitions_ahead, report.covered_until, report.default_rows
+    )?;
+    if let Some(warning) = &report.warning {
+        writeln!(out, "WARNING: {warning}")?;
+    }
+    writeln!(
+        out,
         "{:<28} {:>14} {:>14}  VERDICT",
         "PARTITION", "FROM", "TO"
     )?;
     for partition in &report.partitions {
-        let verdict = match (partition.drop, args.apply) {
-            (true, true) => "dropped".to_owned(),
+        let verdict = match (partition.drop, applied) {
+            (true, true) if report.dropped.contains(&partition.name) => "dropped".to_owned(),
+            (true, true) => "kept: no longer droppable when its turn came".to_owned(),
             (true, false) => "would drop (past retention)".to_owned(),
             (false, _) => format!("kept: {}", partition.reason),
         };
@@ -569,11 +608,14 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
             partition.name, from, partition.to
         )?;
     }
+    for folded in &report.folded {
+        writeln!(out, "folded the default partition into {folded}")?;
+    }
     for created in &report.created {
         writeln!(out, "created {created}")?;
     }
-    if !args.apply {
-        writeln!(out, "(a plan: run with --apply to create and drop)")?;
+    if !applied {
+        writeln!(out, "(a plan: run with --apply to create, fold and drop)")?;
     }
     Ok(())
 }
@@ -594,5 +636,51 @@ async fn interrupted() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_overflow_without_panicking() {
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(parse_duration("45m"), Ok(Duration::from_secs(45 * 60)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
+        let overflow = parse_duration("999999999999999d");
+        assert!(
+            overflow
+                .as_ref()
+                .is_err_and(|e| e.contains("999999999999999d")),
+            "{overflow:?}"
+        );
+        assert!(parse_duration("99999999999999999999999").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn ahead_is_bounded() {
+        assert_eq!(ahead_in_range("2"), Ok(2));
+        assert_eq!(ahead_in_range("100"), Ok(ordo::MAX_AHEAD));
+        assert!(ahead_in_range("0").is_err());
+        let refused = ahead_in_range("300");
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("between 1 and 100")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn the_retention_command_line_refuses_an_overflowing_keep() {
+        let parsed = Cli::try_parse_from(["ordo", "retention", "--keep", "999999999999999d"]);
+        let error = parsed.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("is not a duration"), "{error}");
     }
 }

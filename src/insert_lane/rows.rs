@@ -199,12 +199,18 @@ pub(crate) async fn rows_above(pool: &PgPool, head: u64) -> Result<Vec<(u64, Uui
 /// The insert lane's frontier as the table shows it: the end of the contiguous run of rows
 /// above the sequencer's cursor.
 pub(crate) async fn initial_frontier(pool: &PgPool) -> Result<u64> {
+    let mut conn = pool.acquire().await?;
+    frontier_on(&mut conn).await
+}
+
+/// [`initial_frontier`] on a connection the caller holds.
+pub(crate) async fn frontier_on(conn: &mut sqlx::PgConnection) -> Result<u64> {
     let floor: Option<i64> = sqlx::query_scalar(RESOLVED_FLOOR)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?;
     let end: Option<i64> = sqlx::query_scalar(CONTIGUOUS_END)
         .bind(floor.unwrap_or(0))
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await?;
     Ok(to_u64(end.unwrap_or(0)))
 }

@@ -2,12 +2,16 @@
 //! hint that something was committed. The table stays the only data channel: after a
 //! reconnect the lane looks at the table again, so a lost notification costs latency, never an
 //! event.
+//!
+//! The `LISTEN` connection is held for the outbox's lifetime, so it is not taken from the
+//! application's pool (where it would leave one connection fewer for everything else, and none
+//! at all in a pool of one): it has a pool of its own, of one connection, with the same options.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 
 use super::LaneShared;
 use crate::task::StopSignal;
@@ -21,12 +25,16 @@ pub(crate) async fn run<P>(
     shared: Arc<LaneShared<P>>,
     mut stop: StopSignal,
 ) {
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    drop(pool);
     let mut backoff = FIRST_BACKOFF;
     loop {
         let connected = tokio::select! {
             biased;
             _ = stop.stopped() => return,
-            listener = connect(&pool, &channel) => listener,
+            listener = connect(&own, &channel) => listener,
         };
         match connected {
             Ok(mut listener) => {

@@ -16,7 +16,7 @@ use super::transaction::OutboxTransaction;
 use crate::commit_lane::listener::{self as commit_listener, CommitReader, CommitStream};
 use crate::commit_lane::sequencer::Sequencer;
 use crate::commit_lane::{CommitShared, HEAD_SQL, watcher};
-use crate::config::OutboxConfig;
+use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::insert_lane::cache::Slot;
@@ -88,12 +88,26 @@ where
     /// Starts an outbox on `pool`: finds the insert lane's frontier in the table, then spawns
     /// the background tasks. The schema must exist ([`migrate`](crate::migrate)).
     ///
+    /// The pool must allow at least [`MIN_POOL_CONNECTIONS`] connections.
+    ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::NotMigrated`] if the
-    /// schema does not exist; [`Error::SchemaTooNew`] if a newer ordo migrated it;
-    /// [`Error::Database`] if the table cannot be read.
+    /// [`Error::InvalidConfig`] for a contradictory `config`, or a pool whose `max_connections`
+    /// is below [`MIN_POOL_CONNECTIONS`]; [`Error::NotMigrated`] if the schema does not exist;
+    /// [`Error::SchemaTooNew`] if a newer ordo migrated it; [`Error::Database`] if the table
+    /// cannot be read.
     pub async fn new(pool: PgPool, config: OutboxConfig) -> Result<Self> {
         config.validate()?;
+        let connections = pool.options().get_max_connections();
+        if connections < MIN_POOL_CONNECTIONS {
+            return Err(Error::InvalidConfig {
+                setting: "pool max_connections",
+                reason: format!(
+                    "the pool allows {connections} connection(s); an Outbox needs at least \
+                     {MIN_POOL_CONNECTIONS}: one for the application's transactions and one for its \
+                     background work. Build the pool with PgPoolOptions::new().max_connections({MIN_POOL_CONNECTIONS}) or more"
+                ),
+            });
+        }
         crate::migrate::check_schema_version(&pool).await?;
         let frontier = rows::initial_frontier(&pool).await?;
         let lane = Arc::new(LaneShared::new(
@@ -142,6 +156,7 @@ where
                 pool.clone(),
                 config.retention.clone(),
                 config.maintenance_interval,
+                config.partition_maintenance,
                 tasks.signal(),
             ),
         );
