@@ -365,7 +365,7 @@ async fn status_lists_every_candidate_and_never_ordos_own_placeholder_write() {
     let filling = eventually(Duration::from_secs(20), || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE '%generate_series%')",
+             AND wait_event_type = 'Lock' AND query LIKE '%fill_placeholders%')",
         )
         .fetch_one(&db.pool)
         .await
@@ -375,7 +375,7 @@ async fn status_lists_every_candidate_and_never_ordos_own_placeholder_write() {
     assert!(filling, "the lane's fill waits on the writer of sequence 2");
     let fill_pid: i32 = sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-         AND wait_event_type = 'Lock' AND query LIKE '%generate_series%'",
+         AND wait_event_type = 'Lock' AND query LIKE '%fill_placeholders%'",
     )
     .fetch_one(&db.pool)
     .await
