@@ -90,19 +90,20 @@ pub fn status_table(status: &OutboxStatus) -> String {
     } else {
         let _ = writeln!(
             out,
-            "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7}  LAST ERROR",
-            "SUBSCRIPTION", "LANE", "POSITION", "LAG", "OLDEST", "STATUS"
+            "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  LAST ERROR",
+            "SUBSCRIPTION", "LANE", "POSITION", "LAG", "OLDEST", "STATUS", "RUN BY"
         );
         for sub in &status.subscriptions {
             let _ = writeln!(
                 out,
-                "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7}  {}",
+                "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  {}",
                 printable(&sub.name),
                 printable(&sub.lane),
                 sub.position,
                 sub.lag,
                 age(sub.oldest_unprocessed_seconds),
                 printable(&sub.status),
+                run_by(sub.lease_owner, sub.lease_remaining_seconds),
                 printable(sub.last_error.as_deref().unwrap_or("-"))
             );
         }
@@ -340,4 +341,16 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         &stalls,
     );
     out
+}
+
+/// Who holds a subscription's lease, for the tables: the runner's id (first 8 hex digits) and
+/// the time left, or that nobody runs it.
+pub(crate) fn run_by(owner: Option<uuid::Uuid>, remaining: Option<f64>) -> String {
+    match (owner, remaining) {
+        (Some(owner), Some(left)) if left > 0.0 => {
+            format!("{} ({left:.0}s left)", &owner.simple().to_string()[..8])
+        }
+        (Some(_), Some(left)) => format!("nobody (expired {:.0}s)", -left),
+        _ => "nobody".to_owned(),
+    }
 }

@@ -47,7 +47,9 @@ SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
                FROM ordo.events AS e
                WHERE e.sequence > s.position AND e.payload IS NOT NULL
                ORDER BY e.sequence LIMIT 1)
-           END)) AS oldest_unprocessed
+           END)) AS oldest_unprocessed,
+       s.lease_owner,
+       date_part('epoch', s.lease_expires_at - now()) AS lease_remaining
 FROM ordo.subscriptions AS s
 ORDER BY s.name
 "#;

@@ -55,6 +55,18 @@ pub struct SubscriptionLag {
     pub attempts: u32,
     /// Its last handler error.
     pub last_error: Option<String>,
+    /// The runner holding its lease (a random id per runner), if any holds it.
+    pub lease_owner: Option<uuid::Uuid>,
+    /// Seconds until that lease expires; negative once expired. An `active` subscription whose
+    /// lease is missing or expired is run by no process right now.
+    pub lease_remaining_seconds: Option<f64>,
+}
+
+impl SubscriptionLag {
+    /// Whether a runner holds the lease now (owner set, not expired).
+    pub fn is_leased(&self) -> bool {
+        self.lease_owner.is_some() && self.lease_remaining_seconds.is_some_and(|s| s > 0.0)
+    }
 }
 
 /// A database backend, as `pg_stat_activity` shows it.
@@ -295,6 +307,8 @@ async fn subscriptions(
                 status: row.try_get("status")?,
                 attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
                 last_error: row.try_get("last_error")?,
+                lease_owner: row.try_get("lease_owner")?,
+                lease_remaining_seconds: seconds(row, "lease_remaining")?,
             })
         })
         .collect()

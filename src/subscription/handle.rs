@@ -79,12 +79,30 @@ pub struct SubscriptionStatus {
 /// The handle returned by [`Outbox::subscribe`](crate::Outbox::subscribe).
 ///
 /// Dropping it asks the runner to stop after the event in hand, as
-/// [`shutdown`](Self::shutdown) does, without waiting.
+/// [`shutdown`](Self::shutdown) does, without waiting; so does the outbox's shutdown. To run a
+/// subscription for the outbox's whole life without keeping the handle, call
+/// [`detach`](Self::detach).
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # use std::sync::Arc;
+/// # struct S;
+/// # impl ordo::Subscriber<serde_json::Value> for S {
+/// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &Arc<ordo::Envelope<serde_json::Value>>)
+/// #         -> Result<(), ordo::HandlerError> { Ok(()) }
+/// # }
+/// # async fn run(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {
+/// // Does not compile: the handle would be dropped at once, stopping the subscription.
+/// outbox.subscribe(ordo::JobConfig::new("projection"), S).await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a SubscriptionHandle stops its subscription: keep it, or call .detach() to run it until the Outbox shuts down"]
 pub struct SubscriptionHandle {
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) task: Mutex<Option<JoinHandle<()>>>,
     pub(crate) status: watch::Receiver<SubscriptionStatus>,
     pub(crate) heads: Heads,
+    pub(crate) detached: bool,
 }
 
 /// Where each lane's head is, for the lag.
@@ -154,8 +172,34 @@ impl SubscriptionHandle {
     }
 }
 
+impl SubscriptionHandle {
+    /// Lets the subscription run without this handle, until the [`Outbox`](crate::Outbox)
+    /// shuts down (which stops it as [`shutdown`](Self::shutdown) would). Its progress stays
+    /// visible in `ordo status` and `ordo subscriptions`.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # struct Projection;
+    /// # impl ordo::Subscriber<serde_json::Value> for Projection {
+    /// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &Arc<ordo::Envelope<serde_json::Value>>)
+    /// #         -> Result<(), ordo::HandlerError> { Ok(()) }
+    /// # }
+    /// # async fn run(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {
+    /// outbox
+    ///     .subscribe(ordo::JobConfig::new("projection"), Projection)
+    ///     .await?
+    ///     .detach();
+    /// # Ok(()) }
+    /// ```
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
 impl Drop for SubscriptionHandle {
     fn drop(&mut self) {
-        self.stop.send_replace(true);
+        if !self.detached {
+            self.stop.send_replace(true);
+        }
     }
 }

@@ -111,5 +111,6 @@ where
         task: Mutex::new(Some(task)),
         status: status_rx,
         heads,
+        detached: false,
     })
 }
