@@ -754,13 +754,8 @@ async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_d
     let role = format!("ordo_app_{}", uuid::Uuid::new_v4().simple());
     for statement in [
         format!("CREATE ROLE {role} LOGIN"),
-        format!("GRANT USAGE ON SCHEMA ordo TO {role}"),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE ON ordo.events, ordo.commit_log, ordo.sequencer_state,
-             ordo.subscriptions, ordo.dead_letters TO {role}"
-        ),
-        format!("GRANT SELECT ON ordo.partitioning TO {role}"),
-        format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ordo TO {role}"),
+        // The writer role of docs/operations.md: everything an Outbox needs, no DDL.
+        format!("SELECT ordo.grant_writer('{role}')"),
     ] {
         sqlx::query(sqlx::AssertSqlSafe(statement))
             .execute(&db.pool)
