@@ -98,6 +98,20 @@ pub enum Error {
     /// The outbox was shut down; its listeners end and new work is refused.
     #[error("the ordo outbox has been shut down")]
     Shutdown,
+
+    /// The commit log ends below a head this process already saw. The sequencer commits its
+    /// appends asynchronously, so a server crash can lose the last ones after they were seen;
+    /// they are folded again, identically. A listener waits for that (it retries, and never
+    /// yields this error); it is not a deleted row.
+    #[error(
+        "ordo.commit_log ends at {durable}, below commit sequence {missing} seen before a server crash; waiting for the sequencer to fold it again"
+    )]
+    CommitLogBehind {
+        /// The first commit sequence that could not be read.
+        missing: crate::position::CommitSequence,
+        /// `last_commit_seq` in `ordo.sequencer_state` now.
+        durable: u64,
+    },
 }
 
 impl Error {

@@ -78,8 +78,9 @@
 //!   [`OutboxConfig::gap_fill_timeout`]; then the placeholder is written under a conflict check
 //!   that waits for the hole's writer if it is still alive.
 //! - Database errors in background tasks are logged (`tracing`) and retried with capped
-//!   backoff; listener page reads that fail are yielded as `Err` items and retried at the same
-//!   position.
+//!   backoff. Listener streams retry transient failures (lost connection, server restart,
+//!   pool timeout, serialization failure) at the same position and never yield them; they
+//!   yield only what needs you (see [`EventStream`] for the list).
 //!
 //! ## Lifecycle
 //!

@@ -68,6 +68,11 @@ where
         self.next - 1
     }
 
+    /// The outbox's stop signal this reader watches.
+    pub(crate) fn stop_signal(&self) -> StopSignal {
+        self.stop.clone()
+    }
+
     /// Moves the reader so that its next slot is the one after `after`.
     pub(crate) fn seek(&mut self, after: u64) {
         self.next = after + 1;
