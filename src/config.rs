@@ -4,11 +4,17 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// The default of [`OutboxConfig::cache_bytes`]: 64 MiB. At the default 8,192 events that is
+/// 8 KiB an event, so events of ordinary size are bounded by count, and only large payloads by
+/// bytes.
+const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
 /// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
 #[derive(Debug, Clone)]
 pub struct OutboxConfig {
     pub(crate) cache_capacity: usize,
+    pub(crate) cache_bytes: usize,
     pub(crate) page_size: usize,
     pub(crate) gap_grace: Duration,
     pub(crate) gap_poll: Duration,
@@ -28,6 +34,7 @@ impl Default for OutboxConfig {
     fn default() -> Self {
         Self {
             cache_capacity: 8_192,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             page_size: 2_000,
             gap_grace: Duration::from_millis(25),
             gap_poll: Duration::from_millis(2),
@@ -55,6 +62,18 @@ impl OutboxConfig {
     /// A listener further behind reads from the table by pages. Default 8,192 events.
     pub fn cache_capacity(mut self, events: usize) -> Self {
         self.cache_capacity = events;
+        self
+    }
+
+    /// The most payload bytes the process-wide cache keeps, measured as the JSON text of each
+    /// event's payload and headers (decoded values in memory may weigh somewhat more). The
+    /// cache is bounded by this and by [`cache_capacity`](Self::cache_capacity), whichever is
+    /// reached first; so are the committed events waiting above an open hole. An event larger
+    /// than the whole budget is never cached: listeners read it from the table, so a few huge
+    /// payloads cannot pin memory after delivery. Default 64 MiB (67,108,864 bytes); at least
+    /// 1 KiB.
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 
@@ -164,6 +183,9 @@ impl OutboxConfig {
         let invalid = Error::invalid_config;
         if self.cache_capacity < 16 {
             return invalid("cache_capacity", "must hold at least 16 events");
+        }
+        if self.cache_bytes < 1_024 {
+            return invalid("cache_bytes", "must be at least 1 KiB (1,024 bytes)");
         }
         if self.page_size == 0 || self.page_size > 100_000 {
             return invalid("page_size", "must be between 1 and 100,000 rows");

@@ -122,7 +122,12 @@ where
     async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {
         let mut out = Vec::new();
         let lookup = match self.shared.cache.read() {
-            Ok(cache) => cache.read(self.next, CACHE_BATCH.min(self.limit), &mut out),
+            Ok(cache) => cache.read(
+                self.next,
+                CACHE_BATCH.min(self.limit),
+                self.mode == ReadMode::Full,
+                &mut out,
+            ),
             Err(_) => Lookup::Behind {
                 before: frontier + 1,
             },

@@ -67,24 +67,28 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
         return Ok(placeholder(sequence));
     };
     let headers: String = row.try_get("headers")?;
-    let item = match serde_json::from_str::<P>(&payload) {
+    let bytes = payload.len() + headers.len();
+    let (item, bytes) = match serde_json::from_str::<P>(&payload) {
         Ok(payload) => {
             // Headers are a JSON object by construction; anything else reads as empty.
             let headers = serde_json::from_str::<Headers>(&headers).unwrap_or_default();
-            SlotItem::Event(Arc::new(Envelope {
+            let event = SlotItem::Event(Arc::new(Envelope {
                 id: row.try_get::<Uuid, _>("id")?,
                 sequence: EventSequence::new(sequence),
                 commit_xid: xid,
                 payload,
                 headers,
                 recorded_at: row.try_get::<DateTime<Utc>, _>("recorded_at")?,
-            }))
+            }));
+            (event, bytes)
         }
-        Err(error) => SlotItem::Undecodable(Arc::new(error)),
+        // serde's error does not hold the payload: nothing to weigh.
+        Err(error) => (SlotItem::Undecodable(Arc::new(error)), 0),
     };
     Ok(Slot {
         sequence,
         commit_xid: Some(xid),
+        bytes,
         item,
     })
 }
@@ -96,6 +100,7 @@ fn decode_meta<P>(row: &PgRow) -> Result<Slot<P>> {
         Some(xid) => Slot {
             sequence,
             commit_xid: Some(xid),
+            bytes: 0,
             item: SlotItem::Meta,
         },
         None => placeholder(sequence),
@@ -106,6 +111,7 @@ fn placeholder<P>(sequence: u64) -> Slot<P> {
     Slot {
         sequence,
         commit_xid: None,
+        bytes: 0,
         item: SlotItem::Placeholder,
     }
 }

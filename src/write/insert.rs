@@ -95,6 +95,7 @@ pub(crate) fn into_slots<P>(events: Vec<Buffered<P>>, rows: Vec<Inserted>) -> Ve
         .map(|(event, row)| Slot {
             sequence: row.sequence,
             commit_xid: Some(row.commit_xid),
+            bytes: event.payload_json.len() + event.headers_json.len(),
             item: SlotItem::Event(Arc::new(Envelope {
                 id: row.id,
                 sequence: EventSequence::new(row.sequence),
