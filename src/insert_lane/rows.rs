@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{Connection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
 use super::cache::{Slot, SlotItem};
@@ -39,6 +40,9 @@ UNION ALL
 (SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
  FROM ordo.events WHERE sequence > $2 ORDER BY sequence LIMIT $3)
 "#;
+
+/// A page whose payloads weigh more than this hands its connection's grown buffers back.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
 
 /// The highest sequence any transaction has drawn (committed or not).
 const HEAD: &str =
@@ -143,18 +147,33 @@ pub(crate) async fn read_page<P: DeserializeOwned>(
         ReadMode::Full => PAGE_FULL,
         ReadMode::Meta => PAGE_META,
     };
-    let rows = sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(to_i64(after))
         .bind(to_i64(upto))
-        .bind(to_i64(limit as u64))
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|row| match mode {
-            ReadMode::Full => decode_full(row),
-            ReadMode::Meta => decode_meta(row),
-        })
-        .collect()
+        .bind(to_i64(limit as u64));
+    match mode {
+        ReadMode::Full => fetch_slots(pool, query, decode_full).await,
+        ReadMode::Meta => fetch_slots(pool, query, decode_meta).await,
+    }
+}
+
+/// Runs a statement that reads slots, and gives the connection's buffers back after a large
+/// result. sqlx keeps a connection's read buffer at the largest message it has read (and a
+/// row's bytes share it), so without this one 100 MB payload read pins 100 MB in every pooled
+/// connection that ever read it, long after the event was delivered.
+async fn fetch_slots<P>(
+    pool: &PgPool,
+    query: Query<'_, Postgres, PgArguments>,
+    decode: fn(&PgRow) -> Result<Slot<P>>,
+) -> Result<Vec<Slot<P>>> {
+    let mut conn = pool.acquire().await?;
+    let rows = query.fetch_all(&mut *conn).await?;
+    let slots = rows.iter().map(decode).collect::<Result<Vec<_>>>()?;
+    drop(rows);
+    if slots.iter().map(|slot| slot.bytes).sum::<usize>() > SHRINK_AFTER_BYTES {
+        conn.shrink_buffers();
+    }
+    Ok(slots)
 }
 
 /// Reads the listed sequences and up to `limit` rows above `above`.
@@ -164,13 +183,11 @@ pub(crate) async fn fetch<P: DeserializeOwned>(
     above: u64,
     limit: usize,
 ) -> Result<Vec<Slot<P>>> {
-    let rows = sqlx::query(FETCH)
+    let query = sqlx::query(FETCH)
         .bind(missing)
         .bind(to_i64(above))
-        .bind(to_i64(limit as u64))
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(decode_full).collect()
+        .bind(to_i64(limit as u64));
+    fetch_slots(pool, query, decode_full).await
 }
 
 const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, Row};
+use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use super::sql::INSERT_EVENTS;
@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::insert_lane::cache::{Slot, SlotItem};
 use crate::insert_lane::rows::to_u64;
 use crate::position::EventSequence;
+
+/// A statement carrying more payload bytes than this hands its connection's buffer back.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
 
 /// An event serialised at publish time, so an encoding error surfaces at the call that caused
 /// it, and kept typed, so the in-process lane hands out the very value published (no decode).
@@ -55,6 +58,7 @@ pub(crate) async fn insert<P>(
 ) -> Result<Vec<Inserted>> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload_json.as_str()).collect();
+    let sent: usize = payloads.iter().map(|p| p.len()).sum();
     let headers: Vec<&str> = events.iter().map(|e| e.headers_json.as_str()).collect();
     let rows = sqlx::query(INSERT_EVENTS)
         .bind(ids)
@@ -62,6 +66,11 @@ pub(crate) async fn insert<P>(
         .bind(headers)
         .fetch_all(&mut *conn)
         .await?;
+    if sent > SHRINK_AFTER_BYTES {
+        // sqlx keeps the write buffer at the largest statement sent: give it back, or a large
+        // payload pins its size in this pooled connection for good.
+        conn.shrink_buffers();
+    }
     rows.iter()
         .map(|row| {
             Ok(Inserted {
