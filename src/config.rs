@@ -59,7 +59,8 @@ impl OutboxConfig {
     }
 
     /// How many recent events (and placeholders) the process-wide cache keeps for listeners.
-    /// A listener further behind reads from the table by pages. Default 8,192 events.
+    /// A listener further behind reads from the table by pages. The cache is also bounded by
+    /// [`cache_bytes`](Self::cache_bytes). Default 8,192 events.
     pub fn cache_capacity(mut self, events: usize) -> Self {
         self.cache_capacity = events;
         self
