@@ -12,11 +12,17 @@ use crate::error::{Error, Result};
 /// up to two for its sequencer.
 pub const MIN_POOL_CONNECTIONS: u32 = 2;
 
+/// The default of [`OutboxConfig::cache_bytes`]: 64 MiB. At the default 8,192 events that is
+/// 8 KiB an event, so events of ordinary size are bounded by count, and only large payloads by
+/// bytes.
+const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
 /// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
 #[derive(Debug, Clone)]
 pub struct OutboxConfig {
     pub(crate) cache_capacity: usize,
+    pub(crate) cache_bytes: usize,
     pub(crate) page_size: usize,
     pub(crate) gap_grace: Duration,
     pub(crate) gap_poll: Duration,
@@ -37,6 +43,7 @@ impl Default for OutboxConfig {
     fn default() -> Self {
         Self {
             cache_capacity: 8_192,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             page_size: 2_000,
             gap_grace: Duration::from_millis(25),
             gap_poll: Duration::from_millis(2),
@@ -62,9 +69,22 @@ impl OutboxConfig {
     }
 
     /// How many recent events (and placeholders) the process-wide cache keeps for listeners.
-    /// A listener further behind reads from the table by pages. Default 8,192 events.
+    /// A listener further behind reads from the table by pages. The cache is also bounded by
+    /// [`cache_bytes`](Self::cache_bytes). Default 8,192 events.
     pub fn cache_capacity(mut self, events: usize) -> Self {
         self.cache_capacity = events;
+        self
+    }
+
+    /// The most payload bytes the process-wide cache keeps, measured as the JSON text of each
+    /// event's payload and headers (decoded values in memory may weigh somewhat more). The
+    /// cache is bounded by this and by [`cache_capacity`](Self::cache_capacity), whichever is
+    /// reached first; so are the committed events waiting above an open hole. An event larger
+    /// than the whole budget is never cached: listeners read it from the table, so a few huge
+    /// payloads cannot pin memory after delivery. Default 64 MiB (67,108,864 bytes); at least
+    /// 1 KiB.
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 
@@ -195,6 +215,9 @@ impl OutboxConfig {
         }
         if self.cache_capacity < 16 {
             return invalid("cache_capacity", "must hold at least 16 events");
+        }
+        if self.cache_bytes < 1_024 {
+            return invalid("cache_bytes", "must be at least 1 KiB (1,024 bytes)");
         }
         if self.page_size == 0 || self.page_size > 100_000 {
             return invalid("page_size", "must be between 1 and 100,000 rows");

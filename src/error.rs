@@ -192,6 +192,20 @@ pub enum Error {
         /// Why, and what to do.
         reason: String,
     },
+
+    /// The commit log ends below a head this process already saw. The sequencer commits its
+    /// appends asynchronously, so a server crash can lose the last ones after they were seen;
+    /// they are folded again, identically. A listener waits for that (it retries, and never
+    /// yields this error); it is not a deleted row.
+    #[error(
+        "ordo.commit_log ends at {durable}, below commit sequence {missing} seen before a server crash; waiting for the sequencer to fold it again"
+    )]
+    CommitLogBehind {
+        /// The first commit sequence that could not be read.
+        missing: crate::position::CommitSequence,
+        /// `last_commit_seq` in `ordo.sequencer_state` now.
+        durable: u64,
+    },
 }
 
 /// Every database error converts here, so that the one that means "not migrated" says so

@@ -90,8 +90,9 @@
 //!   `commit` return [`Error::CommitInDoubt`], whose docs say how to retry without publishing
 //!   twice ([`Outbox::commit_status`], [`OutboxTransaction::publish_with_id`]).
 //! - Database errors in background tasks are logged (`tracing`) and retried with capped
-//!   backoff; listener page reads that fail are yielded as `Err` items and retried at the same
-//!   position.
+//!   backoff. Listener streams retry transient failures (lost connection, server restart,
+//!   pool timeout, serialization failure) at the same position and never yield them; they
+//!   yield only what needs you (see [`EventStream`] for the list).
 //!
 //! ## Lifecycle
 //!

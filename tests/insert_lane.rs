@@ -387,6 +387,7 @@ async fn contradictory_configuration_is_refused_naming_the_settings() {
     let db = TestDb::new().await;
     let cases = [
         (OutboxConfig::default().cache_capacity(1), "cache_capacity"),
+        (OutboxConfig::default().cache_bytes(10), "cache_bytes"),
         (OutboxConfig::default().page_size(0), "page_size"),
         (
             OutboxConfig::default()
@@ -427,4 +428,95 @@ async fn contradictory_configuration_is_refused_naming_the_settings() {
     .await
     .expect("count");
     assert_eq!(listening, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_and_small_events_under_a_small_byte_budget_arrive_once_in_order_live_and_late() {
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Blob {
+        n: u32,
+        data: String,
+    }
+    // Small events fit many to the budget, medium ones two at a time, large ones not at all.
+    const BUDGET: usize = 16_384;
+    let sizes = [10usize, 40_000, 6_000, 10, 6_000, 40_000, 40_000, 10, 6_000];
+    let blob = |n: usize| Blob {
+        n: n as u32,
+        data: "x".repeat(sizes[n % sizes.len()]),
+    };
+    let db = TestDb::new().await;
+    let config = || {
+        OutboxConfig::default()
+            .cache_capacity(64)
+            .cache_bytes(BUDGET)
+    };
+    let outbox = Outbox::<Blob>::new(db.pool.clone(), config())
+        .await
+        .expect("outbox");
+    let remote = Outbox::<Blob>::new(db.another_pool(3).await, config())
+        .await
+        .expect("outbox");
+    let mut live = outbox.listen_inserted(Start::Beginning);
+    let mut live_committed = outbox.listen_committed(Start::Beginning);
+    let mut live_remote = remote.listen_inserted(Start::Beginning);
+
+    let total = 45;
+    for first in (0..total).step_by(3) {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((first..first + 3).map(blob))
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+
+    let check = |who: &str, got: &[Arc<Envelope<Blob>>]| {
+        let ns: Vec<u32> = got.iter().map(|e| e.payload.n).collect();
+        assert_eq!(ns, (0..total as u32).collect::<Vec<_>>(), "{who}");
+        for event in got {
+            assert_eq!(event.payload, blob(event.payload.n as usize), "{who}");
+        }
+    };
+    async fn take_all<T, F: Fn(&T) -> Arc<Envelope<Blob>>>(
+        stream: &mut futures::stream::BoxStream<'static, ordo::Result<T>>,
+        count: usize,
+        envelope: F,
+    ) -> Vec<Arc<Envelope<Blob>>> {
+        let mut out = Vec::new();
+        while out.len() < count {
+            let item = timeout(PATIENCE, stream.next())
+                .await
+                .unwrap_or_else(|_| panic!("only {} of {count} events arrived", out.len()))
+                .expect("the stream ended early")
+                .expect("an event, not an error");
+            out.push(envelope(&item));
+        }
+        out
+    }
+    let got = take_all(&mut live, total, Arc::clone).await;
+    check("live", &got);
+    // A payload larger than the whole budget is not kept by the lane: the listener holds the
+    // only reference to it.
+    for event in got.iter().filter(|e| e.payload.data.len() > BUDGET) {
+        assert_eq!(
+            Arc::strong_count(event),
+            1,
+            "event {} ({} bytes) is still held by the lane",
+            event.sequence,
+            event.payload.data.len()
+        );
+    }
+    check(
+        "live, commit lane",
+        &take_all(&mut live_committed, total, |item| Arc::clone(&item.event)).await,
+    );
+    check(
+        "live, other process",
+        &take_all(&mut live_remote, total, Arc::clone).await,
+    );
+    for (who, source) in [("late", &outbox), ("late, other process", &remote)] {
+        let mut late = source.listen_inserted(Start::Beginning);
+        check(who, &take_all(&mut late, total, Arc::clone).await);
+        let mut late_committed = source.listen_committed(Start::Beginning);
+        let got = take_all(&mut late_committed, total, |item| Arc::clone(&item.event)).await;
+        check(who, &got);
+    }
 }

@@ -24,9 +24,16 @@ use crate::task::StopSignal;
 /// The stream returned by [`Outbox::listen_committed`](crate::Outbox::listen_committed).
 ///
 /// Items carry commit sequences that increase by exactly one each time: no hole, no repeat.
-/// `Err` items are as for [`EventStream`](crate::EventStream): an undecodable payload (the
-/// stream goes on), a failed page read (retried at the same position after a backoff), or a
-/// log row whose event is gone ([`Error::MissingCommitLog`]; the stream ends).
+///
+/// # Errors a stream yields
+///
+/// As for [`EventStream`](crate::EventStream): [`Error::UndecodablePayload`] (the stream goes
+/// on), [`Error::BelowRetentionFloor`], [`Error::MissingCommitLog`] (a log row, or its event,
+/// is gone) and permanent [`Error::Database`] failures (schema not migrated, permission
+/// denied, pool closed), after which the stream ends. Transient failures (connection lost,
+/// server restarting, pool timeout, serialization failure, I/O) are retried at the same
+/// position with backoff, logged at WARN and counted in `ordo_stream_retries_total`; they are
+/// never yielded.
 pub type CommitStream<P> = BoxStream<'static, Result<CommitOrderedEnvelope<P>, Error>>;
 
 const LOG_BATCH: usize = 512;
@@ -158,7 +165,17 @@ where
                         floor: floor + 1,
                     });
                 }
-                Err(Error::MissingCommitLog { missing })
+                // Above the durable head, the row is not deleted but not yet re-appended: a
+                // crash lost the sequencer's last (asynchronous) appends after we saw them.
+                let durable: i64 = sqlx::query_scalar(super::HEAD_SQL)
+                    .fetch_one(&self.lane.pool)
+                    .await?;
+                let durable = to_u64(durable);
+                if missing.get() > durable {
+                    return Err(Error::CommitLogBehind { missing, durable });
+                }
+                // The re-append may have landed between the page and the head: look once more.
+                self.read_log(head).await
             }
             other => other,
         }
@@ -222,9 +239,18 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     type Item = CommitItem<P>;
+    const LANE: &'static str = "commit";
 
     async fn next_batch(&mut self) -> Option<Result<Vec<CommitItem<P>>>> {
         CommitReader::next_batch(self).await
+    }
+
+    fn position(&self) -> u64 {
+        self.next - 1
+    }
+
+    fn stop_signal(&self) -> StopSignal {
+        self.stop.clone()
     }
 }
 

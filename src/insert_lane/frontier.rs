@@ -45,6 +45,8 @@ pub(crate) struct FrontierTask<P> {
     frontier: u64,
     /// Resolved slots above the frontier, waiting for the sequences below them.
     pending: BTreeMap<u64, Slot<P>>,
+    /// What the payloads in `pending` weigh (bounded by `cache_bytes`, like the cache).
+    pending_bytes: usize,
     /// The highest sequence known to exist (drawn), whether or not it is visible yet.
     known_head: u64,
     hole: Option<Hole>,
@@ -77,6 +79,7 @@ where
             config,
             frontier,
             pending: BTreeMap::new(),
+            pending_bytes: 0,
             known_head: frontier,
             hole: None,
             resolver: None,
@@ -150,11 +153,27 @@ where
     fn ingest(&mut self, batch: CommittedBatch<P>) {
         for slot in batch {
             self.known_head = self.known_head.max(slot.sequence);
-            if slot.sequence > self.frontier && self.pending.len() < self.config.cache_capacity {
-                self.pending.entry(slot.sequence).or_insert(slot);
+            if self.pending.len() < self.config.cache_capacity {
+                self.hold(slot);
             }
             // Past the pending bound the slot is dropped here and read from the table later.
         }
+    }
+
+    /// Keeps a resolved slot above the frontier until the sequences below it resolve. Past
+    /// the byte budget it waits without its payload, and listeners read that event from the
+    /// table: a long-open hole must not pin every large payload committed above it.
+    fn hold(&mut self, slot: Slot<P>) {
+        if slot.sequence <= self.frontier || self.pending.contains_key(&slot.sequence) {
+            return;
+        }
+        let slot = if self.pending_bytes + slot.bytes > self.config.cache_bytes {
+            slot.without_payload()
+        } else {
+            slot
+        };
+        self.pending_bytes += slot.bytes;
+        self.pending.insert(slot.sequence, slot);
     }
 
     /// One look at the table: the holes below what we know, anything new above it, and the
@@ -192,9 +211,7 @@ where
         let full_page = room > 0 && slots.iter().filter(|s| s.sequence > top).count() == room;
         for slot in slots {
             self.known_head = self.known_head.max(slot.sequence);
-            if slot.sequence > self.frontier {
-                self.pending.entry(slot.sequence).or_insert(slot);
-            }
+            self.hold(slot);
         }
         if full_page {
             // More is waiting right behind this page: look again at once.
@@ -211,6 +228,7 @@ where
         }
         if let Ok(mut cache) = self.shared.cache.write() {
             while let Some(slot) = self.pending.remove(&(self.frontier + 1)) {
+                self.pending_bytes -= slot.bytes;
                 self.frontier = slot.sequence;
                 cache.push(slot);
             }

@@ -39,10 +39,16 @@ pub(crate) struct LaneShared<P> {
 }
 
 impl<P> LaneShared<P> {
-    pub(crate) fn new(pool: PgPool, frontier: u64, capacity: usize, page_size: usize) -> Self {
+    pub(crate) fn new(
+        pool: PgPool,
+        frontier: u64,
+        capacity: usize,
+        budget: usize,
+        page_size: usize,
+    ) -> Self {
         Self {
             pool,
-            cache: RwLock::new(Cache::new(frontier, capacity)),
+            cache: RwLock::new(Cache::new(frontier, capacity, budget)),
             frontier: watch::Sender::new(frontier),
             head_hint: AtomicU64::new(frontier),
             poke: Notify::new(),

@@ -68,6 +68,11 @@ where
         self.next - 1
     }
 
+    /// The outbox's stop signal this reader watches.
+    pub(crate) fn stop_signal(&self) -> StopSignal {
+        self.stop.clone()
+    }
+
     /// Moves the reader so that its next slot is the one after `after`.
     pub(crate) fn seek(&mut self, after: u64) {
         self.next = after + 1;
@@ -117,7 +122,12 @@ where
     async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {
         let mut out = Vec::new();
         let lookup = match self.shared.cache.read() {
-            Ok(cache) => cache.read(self.next, CACHE_BATCH.min(self.limit), &mut out),
+            Ok(cache) => cache.read(
+                self.next,
+                CACHE_BATCH.min(self.limit),
+                self.mode == ReadMode::Full,
+                &mut out,
+            ),
             Err(_) => Lookup::Behind {
                 before: frontier + 1,
             },

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{Connection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
 use super::cache::{Slot, SlotItem};
@@ -40,6 +41,9 @@ UNION ALL
  FROM ordo.events WHERE sequence > $2 ORDER BY sequence LIMIT $3)
 "#;
 
+/// A page whose payloads weigh more than this hands its connection's grown buffers back.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
+
 /// The highest sequence any transaction has drawn (committed or not).
 pub(crate) const HEAD: &str =
     "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ordo.events_sequence";
@@ -73,24 +77,28 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
         return Ok(placeholder(sequence));
     };
     let headers: String = row.try_get("headers")?;
-    let item = match serde_json::from_str::<P>(&payload) {
+    let bytes = payload.len() + headers.len();
+    let (item, bytes) = match serde_json::from_str::<P>(&payload) {
         Ok(payload) => {
             // Headers are a JSON object by construction; anything else reads as empty.
             let headers = serde_json::from_str::<Headers>(&headers).unwrap_or_default();
-            SlotItem::Event(Arc::new(Envelope {
+            let event = SlotItem::Event(Arc::new(Envelope {
                 id: row.try_get::<Uuid, _>("id")?,
                 sequence: EventSequence::new(sequence),
                 commit_xid: xid,
                 payload,
                 headers,
                 recorded_at: row.try_get::<DateTime<Utc>, _>("recorded_at")?,
-            }))
+            }));
+            (event, bytes)
         }
-        Err(error) => SlotItem::Undecodable(Arc::new(error)),
+        // serde's error does not hold the payload: nothing to weigh.
+        Err(error) => (SlotItem::Undecodable(Arc::new(error)), 0),
     };
     Ok(Slot {
         sequence,
         commit_xid: Some(xid),
+        bytes,
         item,
     })
 }
@@ -102,6 +110,7 @@ fn decode_meta<P>(row: &PgRow) -> Result<Slot<P>> {
         Some(xid) => Slot {
             sequence,
             commit_xid: Some(xid),
+            bytes: 0,
             item: SlotItem::Meta,
         },
         None => placeholder(sequence),
@@ -112,6 +121,7 @@ fn placeholder<P>(sequence: u64) -> Slot<P> {
     Slot {
         sequence,
         commit_xid: None,
+        bytes: 0,
         item: SlotItem::Placeholder,
     }
 }
@@ -143,18 +153,33 @@ pub(crate) async fn read_page<P: DeserializeOwned>(
         ReadMode::Full => PAGE_FULL,
         ReadMode::Meta => PAGE_META,
     };
-    let rows = sqlx::query(sql)
+    let query = sqlx::query(sql)
         .bind(to_i64(after))
         .bind(to_i64(upto))
-        .bind(to_i64(limit as u64))
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|row| match mode {
-            ReadMode::Full => decode_full(row),
-            ReadMode::Meta => decode_meta(row),
-        })
-        .collect()
+        .bind(to_i64(limit as u64));
+    match mode {
+        ReadMode::Full => fetch_slots(pool, query, decode_full).await,
+        ReadMode::Meta => fetch_slots(pool, query, decode_meta).await,
+    }
+}
+
+/// Runs a statement that reads slots, and gives the connection's buffers back after a large
+/// result. sqlx keeps a connection's read buffer at the largest message it has read (and a
+/// row's bytes share it), so without this one 100 MB payload read pins 100 MB in every pooled
+/// connection that ever read it, long after the event was delivered.
+async fn fetch_slots<P>(
+    pool: &PgPool,
+    query: Query<'_, Postgres, PgArguments>,
+    decode: fn(&PgRow) -> Result<Slot<P>>,
+) -> Result<Vec<Slot<P>>> {
+    let mut conn = pool.acquire().await?;
+    let rows = query.fetch_all(&mut *conn).await?;
+    let slots = rows.iter().map(decode).collect::<Result<Vec<_>>>()?;
+    drop(rows);
+    if slots.iter().map(|slot| slot.bytes).sum::<usize>() > SHRINK_AFTER_BYTES {
+        conn.shrink_buffers();
+    }
+    Ok(slots)
 }
 
 /// Reads the listed sequences and up to `limit` rows above `above`.
@@ -164,13 +189,11 @@ pub(crate) async fn fetch<P: DeserializeOwned>(
     above: u64,
     limit: usize,
 ) -> Result<Vec<Slot<P>>> {
-    let rows = sqlx::query(FETCH)
+    let query = sqlx::query(FETCH)
         .bind(missing)
         .bind(to_i64(above))
-        .bind(to_i64(limit as u64))
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(decode_full).collect()
+        .bind(to_i64(limit as u64));
+    fetch_slots(pool, query, decode_full).await
 }
 
 pub(crate) const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";

@@ -22,6 +22,7 @@
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event |
+//! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
 
 /// The metric `ordo_events_published_total` (see the table above).
 pub const EVENTS_PUBLISHED: &str = "ordo_events_published_total";
@@ -59,6 +60,9 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+
+/// The metric `ordo_stream_retries_total` (see the table above).
+pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
 
 /// Seconds from `recorded_at` to now, for the delivery histogram.
 pub(crate) fn since(recorded_at: chrono::DateTime<chrono::Utc>) -> f64 {

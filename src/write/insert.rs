@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, Row};
+use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use super::sql::INSERT_EVENTS;
@@ -37,6 +37,9 @@ pub(crate) const CHUNK_BYTES: usize = 8 << 20;
 /// values; larger ones are read back from the table. At or below the default cache capacity,
 /// so a handed-over transaction fits the lane's window.
 pub(crate) const HANDOFF_EVENTS: usize = CHUNK_EVENTS;
+
+/// A statement carrying more payload bytes than this hands its connection's buffer back.
+const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
 
 /// JSON texts stored end to end: one allocation per chunk, not one per event.
 #[derive(Default)]
@@ -85,6 +88,8 @@ impl Chunk {
 struct Typed<P> {
     payload: P,
     headers: Headers,
+    /// Its JSON's length (payload and headers), what it weighs in the lane's byte budget.
+    bytes: usize,
 }
 
 /// The events of one transaction, serialised, waiting for commit.
@@ -130,7 +135,12 @@ impl<P: Serialize> Buffer<P> {
                 // Too big for the hand-off: stop holding typed values (the lane reads the table).
                 self.typed = None;
             } else {
-                typed.push(Typed { payload, headers });
+                let bytes = payload_json.len() + headers_json.len();
+                typed.push(Typed {
+                    payload,
+                    headers,
+                    bytes,
+                });
             }
         }
         Ok(())
@@ -184,6 +194,7 @@ impl<P> Buffer<P> {
                 Some(Slot {
                     sequence: row.sequence,
                     commit_xid: Some(row.commit_xid),
+                    bytes: typed.bytes,
                     item: SlotItem::Event(Arc::new(Envelope {
                         id: row.id,
                         sequence: EventSequence::new(row.sequence),
@@ -243,6 +254,11 @@ pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -
             .bind(chunk.headers.strs())
             .fetch_all(&mut *conn)
             .await?;
+        if chunk.bytes() > SHRINK_AFTER_BYTES {
+            // sqlx keeps the write buffer at the largest statement sent: give it back, or a
+            // large payload pins its size in this pooled connection for good.
+            conn.shrink_buffers();
+        }
         drop(chunk);
         for row in &rows {
             let inserted = Inserted {

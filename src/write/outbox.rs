@@ -114,6 +114,7 @@ where
             pool.clone(),
             frontier,
             config.cache_capacity,
+            config.cache_bytes,
             config.page_size,
         ));
         let head: i64 = sqlx::query_scalar(HEAD_SQL).fetch_one(&pool).await?;
