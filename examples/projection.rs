@@ -71,40 +71,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on_exhaustion(OnExhaustion::DeadLetter);
     let subscription = outbox.subscribe(config, Balances).await?;
 
-    let mut last = ordo::EventSequence::BEGIN;
+    let mut written = Vec::new();
     for (account, cents) in [("alice", 500), ("bob", 250), ("alice", 125)] {
         let mut tx = outbox.begin().await?;
         tx.publish(Deposited {
             account: account.to_owned(),
             cents,
         })?;
-        last = tx.commit().await?.into_iter().max().unwrap_or(last);
+        written.extend(tx.commit().await?);
     }
-    // Where the last deposit landed in the commit log, once the sequencer has folded it.
-    let mut target = None;
-    for _ in 0..1_000 {
-        target = sqlx::query_scalar::<_, i64>(
-            "SELECT commit_seq FROM ordo.commit_log WHERE sequence = $1",
-        )
-        .bind(last.get() as i64)
-        .fetch_optional(&pool)
+    // Read-your-writes: wait until the projection has handled what we wrote (from any process:
+    // the wait asks the database), then read it.
+    outbox
+        .wait_for_subscription(&name, &written, Duration::from_secs(10))
         .await?;
-        if target.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let target = target.ok_or("the sequencer did not fold the deposits in 10 s")? as u64;
-    let (status, done) = subscription
-        .wait_for(Duration::from_secs(10), |s| s.position.get() >= target)
-        .await;
+    let positions = outbox
+        .wait_for_commit(&written, Duration::from_secs(10))
+        .await?;
+    let status = subscription.status();
     println!(
-        "subscription {name}: {:?} at position {:?}, lag {}",
+        "subscription {name}: {:?} at position {:?}, lag {}; the deposits sit at commit positions {positions:?}",
         status.state, status.position, status.lag
     );
-    if !done {
-        return Err("the subscription did not catch up in 10 s".into());
-    }
     let balances: Vec<(String, i64)> =
         sqlx::query_as("SELECT account, cents FROM projection_balances ORDER BY account")
             .fetch_all(&pool)

@@ -30,6 +30,60 @@ pub struct Envelope<P> {
     pub recorded_at: DateTime<Utc>,
 }
 
+impl<P> Envelope<P> {
+    /// An envelope built by hand, for unit tests of handlers (no database needed): a fresh id,
+    /// sequence 1, transaction 1, no headers, recorded now. Adjust with the `with_*` methods.
+    ///
+    /// ```
+    /// # #[derive(Debug)] struct Deposited { cents: i64 }
+    /// let event = ordo::Envelope::new(Deposited { cents: 250 })
+    ///     .with_sequence(ordo::EventSequence::new(42))
+    ///     .with_commit_xid(7);
+    /// assert_eq!(event.sequence.get(), 42);
+    /// assert_eq!(event.payload.cents, 250);
+    /// ```
+    pub fn new(payload: P) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            sequence: EventSequence::new(1),
+            commit_xid: 1,
+            payload,
+            headers: Headers::new(),
+            recorded_at: Utc::now(),
+        }
+    }
+
+    /// The same envelope at `sequence`.
+    pub fn with_sequence(mut self, sequence: EventSequence) -> Self {
+        self.sequence = sequence;
+        self
+    }
+
+    /// The same envelope written by transaction `commit_xid`.
+    pub fn with_commit_xid(mut self, commit_xid: i64) -> Self {
+        self.commit_xid = commit_xid;
+        self
+    }
+
+    /// The same envelope with `id`.
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The same envelope with `headers`.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The same envelope recorded at `recorded_at`.
+    pub fn with_recorded_at(mut self, recorded_at: DateTime<Utc>) -> Self {
+        self.recorded_at = recorded_at;
+        self
+    }
+}
+
 /// One event on the commit-ordered lane: the shared event plus its place in the commit log.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use serde::de::DeserializeOwned;
-use sqlx::Row;
+use sqlx::{Connection, Row, ValueRef};
 use tokio::sync::watch;
 
 use super::sql::PAGE;
@@ -185,12 +185,23 @@ where
         // The log is dense: a page never needs a range wider than its size (see the insert
         // lane's reader for why the bound matters to the plan).
         let upto = head.min(self.next - 1 + self.lane.page_size as u64);
+        let mut conn = self.lane.pool.acquire().await?;
         let rows = sqlx::query(PAGE)
             .bind(to_i64(self.next - 1))
             .bind(to_i64(upto))
             .bind(to_i64(self.lane.page_size as u64))
-            .fetch_all(&self.lane.pool)
+            .fetch_all(&mut *conn)
             .await?;
+        // As for the insert lane's pages: a large payload read would pin its size in this
+        // pooled connection's buffers for good.
+        let read: usize = rows
+            .iter()
+            .map(|row| row.try_get_raw("payload").map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len)))
+            .sum();
+        if read > crate::insert_lane::rows::SHRINK_AFTER_BYTES {
+            conn.shrink_buffers();
+        }
+        drop(conn);
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let commit_seq = to_u64(row.try_get("commit_seq")?);

@@ -42,7 +42,7 @@ UNION ALL
 "#;
 
 /// A page whose payloads weigh more than this hands its connection's grown buffers back.
-const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
+pub(crate) const SHRINK_AFTER_BYTES: usize = 1024 * 1024;
 
 /// The highest sequence any transaction has drawn (committed or not).
 pub(crate) const HEAD: &str =
