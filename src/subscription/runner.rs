@@ -197,11 +197,30 @@ where
             position,
         );
         let mut renew_at = Instant::now() + self.renew_every();
+        // Operators' dead-letter retries are looked for on claiming and every third of a lease.
+        let mut retries_at = Instant::now();
         // Handles taken once, not a registry lookup (and a name clone) per unit.
         let name = self.config.name.clone();
         let handled = metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone());
         let lag = metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name);
         loop {
+            if Instant::now() >= retries_at {
+                retries_at = Instant::now() + self.renew_every();
+                match super::dead_letters::redeliver(
+                    &self.pool,
+                    &self.config,
+                    self.owner,
+                    &*self.subscriber,
+                )
+                .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => return Flow::Reclaim,
+                    Err(error) => {
+                        tracing::warn!(%error, subscription = %self.config.name, "retrying dead letters failed");
+                    }
+                }
+            }
             if !source.has_buffered() {
                 tokio::select! {
                     biased;
@@ -374,6 +393,7 @@ where
             retryable: true,
         };
         let mut tx = self.pool.begin().await.map_err(retryable)?;
+        self.bound_transaction(&mut tx).await.map_err(retryable)?;
         let handled = AssertUnwindSafe(async {
             if matches!(self.config.batch, Batch::Groups) {
                 let span = self.handler_span(&events[0], "ordo.handle_group");
@@ -436,6 +456,17 @@ where
         };
         crate::ops::trace::adopt(&span, &event.headers);
         span
+    }
+
+    /// Has the server end this transaction's session once it idles longer than the lease.
+    async fn bound_transaction(&self, tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        // Whole milliseconds, at least 1 (0 would turn the timeout off).
+        let ms = (self.config.lease.as_millis().max(1)).to_string();
+        sqlx::query(sql::BOUND_TRANSACTION)
+            .bind(ms)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
     }
 
     /// Moves the position from `from` to `to` in `tx`; false when the fence refuses.
@@ -527,6 +558,7 @@ where
             return Ok(Outcome::Committed(position));
         };
         let mut tx = self.pool.begin().await?;
+        self.bound_transaction(&mut tx).await?;
         for item in unit {
             sqlx::query(sql::DEAD_LETTER)
                 .bind(&self.config.name)
