@@ -114,27 +114,32 @@ async fn a_standby_takes_over_from_an_owner_stalled_holding_the_row_lock() {
     let other = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
         .await
         .expect("outbox");
-    let standby = other
-        .subscribe(
-            config,
-            FreezesHoldingTheRow {
-                subscription: "frozen",
-                stall_on: u32::MAX,
-                stalled: Arc::new(AtomicBool::new(true)),
-                release: Arc::new(Notify::new()),
-            },
-        )
-        .await
-        .expect("standby");
-    // The owner is frozen far longer than this: the standby must not wait for it.
-    let (status, took_over) = standby
-        .wait_for(Duration::from_secs(10), |s| s.position.get() >= 20)
-        .await;
+    // The owner is frozen far longer than this: starting the standby (which creates the row if
+    // missing) and its takeover must not wait for it.
+    let takeover = tokio::time::timeout(Duration::from_secs(10), async {
+        let standby = other
+            .subscribe(
+                config,
+                FreezesHoldingTheRow {
+                    subscription: "frozen",
+                    stall_on: u32::MAX,
+                    stalled: Arc::new(AtomicBool::new(true)),
+                    release: Arc::new(Notify::new()),
+                },
+            )
+            .await
+            .expect("standby");
+        let (status, done) = standby
+            .wait_for(Duration::from_secs(10), |s| s.position.get() >= 20)
+            .await;
+        (standby, status, done)
+    })
+    .await;
     release.notify_one();
-    assert!(
-        took_over,
-        "the standby took over from the stalled owner and finished: {status:?}"
-    );
+    let Ok((standby, status, true)) = takeover else {
+        panic!("the standby did not take over from the stalled owner within 10 s");
+    };
+    assert!(status.position.get() >= 20);
     // The owner wakes to a transaction the server ended: nothing of it commits, and it stands by.
     let (status, fenced) = owner
         .wait_for(PATIENCE, |s| s.state == SubscriptionState::Standby)
@@ -455,4 +460,106 @@ mod cli {
                 .is_empty()
         );
     }
+}
+
+/// Projects each event, but fails on writer 3 while `broken`.
+struct Poisoned {
+    broken: Arc<AtomicBool>,
+}
+
+impl Subscriber<Note> for Poisoned {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Arc<Envelope<Note>>,
+    ) -> Result<(), HandlerError> {
+        if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
+            return Err("poison".into());
+        }
+        sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
+            .bind(event.sequence.get() as i64)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_stays() {
+    let db = TestDb::new().await;
+    projection_table(&db.pool).await;
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    publish(&outbox, 6).await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let config = JobConfig::new("retrying")
+        .lease(Duration::from_millis(300))
+        .retry(RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(10),
+        })
+        .on_exhaustion(ordo::OnExhaustion::DeadLetter);
+    let handle = outbox
+        .subscribe(
+            config,
+            Poisoned {
+                broken: Arc::clone(&broken),
+            },
+        )
+        .await
+        .expect("subscribe");
+    let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 6).await;
+    assert!(done, "moved past the poisoned event: {status:?}");
+    let letters = ordo::list_dead_letters(&db.pool, Some("retrying"))
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!((letter.sequence, letter.attempts), (4, 2));
+
+    // Still broken: the retry is one more attempt, and the row stays with the request cleared.
+    ordo::retry_dead_letter(&db.pool, letter.id)
+        .await
+        .expect("retry one");
+    let failed_again = eventually(PATIENCE, || async {
+        let rows = ordo::list_dead_letters(&db.pool, Some("retrying"))
+            .await
+            .unwrap_or_default();
+        rows.len() == 1 && rows[0].retry_requested_at.is_none() && rows[0].attempts == 3
+    })
+    .await;
+    assert!(
+        failed_again,
+        "a failed retry leaves the dead letter, attempts + 1"
+    );
+
+    // Fixed: the runner hands it to the handler again, once, and the dead letter goes.
+    broken.store(false, AtomicOrdering::SeqCst);
+    let marked = ordo::retry_dead_letters(&db.pool, "retrying")
+        .await
+        .expect("retry all");
+    assert_eq!(marked, 1);
+    let retried = eventually(PATIENCE, || async {
+        ordo::list_dead_letters(&db.pool, Some("retrying"))
+            .await
+            .map(|rows| rows.is_empty())
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(retried, "the retried dead letter is handled and removed");
+    assert_eq!(
+        handle.status().position.get(),
+        6,
+        "the position did not move"
+    );
+    handle.shutdown().await;
+    assert_exactly_once(&db.pool).await;
+
+    let unknown = ordo::retry_dead_letter(&db.pool, 999).await;
+    assert!(
+        matches!(unknown, Err(Error::UnknownDeadLetter { id: 999 })),
+        "{unknown:?}"
+    );
 }
