@@ -6,8 +6,9 @@
 //! the event to the subscriber again, once, in a transaction that also deletes the dead letter
 //! and is fenced by the lease. The subscription's position does not move and no later event is
 //! replayed. If the handler fails again, the dead letter stays with the new error, `attempts`
-//! one higher and the request cleared; retry it again when the cause is fixed. A retry for a
-//! subscription that no runner is running waits until one runs.
+//! one higher and the request cleared; retry it again when the cause is fixed. A
+//! [`Batch::Groups`] job gets the event through `handle_group`, alone (the rest of its group was
+//! handled). A retry for a subscription that no runner is running waits until one runs.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
