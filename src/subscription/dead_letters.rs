@@ -230,11 +230,7 @@ where
     S: Subscriber<P>,
 {
     let lease_ms = config.lease.as_secs_f64() * 1000.0;
-    let mut tx = pool.begin().await?;
-    sqlx::query(sql::BOUND_TRANSACTION)
-        .bind(config.lease.as_millis().max(1).to_string())
-        .execute(&mut *tx)
-        .await?;
+    let mut tx = pool.begin_with(sql::begin_bounded(config.lease)).await?;
     let handled = AssertUnwindSafe(async {
         if matches!(config.batch, Batch::Groups) {
             subscriber

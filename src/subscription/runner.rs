@@ -392,8 +392,11 @@ where
             message: error.to_string(),
             retryable: true,
         };
-        let mut tx = self.pool.begin().await.map_err(retryable)?;
-        self.bound_transaction(&mut tx).await.map_err(retryable)?;
+        let mut tx = self
+            .pool
+            .begin_with(sql::begin_bounded(self.config.lease))
+            .await
+            .map_err(retryable)?;
         let handled = AssertUnwindSafe(async {
             if matches!(self.config.batch, Batch::Groups) {
                 let span = self.handler_span(&events[0], "ordo.handle_group");
@@ -456,17 +459,6 @@ where
         };
         crate::ops::trace::adopt(&span, &event.headers);
         span
-    }
-
-    /// Has the server end this transaction's session once it idles longer than the lease.
-    async fn bound_transaction(&self, tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-        // Whole milliseconds, at least 1 (0 would turn the timeout off).
-        let ms = (self.config.lease.as_millis().max(1)).to_string();
-        sqlx::query(sql::BOUND_TRANSACTION)
-            .bind(ms)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
     }
 
     /// Moves the position from `from` to `to` in `tx`; false when the fence refuses.
@@ -557,8 +549,10 @@ where
         let Some(next) = unit.last().map(|item| item.position) else {
             return Ok(Outcome::Committed(position));
         };
-        let mut tx = self.pool.begin().await?;
-        self.bound_transaction(&mut tx).await?;
+        let mut tx = self
+            .pool
+            .begin_with(sql::begin_bounded(self.config.lease))
+            .await?;
         for item in unit {
             sqlx::query(sql::DEAD_LETTER)
                 .bind(&self.config.name)

@@ -1,5 +1,7 @@
 //! The subscription runner's statements.
 
+use std::time::Duration;
+
 /// Creates the row if it is new; existing rows are left alone.
 pub(crate) const CREATE: &str = r#"
 INSERT INTO ordo.subscriptions (name, lane, position) VALUES ($1, $2, $3)
@@ -13,7 +15,7 @@ pub(crate) const LANE: &str = "SELECT lane FROM ordo.subscriptions WHERE name = 
 /// `SKIP LOCKED`: the claim never queues behind a row lock. A row locked by another transaction
 /// (an owner between its checkpoint and its COMMIT, possibly stalled) is treated as taken; the
 /// standby claims again at its next turn, by when the server has ended a stalled owner's
-/// transaction (see [`BOUND_TRANSACTION`]). A plain `UPDATE` here waited on the lock for as long
+/// transaction (see [`begin_bounded`]). A plain `UPDATE` here waited on the lock for as long
 /// as the owner stalled, expired lease or not.
 pub(crate) const CLAIM: &str = r#"
 WITH free AS (
@@ -31,12 +33,18 @@ WHERE s.name = free.name
 RETURNING s.position, s.status, s.attempts, s.last_error
 "#;
 
-/// First statement of a handler's transaction: the server ends the session if the transaction
-/// sits idle (the runner stalled, or a handler awaits something else) longer than the lease
-/// (`$1`, milliseconds), so a stalled owner never keeps the subscription's row locked past its
-/// lease. The client cannot enforce this: a stalled client is the case in point.
-pub(crate) const BOUND_TRANSACTION: &str =
-    "SELECT set_config('idle_in_transaction_session_timeout', $1, true)";
+/// The `BEGIN` of a handler's transaction: the server ends the session if the transaction sits
+/// idle (the runner stalled, or a handler awaits something else) longer than the lease, so a
+/// stalled owner never keeps the subscription's row locked past its lease. The client cannot
+/// enforce this: a stalled client is the case in point. Sent with the `BEGIN`, it costs no
+/// round trip. The text is built from a number only (the lease in whole milliseconds, at least
+/// 1, since 0 turns the timeout off).
+pub(crate) fn begin_bounded(lease: Duration) -> sqlx::AssertSqlSafe<String> {
+    let ms = lease.as_millis().max(1);
+    sqlx::AssertSqlSafe(format!(
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}"
+    ))
+}
 
 /// Extends a lease we hold; no row means we lost it. Also reports the row's state, so an
 /// operator's pause, resume or reset is seen while idle.
