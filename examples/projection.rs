@@ -101,10 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{account:>8}: {cents} cents");
     }
     subscription.shutdown().await;
-    sqlx::query("DELETE FROM ordo.subscriptions WHERE name = $1")
-        .bind(&name)
-        .execute(&pool)
-        .await?;
+    ordo::delete_subscription(&pool, &name, false).await?;
     outbox.shutdown().await;
     Ok(())
 }

@@ -206,6 +206,61 @@ pub enum Error {
         /// `last_commit_seq` in `ordo.sequencer_state` now.
         durable: u64,
     },
+
+    /// A reset was given a position of the other lane than the subscription's.
+    #[error(
+        "subscription {subscription:?} runs on the {lane} lane but was given a {given} position; pass Position::{expected}"
+    )]
+    PositionLaneMismatch {
+        /// The subscription's name.
+        subscription: String,
+        /// The lane stored in `ordo.subscriptions`.
+        lane: String,
+        /// The lane of the position given.
+        given: &'static str,
+        /// The position type the lane takes, e.g. `Insert(EventSequence)`.
+        expected: &'static str,
+    },
+
+    /// A reset would move a subscription past its lane's head, silently skipping every event
+    /// written up to the target.
+    #[error(
+        "refusing to move subscription {subscription:?} to position {to}: the head of the {lane} lane is {head}, so the next {skipped} events would be skipped unseen; pass a position at or below {head}, or force it (`--force`) if skipping them is intended"
+    )]
+    PastHead {
+        /// The subscription's name.
+        subscription: String,
+        /// `insert` or `commit`.
+        lane: String,
+        /// The position asked for.
+        to: u64,
+        /// The lane's head when the reset was refused.
+        head: u64,
+        /// `to - head`.
+        skipped: u64,
+    },
+
+    /// The subscription is held by a live runner, so deleting it is refused.
+    #[error(
+        "subscription {name:?} is held by runner {owner} until {expires_at}: shut that runner down first, or force the delete (`--force`); a runner whose row is gone stands by"
+    )]
+    SubscriptionLeased {
+        /// The subscription's name.
+        name: String,
+        /// The runner holding the lease.
+        owner: uuid::Uuid,
+        /// When its lease runs out unless renewed.
+        expires_at: chrono::DateTime<chrono::Utc>,
+    },
+
+    /// No dead letter with that id exists in `ordo.dead_letters`.
+    #[error(
+        "no dead letter with id {id} in ordo.dead_letters (`ordo dead-letters list` shows them)"
+    )]
+    UnknownDeadLetter {
+        /// The id asked for.
+        id: i64,
+    },
 }
 
 /// Every database error converts here, so that the one that means "not migrated" says so

@@ -163,9 +163,11 @@ pub use ops::status::{
 pub use ops::trace::TRACEPARENT;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
-    Batch, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy, StartFrom,
-    Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState, SubscriptionStatus,
-    list_subscriptions, pause_subscription, reset_subscription, resume_subscription,
+    Batch, DeadLetter, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy,
+    StartFrom, Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState,
+    SubscriptionStatus, delete_subscription, list_dead_letters, list_subscriptions,
+    pause_subscription, purge_dead_letters, reset_subscription, resume_subscription,
+    retry_dead_letter, retry_dead_letters,
 };
 pub use write::in_doubt::CommitStatus;
 pub use write::outbox::Outbox;

@@ -8,7 +8,11 @@
 //! ordo retention [--keep 30d] [--ahead N] [--apply] [--force]  partitions, and dropping old ones
 //! ordo subscriptions [--json]                    list durable subscriptions
 //! ordo subscriptions resume|pause NAME
-//! ordo subscriptions reset NAME [--to POSITION]
+//! ordo subscriptions reset NAME --to POSITION [--force]
+//! ordo subscriptions delete NAME [--force]
+//! ordo dead-letters list [--subscription NAME] [--json]
+//! ordo dead-letters retry (ID | --subscription NAME)
+//! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
@@ -60,6 +64,8 @@ enum Command {
     Retention(RetentionArgs),
     /// Grant roles what an ordo writer, reader or operator needs (idempotent).
     Grant(GrantArgs),
+    /// List or purge the events subscriptions gave up on.
+    DeadLetters(DeadLettersArgs),
 }
 
 #[derive(clap::Args)]
@@ -178,9 +184,64 @@ enum SubscriptionAction {
     /// Move a subscription's position (replay from it, or skip to it).
     Reset {
         name: String,
-        /// The new position: everything at or below it counts as handled. Default 0.
-        #[arg(long, default_value_t = 0)]
+        /// The new position, in the subscription's lane: everything at or below it counts as
+        /// handled (0 replays everything).
+        #[arg(long)]
         to: u64,
+        /// Allow a position past the lane's head (skips events not yet written).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete a subscription's row (its dead letters stay until purged).
+    Delete {
+        name: String,
+        /// Delete even while a runner holds a live lease (that runner then stands by).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct DeadLettersArgs {
+    #[command(subcommand)]
+    action: DeadLetterAction,
+}
+
+#[derive(Subcommand)]
+enum DeadLetterAction {
+    /// List dead letters, oldest first.
+    List {
+        /// Only this subscription's.
+        #[arg(long)]
+        subscription: Option<String>,
+        /// Print JSON (one object per dead letter) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the subscription's running runner to hand the event to its handler again, once;
+    /// the dead letter goes when that succeeds, and stays with the new error when not.
+    Retry {
+        /// The dead letter's id (`ordo dead-letters list`).
+        #[arg(
+            required_unless_present = "subscription",
+            conflicts_with = "subscription"
+        )]
+        id: Option<i64>,
+        /// Every dead letter of this subscription.
+        #[arg(long)]
+        subscription: Option<String>,
+    },
+    /// Delete dead letters (the events stay in ordo.events).
+    Purge {
+        /// Only this subscription's.
+        #[arg(long)]
+        subscription: Option<String>,
+        /// Only those at least this old (e.g. 30d, 12h, 45m, 90s).
+        #[arg(long, value_parser = parse_duration, required_unless_present = "all", conflicts_with = "all")]
+        older_than: Option<Duration>,
+        /// Every one, whatever its age.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -254,6 +315,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Status(args) => status(pool, args).await,
         Command::Retention(args) => retention(pool, args).await,
         Command::Grant(args) => grant(pool, args).await,
+        Command::DeadLetters(args) => dead_letters(pool, args).await,
     }
 }
 
@@ -498,9 +560,94 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             eprintln!("ordo: subscription {name:?} paused");
             Ok(())
         }
-        SubscriptionAction::Reset { name, to } => {
-            ordo::reset_subscription(&pool, &name, to).await?;
-            eprintln!("ordo: subscription {name:?} reset to position {to}");
+        SubscriptionAction::Reset { name, to, force } => reset(&pool, &name, to, force).await,
+        SubscriptionAction::Delete { name, force } => {
+            ordo::delete_subscription(&pool, &name, force).await?;
+            eprintln!("ordo: subscription {name:?} deleted");
+            Ok(())
+        }
+    }
+}
+
+/// The raw `--to` becomes a position of the subscription's own lane.
+async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
+    let rows = ordo::list_subscriptions(pool).await?;
+    let Some(row) = rows.iter().find(|row| row.name == name) else {
+        return Err(ordo::Error::UnknownSubscription {
+            name: name.to_owned(),
+        }
+        .into());
+    };
+    let position = match row.ordering() {
+        Some(ordo::Ordering::Commit) => ordo::Position::Commit(CommitSequence::new(to)),
+        _ => ordo::Position::Insert(EventSequence::new(to)),
+    };
+    ordo::reset_subscription(pool, name, position, force).await?;
+    eprintln!(
+        "ordo: subscription {name:?} reset to {} position {to}",
+        row.lane
+    );
+    Ok(())
+}
+
+async fn dead_letters(pool: PgPool, args: DeadLettersArgs) -> CliResult {
+    match args.action {
+        DeadLetterAction::List { subscription, json } => {
+            let rows = ordo::list_dead_letters(&pool, subscription.as_deref()).await?;
+            let mut out = io::stdout().lock();
+            if json {
+                for row in &rows {
+                    writeln!(out, "{}", serde_json::to_string(row)?)?;
+                }
+                return Ok(());
+            }
+            writeln!(
+                out,
+                "{:>8} {:<24} {:<6} {:>10} {:>10} {:>8}  ERROR",
+                "ID", "SUBSCRIPTION", "LANE", "POSITION", "SEQUENCE", "ATTEMPTS"
+            )?;
+            for row in &rows {
+                writeln!(
+                    out,
+                    "{:>8} {:<24} {:<6} {:>10} {:>10} {:>8}  {}",
+                    row.id,
+                    row.subscription,
+                    row.lane,
+                    row.position,
+                    row.sequence,
+                    row.attempts,
+                    row.error
+                )?;
+            }
+            Ok(())
+        }
+        DeadLetterAction::Retry { id, subscription } => {
+            match (id, subscription) {
+                (Some(id), _) => {
+                    ordo::retry_dead_letter(&pool, id).await?;
+                    eprintln!(
+                        "ordo: dead letter {id} marked for retry by its subscription's runner"
+                    );
+                }
+                (None, Some(name)) => {
+                    let marked = ordo::retry_dead_letters(&pool, &name).await?;
+                    eprintln!(
+                        "ordo: {marked} dead letters of {name:?} marked for retry by its runner"
+                    );
+                }
+                (None, None) => return Err("give a dead letter's id or --subscription".into()),
+            }
+            Ok(())
+        }
+        DeadLetterAction::Purge {
+            subscription,
+            older_than,
+            all: _,
+        } => {
+            let older_than = older_than.unwrap_or(Duration::ZERO);
+            let purged =
+                ordo::purge_dead_letters(&pool, subscription.as_deref(), older_than).await?;
+            eprintln!("ordo: {purged} dead letters purged");
             Ok(())
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use serde::de::DeserializeOwned;
-use sqlx::{Connection, Row, ValueRef};
+use sqlx::{Connection, Row};
 use tokio::sync::watch;
 
 use super::sql::PAGE;
@@ -196,7 +196,10 @@ where
         // pooled connection's buffers for good.
         let read: usize = rows
             .iter()
-            .map(|row| row.try_get_raw("payload").map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len)))
+            .map(|row| {
+                row.try_get_raw("payload")
+                    .map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len))
+            })
             .sum();
         if read > crate::insert_lane::rows::SHRINK_AFTER_BYTES {
             conn.shrink_buffers();

@@ -4,6 +4,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod config;
+pub(crate) mod dead_letters;
 pub(crate) mod handle;
 mod runner;
 mod source;
@@ -23,10 +24,13 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::rows::to_i64;
 use crate::task::StopSignal;
 pub use admin::{
-    SubscriptionRow, list_subscriptions, pause_subscription, reset_subscription,
-    resume_subscription,
+    SubscriptionRow, delete_subscription, list_subscriptions, pause_subscription,
+    reset_subscription, resume_subscription,
 };
 pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
+pub use dead_letters::{
+    DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
+};
 pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
 

@@ -197,11 +197,30 @@ where
             position,
         );
         let mut renew_at = Instant::now() + self.renew_every();
+        // Operators' dead-letter retries are looked for on claiming and every third of a lease.
+        let mut retries_at = Instant::now();
         // Handles taken once, not a registry lookup (and a name clone) per unit.
         let name = self.config.name.clone();
         let handled = metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone());
         let lag = metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name);
         loop {
+            if Instant::now() >= retries_at {
+                retries_at = Instant::now() + self.renew_every();
+                match super::dead_letters::redeliver(
+                    &self.pool,
+                    &self.config,
+                    self.owner,
+                    &*self.subscriber,
+                )
+                .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => return Flow::Reclaim,
+                    Err(error) => {
+                        tracing::warn!(%error, subscription = %self.config.name, "retrying dead letters failed");
+                    }
+                }
+            }
             if !source.has_buffered() {
                 tokio::select! {
                     biased;
@@ -373,7 +392,11 @@ where
             message: error.to_string(),
             retryable: true,
         };
-        let mut tx = self.pool.begin().await.map_err(retryable)?;
+        let mut tx = self
+            .pool
+            .begin_with(sql::begin_bounded(self.config.lease))
+            .await
+            .map_err(retryable)?;
         let handled = AssertUnwindSafe(async {
             if matches!(self.config.batch, Batch::Groups) {
                 let span = self.handler_span(&events[0], "ordo.handle_group");
@@ -526,7 +549,10 @@ where
         let Some(next) = unit.last().map(|item| item.position) else {
             return Ok(Outcome::Committed(position));
         };
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self
+            .pool
+            .begin_with(sql::begin_bounded(self.config.lease))
+            .await?;
         for item in unit {
             sqlx::query(sql::DEAD_LETTER)
                 .bind(&self.config.name)

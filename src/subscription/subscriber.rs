@@ -17,6 +17,9 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 /// `tx` is the transaction that will also advance the subscription's position: write your
 /// projection through it and the write and the checkpoint commit together, or not at all.
 /// Do not commit or roll it back yourself (savepoints through `sqlx` are fine).
+/// Do not keep `tx` idle (awaiting something other than the database) longer than the job's
+/// lease: the server ends such a session (`idle_in_transaction_session_timeout`), so that a
+/// stalled runner never keeps the subscription's row locked past its lease.
 ///
 /// Events arrive as the `Arc` the lanes share; keep it if you need the event past the call
 /// (payloads need not be `Clone`).

@@ -1,0 +1,270 @@
+//! Dead letters: listing, retrying and purging them from outside the runners (the CLI's
+//! `ordo dead-letters` is a thin layer over these), and the runner's side of a retry.
+//!
+//! **What a retry means.** [`retry_dead_letter`] only marks the row (`retry_requested_at`).
+//! The runner holding the subscription's lease notices within a third of its lease and hands
+//! the event to the subscriber again, once, in a transaction that also deletes the dead letter
+//! and is fenced by the lease. The subscription's position does not move and no later event is
+//! replayed. If the handler fails again, the dead letter stays with the new error, `attempts`
+//! one higher and the request cleared; retry it again when the cause is fixed. A
+//! [`Batch::Groups`] job gets the event through `handle_group`, alone (the rest of its group was
+//! handled). A retry for a subscription that no runner is running waits until one runs.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use super::config::{Batch, JobConfig};
+use super::sql;
+use super::subscriber::Subscriber;
+use crate::error::{Error, Result};
+use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::rows::{decode_full, to_u64};
+
+const LIST: &str = r#"
+SELECT id, subscription, lane, position, sequence, event_id, payload, error, attempts, created_at,
+       retry_requested_at
+FROM ordo.dead_letters
+WHERE $1::text IS NULL OR subscription = $1
+ORDER BY id
+"#;
+
+const RETRY_ONE: &str = "UPDATE ordo.dead_letters SET retry_requested_at = now() WHERE id = $1";
+
+const RETRY_ALL: &str =
+    "UPDATE ordo.dead_letters SET retry_requested_at = now() WHERE subscription = $1";
+
+/// `$1` NULL: every subscription. `$2`: age in milliseconds (0 purges all).
+const PURGE: &str = r#"
+DELETE FROM ordo.dead_letters
+WHERE ($1::text IS NULL OR subscription = $1)
+  AND created_at <= now() - make_interval(secs => $2::float8 / 1000)
+"#;
+
+/// One row of `ordo.dead_letters`: an event a subscription gave up on, with the last error.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The row's id.
+    pub id: i64,
+    /// The subscription that gave up.
+    pub subscription: String,
+    /// `insert` or `commit`: the lane `position` is in.
+    pub lane: String,
+    /// The event's position in the subscription's lane.
+    pub position: u64,
+    /// The event's insert sequence (`ordo.events.sequence`).
+    pub sequence: u64,
+    /// The event's id.
+    pub event_id: Option<Uuid>,
+    /// The payload as stored (it may not decode as the subscription's type).
+    pub payload: Option<serde_json::Value>,
+    /// The last error.
+    pub error: String,
+    /// Attempts made before giving up.
+    pub attempts: u32,
+    /// When the event was dead-lettered.
+    pub created_at: DateTime<Utc>,
+    /// When an operator asked for a retry that the runner has not made yet.
+    pub retry_requested_at: Option<DateTime<Utc>>,
+}
+
+/// Dead letters, oldest first: of one subscription, or of all when `subscription` is `None`.
+///
+/// # Errors
+/// [`Error::Database`](crate::Error::Database) if the table cannot be read.
+pub async fn list_dead_letters(
+    pool: &PgPool,
+    subscription: Option<&str>,
+) -> Result<Vec<DeadLetter>> {
+    let rows = sqlx::query(LIST).bind(subscription).fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DeadLetter {
+                id: row.try_get("id")?,
+                subscription: row.try_get("subscription")?,
+                lane: row.try_get("lane")?,
+                position: to_u64(row.try_get("position")?),
+                sequence: to_u64(row.try_get("sequence")?),
+                event_id: row.try_get("event_id")?,
+                payload: row.try_get("payload")?,
+                error: row.try_get("error")?,
+                attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+                created_at: row.try_get("created_at")?,
+                retry_requested_at: row.try_get("retry_requested_at")?,
+            })
+        })
+        .collect()
+}
+
+/// Deletes dead letters at least `older_than` old (`Duration::ZERO`: all of them), of one
+/// subscription or of all when `subscription` is `None`. Returns how many went. The events
+/// themselves stay in `ordo.events`.
+///
+/// # Errors
+/// [`Error::Database`](crate::Error::Database) if the delete fails.
+pub async fn purge_dead_letters(
+    pool: &PgPool,
+    subscription: Option<&str>,
+    older_than: Duration,
+) -> Result<u64> {
+    let done = sqlx::query(PURGE)
+        .bind(subscription)
+        .bind(older_than.as_secs_f64() * 1000.0)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Asks the subscription's runner to hand dead letter `id`'s event to its handler again (see
+/// the module docs for what a retry does).
+///
+/// # Errors
+/// [`Error::UnknownDeadLetter`] if there is no such row; [`Error::Database`] if the update
+/// fails.
+pub async fn retry_dead_letter(pool: &PgPool, id: i64) -> Result<()> {
+    let done = sqlx::query(RETRY_ONE).bind(id).execute(pool).await?;
+    if done.rows_affected() == 0 {
+        return Err(Error::UnknownDeadLetter { id });
+    }
+    Ok(())
+}
+
+/// Asks for a retry of every dead letter of `subscription`; returns how many were marked.
+///
+/// # Errors
+/// [`Error::Database`] if the update fails.
+pub async fn retry_dead_letters(pool: &PgPool, subscription: &str) -> Result<u64> {
+    let done = sqlx::query(RETRY_ALL)
+        .bind(subscription)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// The runner's side: makes every requested retry of `config.name`'s dead letters, one try
+/// each, fenced by `owner`'s lease. Returns false if the lease was lost.
+pub(crate) async fn redeliver<P, S>(
+    pool: &PgPool,
+    config: &JobConfig,
+    owner: Uuid,
+    subscriber: &S,
+) -> Result<bool, sqlx::Error>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    sqlx::query(sql::RETRY_ORPHANS)
+        .bind(&config.name)
+        .execute(pool)
+        .await?;
+    let rows = sqlx::query(sql::RETRIES)
+        .bind(&config.name)
+        .fetch_all(pool)
+        .await?;
+    for row in &rows {
+        let id: i64 = row.try_get("dead_letter")?;
+        let event = match decode_full::<P>(row) {
+            Ok(slot) => match slot.item {
+                SlotItem::Event(event) => Ok(event),
+                SlotItem::Undecodable(error) => Err(format!(
+                    "the payload of ordo.events sequence {} does not decode: {error}",
+                    slot.sequence
+                )),
+                _ => Err(format!(
+                    "ordo.events sequence {} holds no event",
+                    slot.sequence
+                )),
+            },
+            Err(error) => Err(error.to_string()),
+        };
+        let outcome = match event {
+            Ok(event) => redeliver_one(pool, config, owner, subscriber, id, event).await?,
+            Err(message) => Retried::Failed(message),
+        };
+        match outcome {
+            Retried::Done => {
+                tracing::info!(subscription = %config.name, dead_letter = id, "dead letter retried");
+            }
+            Retried::LeaseLost => return Ok(false),
+            Retried::Failed(message) => {
+                tracing::warn!(subscription = %config.name, dead_letter = id, %message, "dead letter retry failed");
+                sqlx::query(sql::RETRY_FAILED)
+                    .bind(id)
+                    .bind(&message)
+                    .execute(pool)
+                    .await?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// How one retry ended.
+enum Retried {
+    /// Handled; the dead letter is gone.
+    Done,
+    /// The handler failed (the message), or the event does not decode.
+    Failed(String),
+    /// Another runner holds the lease: nothing was committed.
+    LeaseLost,
+}
+
+/// One try, in a transaction fenced by the lease.
+async fn redeliver_one<P, S>(
+    pool: &PgPool,
+    config: &JobConfig,
+    owner: Uuid,
+    subscriber: &S,
+    id: i64,
+    event: Arc<crate::envelope::Envelope<P>>,
+) -> Result<Retried, sqlx::Error>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    let lease_ms = config.lease.as_secs_f64() * 1000.0;
+    let mut tx = pool.begin_with(sql::begin_bounded(config.lease)).await?;
+    let handled = AssertUnwindSafe(async {
+        if matches!(config.batch, Batch::Groups) {
+            subscriber
+                .handle_group(&mut tx, std::slice::from_ref(&event))
+                .await
+        } else {
+            subscriber.handle(&mut tx, &event).await
+        }
+    })
+    .catch_unwind()
+    .await;
+    let message = match handled {
+        Ok(Ok(())) => None,
+        Ok(Err(error)) => Some(error.to_string()),
+        Err(_) => Some("the handler panicked".to_owned()),
+    };
+    if let Some(message) = message {
+        let _ = tx.rollback().await;
+        return Ok(Retried::Failed(message));
+    }
+    let fenced = sqlx::query(sql::RETRY_FENCE)
+        .bind(&config.name)
+        .bind(owner)
+        .bind(lease_ms)
+        .execute(&mut *tx)
+        .await?;
+    if fenced.rows_affected() != 1 {
+        let _ = tx.rollback().await;
+        return Ok(Retried::LeaseLost);
+    }
+    sqlx::query(sql::RETRY_DONE)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Retried::Done)
+}
