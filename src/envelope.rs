@@ -28,6 +28,9 @@ pub struct Envelope<P> {
     pub headers: Headers,
     /// When the writing transaction started (`now()` at insert time).
     pub recorded_at: DateTime<Utc>,
+    /// Its type (`ordo.events.event_type`): by default the payload's serde tag at publish
+    /// time, or what plain SQL wrote; `None` is untyped. See the crate docs, "Event types".
+    pub event_type: Option<String>,
 }
 
 /// One event on the commit-ordered lane: the shared event plus its place in the commit log.

@@ -125,6 +125,7 @@ mod commit_lane;
 mod config;
 mod envelope;
 mod error;
+mod event_type;
 mod insert_lane;
 mod listener;
 mod migrate;

@@ -10,7 +10,7 @@ pub(crate) enum SlotItem<P> {
     /// A committed event with a payload that decoded.
     Event(Arc<Envelope<P>>),
     /// A committed event whose payload does not decode as `P`.
-    Undecodable(Arc<serde_json::Error>),
+    Undecodable(Arc<Undecodable>),
     /// A committed event read without its payload (the sequencer's light reads).
     Meta,
     /// A resolved hole: no transaction can ever commit this sequence.
@@ -26,6 +26,14 @@ impl<P> Clone for SlotItem<P> {
             Self::Placeholder => Self::Placeholder,
         }
     }
+}
+
+/// Why a committed event has no decoded payload, and the type its row names: a consumer that
+/// does not select that type skips it rather than failing on it.
+#[derive(Debug)]
+pub(crate) struct Undecodable {
+    pub(crate) error: Arc<serde_json::Error>,
+    pub(crate) event_type: Option<String>,
 }
 
 /// One resolved position of the insert lane.

@@ -8,14 +8,15 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::cache::{Slot, SlotItem};
+use super::cache::{Slot, SlotItem, Undecodable};
 use crate::envelope::{Envelope, Headers};
 use crate::error::Result;
 use crate::position::EventSequence;
 
 /// Rows in `(after, upto]`, in order, at most `limit`.
 pub(crate) const PAGE_FULL: &str = r#"
-SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+       event_type
 FROM ordo.events
 WHERE sequence > $1 AND sequence <= $2
 ORDER BY sequence
@@ -33,10 +34,12 @@ LIMIT $3
 
 /// The lane's fetch: the holes it is waiting on, plus whatever is new above what it knows.
 pub(crate) const FETCH: &str = r#"
-(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+        event_type
  FROM ordo.events WHERE sequence = ANY($1::bigint[]))
 UNION ALL
-(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+        event_type
  FROM ordo.events WHERE sequence > $2 ORDER BY sequence LIMIT $3)
 "#;
 
@@ -67,6 +70,7 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
         return Ok(placeholder(sequence));
     };
     let headers: String = row.try_get("headers")?;
+    let event_type: Option<String> = row.try_get("event_type")?;
     let item = match serde_json::from_str::<P>(&payload) {
         Ok(payload) => {
             // Headers are a JSON object by construction; anything else reads as empty.
@@ -78,9 +82,13 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
                 payload,
                 headers,
                 recorded_at: row.try_get::<DateTime<Utc>, _>("recorded_at")?,
+                event_type,
             }))
         }
-        Err(error) => SlotItem::Undecodable(Arc::new(error)),
+        Err(error) => SlotItem::Undecodable(Arc::new(Undecodable {
+            error: Arc::new(error),
+            event_type,
+        })),
     };
     Ok(Slot {
         sequence,

@@ -22,6 +22,8 @@ pub(crate) struct Buffered<P> {
     payload_json: String,
     headers: Headers,
     headers_json: String,
+    /// `ordo.events.event_type`: the payload's serde tag unless set explicitly.
+    event_type: Option<String>,
 }
 
 impl<P: Serialize> Buffered<P> {
@@ -29,6 +31,7 @@ impl<P: Serialize> Buffered<P> {
         crate::ops::trace::inject(&mut headers);
         let payload_json = serde_json::to_string(&payload).map_err(Error::Encode)?;
         let headers_json = serde_json::to_string(&headers).map_err(Error::Encode)?;
+        let event_type = crate::event_type::type_of(&payload);
         Ok(Self {
             // Time-ordered ids keep the unique index append-mostly.
             id: Uuid::now_v7(),
@@ -36,7 +39,14 @@ impl<P: Serialize> Buffered<P> {
             payload_json,
             headers,
             headers_json,
+            event_type,
         })
+    }
+
+    /// The same event with its type set explicitly (`None`: untyped).
+    pub(crate) fn with_type(mut self, event_type: Option<String>) -> Self {
+        self.event_type = event_type;
+        self
     }
 }
 
@@ -56,10 +66,12 @@ pub(crate) async fn insert<P>(
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload_json.as_str()).collect();
     let headers: Vec<&str> = events.iter().map(|e| e.headers_json.as_str()).collect();
+    let types: Vec<Option<&str>> = events.iter().map(|e| e.event_type.as_deref()).collect();
     let rows = sqlx::query(INSERT_EVENTS)
         .bind(ids)
         .bind(payloads)
         .bind(headers)
+        .bind(types)
         .fetch_all(&mut *conn)
         .await?;
     rows.iter()
@@ -101,6 +113,7 @@ pub(crate) fn into_slots<P>(events: Vec<Buffered<P>>, rows: Vec<Inserted>) -> Ve
                 commit_xid: row.commit_xid,
                 payload: event.payload,
                 headers: event.headers,
+                event_type: event.event_type,
                 recorded_at: row.recorded_at,
             })),
         })

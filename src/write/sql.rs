@@ -6,10 +6,10 @@
 /// before the first `nextval`: every sequence this statement draws belongs to a transaction that
 /// already had an xid, which is what the insert lane's abandonment proof needs.
 pub(crate) const INSERT_EVENTS: &str = r#"
-INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers)
-SELECT tx.xid, nextval('ordo.events_sequence'), e.id, e.payload::jsonb, e.headers::jsonb
+INSERT INTO ordo.events (commit_xid, sequence, id, payload, headers, event_type)
+SELECT tx.xid, nextval('ordo.events_sequence'), e.id, e.payload::jsonb, e.headers::jsonb, e.event_type
 FROM (SELECT pg_current_xact_id()::text::bigint AS xid) AS tx
-CROSS JOIN unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS e(id, payload, headers, ord)
+CROSS JOIN unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(id, payload, headers, event_type, ord)
 ORDER BY e.ord
 RETURNING id, sequence, commit_xid, recorded_at
 "#;

@@ -55,6 +55,18 @@ where
         Ok(())
     }
 
+    /// Buffers `event` with its type set to `event_type` (stored in `ordo.events.event_type`)
+    /// instead of the one found in its serde tag; `None` publishes it untyped.
+    ///
+    /// # Errors
+    /// [`Error::Encode`](crate::Error::Encode) if `event` does not serialise to JSON.
+    pub fn publish_typed(&mut self, event_type: Option<&str>, event: P) -> Result<()> {
+        let buffered = Buffered::new(event, Headers::new())?;
+        self.buffered
+            .push(buffered.with_type(event_type.map(str::to_owned)));
+        Ok(())
+    }
+
     /// Buffers every event of `events`, in order.
     ///
     /// # Errors
