@@ -555,8 +555,9 @@ where
         match tx.commit().await {
             Ok(()) => {
                 tracing::warn!(subscription = %self.config.name, position = next, "dead-lettered");
+                let dead = unit.iter().filter(|item| !item.skipped).count();
                 metrics::counter!(m::DEAD_LETTERS, "subscription" => self.config.name.clone())
-                    .increment(unit.len() as u64);
+                    .increment(dead as u64);
                 Ok(Outcome::Committed(next))
             }
             Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),
