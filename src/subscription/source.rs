@@ -1,5 +1,5 @@
 //! A subscription's view of its lane: items with their position, undecodable ones included,
-//! placeholders left out.
+//! placeholders left out, events of types the job does not select marked skipped.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -127,10 +127,11 @@ where
                             SlotItem::Undecodable(row) => Err(row),
                             SlotItem::Meta | SlotItem::Placeholder => continue,
                         };
-                        let (position, sequence) = (slot.sequence, slot.sequence);
+                        // On the insert lane the position is the sequence, and every event
+                        // is a boundary.
                         self.buffered.push_back(Item::new(
-                            position,
-                            sequence,
+                            slot.sequence,
+                            slot.sequence,
                             true,
                             event,
                             &self.filter,
