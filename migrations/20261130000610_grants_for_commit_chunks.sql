@@ -31,7 +31,7 @@ BEGIN
     EXECUTE format('REVOKE UPDATE ON SEQUENCE ordo.events_sequence FROM %I', grantee);
     -- Publishing: the defaults stamp commit_xid, sequence and recorded_at (nextval in the
     -- default runs as the inserting role, hence USAGE on the sequence).
-    EXECUTE format('GRANT INSERT (id, payload, headers) ON ordo.events TO %I', grantee);
+    EXECUTE format('GRANT INSERT (id, payload, headers, event_type) ON ordo.events TO %I', grantee);
     EXECUTE format('GRANT USAGE ON SEQUENCE ordo.events_sequence TO %I', grantee);
     -- The insert lane's hole resolution.
     EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.fill_placeholders(BIGINT, BIGINT) TO %I', grantee);

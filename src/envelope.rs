@@ -28,6 +28,9 @@ pub struct Envelope<P> {
     pub headers: Headers,
     /// When the writing transaction started (`now()` at insert time).
     pub recorded_at: DateTime<Utc>,
+    /// Its type (`ordo.events.event_type`): by default the payload's serde tag at publish
+    /// time, or what plain SQL wrote; `None` is untyped. See the crate docs, "Event types".
+    pub event_type: Option<String>,
 }
 
 impl<P> Envelope<P> {
@@ -50,7 +53,14 @@ impl<P> Envelope<P> {
             payload,
             headers: Headers::new(),
             recorded_at: Utc::now(),
+            event_type: None,
         }
+    }
+
+    /// The same envelope of type `event_type` (`None`: untyped).
+    pub fn with_event_type(mut self, event_type: Option<&str>) -> Self {
+        self.event_type = event_type.map(str::to_owned);
+        self
     }
 
     /// The same envelope at `sequence`.

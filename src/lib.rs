@@ -34,6 +34,15 @@
 //!   payload, headers, `recorded_at`): one allocation per event per process, however many
 //!   listeners.
 //!
+//! - **Event types.** One event enum per service: each variant is a type, stored in
+//!   `ordo.events.event_type` ([`Envelope::event_type`]). Publishing reads it from the
+//!   payload's serde tag (an externally tagged enum's variant name, or an object's string
+//!   field `type`; otherwise untyped, NULL); [`OutboxTransaction::publish_typed`] sets it, and
+//!   plain SQL may set the column. [`JobConfig::event_types`] and
+//!   [`Outbox::listen_inserted_types`] select types: the others are skipped before their
+//!   payload is decoded, so a foreign row never fails a typed consumer. Untyped events are
+//!   handed on unless [`JobConfig::skip_untyped`].
+//!
 //! - **Durable subscriptions** ([`Outbox::subscribe`]): a named [`Subscriber`] whose handler
 //!   runs in a transaction that also moves the subscription's position in
 //!   `ordo.subscriptions`, so its database effects happen exactly once. One process runs a
@@ -134,6 +143,7 @@ mod commit_lane;
 mod config;
 mod envelope;
 mod error;
+mod event_type;
 mod insert_lane;
 mod listener;
 mod migrate;

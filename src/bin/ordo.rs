@@ -391,6 +391,7 @@ async fn tail(pool: PgPool, args: TailArgs) -> CliResult {
                     id: event.id,
                     commit_xid: event.commit_xid,
                     recorded_at: event.recorded_at,
+                    event_type: event.event_type.as_deref(),
                     payload: &event.payload,
                 };
                 if !emit(&mut out, &line, args.follow)? {
@@ -422,6 +423,7 @@ async fn tail(pool: PgPool, args: TailArgs) -> CliResult {
                     sequence: item.event.sequence,
                     boundary: item.boundary,
                     commit_xid: item.event.commit_xid,
+                    event_type: item.event.event_type.as_deref(),
                     payload: &item.event.payload,
                 };
                 if !emit(&mut out, &line, args.follow)? {
@@ -455,6 +457,8 @@ struct InsertLine<'a> {
     id: uuid::Uuid,
     commit_xid: i64,
     recorded_at: chrono::DateTime<chrono::Utc>,
+    /// `null` when untyped.
+    event_type: Option<&'a str>,
     payload: &'a Value,
 }
 
@@ -466,6 +470,8 @@ struct CommitLine<'a> {
     sequence: EventSequence,
     boundary: bool,
     commit_xid: i64,
+    /// `null` when untyped.
+    event_type: Option<&'a str>,
     payload: &'a Value,
 }
 

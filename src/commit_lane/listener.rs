@@ -14,7 +14,7 @@ use super::{CommitShared, LogEntry};
 use crate::envelope::{CommitOrderedEnvelope, Envelope};
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::cache::{SlotItem, Undecodable};
 use crate::insert_lane::rows::{decode_full, to_i64, to_u64};
 use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
@@ -51,7 +51,7 @@ pub(crate) struct CommitReader<P> {
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
 pub(crate) struct CommitItem<P> {
     pub(crate) entry: LogEntry,
-    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<serde_json::Error>>,
+    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
 }
 
 type Item<P> = CommitItem<P>;
@@ -61,9 +61,9 @@ impl<P> CommitItem<P> {
     pub(crate) fn into_public(self) -> Result<CommitOrderedEnvelope<P>> {
         match self.event {
             Ok(event) => Ok(envelope(self.entry, event)),
-            Err(source) => Err(Error::UndecodablePayload {
+            Err(row) => Err(Error::UndecodablePayload {
                 sequence: EventSequence::new(self.entry.sequence),
-                source,
+                source: Arc::clone(&row.error),
             }),
         }
     }
@@ -144,7 +144,7 @@ where
             };
             let event = match slot.item {
                 SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(source) => Err(source),
+                SlotItem::Undecodable(row) => Err(row),
                 SlotItem::Meta | SlotItem::Placeholder => break,
             };
             out.push(CommitItem { entry, event });
@@ -221,7 +221,7 @@ where
             let slot = decode_full::<P>(row)?;
             let event = match slot.item {
                 SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(source) => Err(source),
+                SlotItem::Undecodable(row) => Err(row),
                 SlotItem::Meta | SlotItem::Placeholder => {
                     return Err(Error::MissingCommitLog {
                         missing: CommitSequence::new(commit_seq),

@@ -120,7 +120,7 @@ pub(crate) const HEAD: &str =
 /// A page of the log joined to its events, in `(after, upto]`.
 pub(crate) const PAGE: &str = r#"
 SELECT l.commit_seq, l.group_last, e.sequence, e.commit_xid, e.id,
-       e.payload::text AS payload, e.headers::text AS headers, e.recorded_at
+       e.payload::text AS payload, e.headers::text AS headers, e.recorded_at, e.event_type
 FROM ordo.commit_log_range($1, $2) AS l
 JOIN ordo.events AS e ON e.sequence = l.sequence
 ORDER BY l.commit_seq

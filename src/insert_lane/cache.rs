@@ -17,7 +17,7 @@ pub(crate) enum SlotItem<P> {
     /// A committed event with a payload that decoded.
     Event(Arc<Envelope<P>>),
     /// A committed event whose payload does not decode as `P`.
-    Undecodable(Arc<serde_json::Error>),
+    Undecodable(Arc<Undecodable>),
     /// A committed event held without its payload: read so by the sequencer's light reads,
     /// or too large for the cache's byte budget. A reader that needs payloads reads it from
     /// the table.
@@ -35,6 +35,14 @@ impl<P> Clone for SlotItem<P> {
             Self::Placeholder => Self::Placeholder,
         }
     }
+}
+
+/// Why a committed event has no decoded payload, and the type its row names: a consumer that
+/// does not select that type skips it rather than failing on it.
+#[derive(Debug)]
+pub(crate) struct Undecodable {
+    pub(crate) error: Arc<serde_json::Error>,
+    pub(crate) event_type: Option<String>,
 }
 
 /// One resolved position of the insert lane.
@@ -190,6 +198,7 @@ mod tests {
                 sequence: crate::EventSequence::new(sequence),
                 commit_xid: 1,
                 payload: (),
+                event_type: None,
                 headers: Default::default(),
                 recorded_at: chrono::Utc::now(),
             })),

@@ -9,6 +9,7 @@ use super::cache::{Slot, SlotItem};
 use super::reader::LaneReader;
 use crate::envelope::Envelope;
 use crate::error::Error;
+use crate::event_type::TypeFilter;
 use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
 use crate::position::EventSequence;
@@ -63,21 +64,26 @@ where
     }
 }
 
-pub(crate) fn stream<P>(reader: LaneReader<P>) -> EventStream<P>
+/// The stream of `reader`'s events whose type `filter` admits; the others are passed over
+/// before their payload is looked at, so a foreign type is never an `Err` item.
+pub(crate) fn stream<P>(reader: LaneReader<P>, filter: TypeFilter) -> EventStream<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     // One handle per stream, not a registry lookup per event.
     let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert");
     retrying_stream(reader, move |slot| match slot.item {
-        SlotItem::Event(event) => {
+        SlotItem::Event(event) if filter.admits(event.event_type.as_deref()) => {
             latency.record(m::since(event.recorded_at));
             Some(Ok(event))
         }
-        SlotItem::Undecodable(source) => Some(Err(Error::UndecodablePayload {
-            sequence: EventSequence::new(slot.sequence),
-            source,
-        })),
+        SlotItem::Undecodable(row) if filter.admits(row.event_type.as_deref()) => {
+            Some(Err(Error::UndecodablePayload {
+                sequence: EventSequence::new(slot.sequence),
+                source: Arc::clone(&row.error),
+            }))
+        }
+        SlotItem::Event(_) | SlotItem::Undecodable(_) => None,
         SlotItem::Meta | SlotItem::Placeholder => None,
     })
 }

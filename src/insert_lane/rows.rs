@@ -9,14 +9,15 @@ use sqlx::query::Query;
 use sqlx::{Connection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
-use super::cache::{Slot, SlotItem};
+use super::cache::{Slot, SlotItem, Undecodable};
 use crate::envelope::{Envelope, Headers};
 use crate::error::Result;
 use crate::position::EventSequence;
 
 /// Rows in `(after, upto]`, in order, at most `limit`.
 pub(crate) const PAGE_FULL: &str = r#"
-SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+       event_type
 FROM ordo.events
 WHERE sequence > $1 AND sequence <= $2
 ORDER BY sequence
@@ -34,10 +35,12 @@ LIMIT $3
 
 /// The lane's fetch: the holes it is waiting on, plus whatever is new above what it knows.
 pub(crate) const FETCH: &str = r#"
-(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+        event_type
  FROM ordo.events WHERE sequence = ANY($1::bigint[]))
 UNION ALL
-(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at
+(SELECT sequence, commit_xid, id, payload::text AS payload, headers::text AS headers, recorded_at,
+        event_type
  FROM ordo.events WHERE sequence > $2 ORDER BY sequence LIMIT $3)
 "#;
 
@@ -78,6 +81,7 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
     };
     let headers: String = row.try_get("headers")?;
     let bytes = payload.len() + headers.len();
+    let event_type: Option<String> = row.try_get("event_type")?;
     let (item, bytes) = match serde_json::from_str::<P>(&payload) {
         Ok(payload) => {
             // Headers are a JSON object by construction; anything else reads as empty.
@@ -89,11 +93,18 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
                 payload,
                 headers,
                 recorded_at: row.try_get::<DateTime<Utc>, _>("recorded_at")?,
+                event_type,
             }));
             (event, bytes)
         }
         // serde's error does not hold the payload: nothing to weigh.
-        Err(error) => (SlotItem::Undecodable(Arc::new(error)), 0),
+        Err(error) => (
+            SlotItem::Undecodable(Arc::new(Undecodable {
+                error: Arc::new(error),
+                event_type,
+            })),
+            0,
+        ),
     };
     Ok(Slot {
         sequence,

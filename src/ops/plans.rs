@@ -41,8 +41,8 @@ pub fn hot_path_statements() -> Vec<HotStatement> {
         s(
             "write: insert events",
             write::INSERT_EVENTS,
-            "uuid[], text[], text[]",
-            "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[]",
+            "uuid[], text[], text[], text[]",
+            "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
         ),
         s(
             "insert lane: page",

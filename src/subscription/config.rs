@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::event_type::TypeFilter;
 
 /// Which lane a subscription follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -130,6 +131,7 @@ pub struct JobConfig {
     pub(crate) start: StartFrom,
     pub(crate) batch: Batch,
     pub(crate) lease: Duration,
+    pub(crate) types: TypeFilter,
 }
 
 impl JobConfig {
@@ -143,6 +145,7 @@ impl JobConfig {
             start: StartFrom::Beginning,
             batch: Batch::PerEvent,
             lease: Duration::from_secs(30),
+            types: TypeFilter::default(),
         }
     }
 
@@ -183,6 +186,30 @@ impl JobConfig {
     /// than this loses the claim, and its transaction is rolled back. Default 30 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Hands the handler only events of these types (`ordo.events.event_type`, see
+    /// [`Envelope::event_type`](crate::Envelope::event_type)), and untyped ones unless
+    /// [`skip_untyped`](Self::skip_untyped). Events of any other type are skipped before their
+    /// payload is decoded, so they never fail, halt or dead-letter the subscription; the
+    /// position moves past them with the next handled event, or alone. Default: every type.
+    pub fn event_types<I, T>(mut self, types: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let skip_untyped = !self.types.admits(None);
+        self.types = TypeFilter::only(types);
+        self.types.set_skip_untyped(skip_untyped);
+        self
+    }
+
+    /// Skips untyped events (NULL `event_type`) instead of handing them to the handler, for a
+    /// subscription that trusts only typed rows. Default false: an untyped event is handled,
+    /// and one that does not decode follows [`on_exhaustion`](Self::on_exhaustion).
+    pub fn skip_untyped(mut self, skip: bool) -> Self {
+        self.types.set_skip_untyped(skip);
         self
     }
 

@@ -173,9 +173,9 @@ where
         let event = match decode_full::<P>(row) {
             Ok(slot) => match slot.item {
                 SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(error) => Err(format!(
-                    "the payload of ordo.events sequence {} does not decode: {error}",
-                    slot.sequence
+                SlotItem::Undecodable(undecodable) => Err(format!(
+                    "the payload of ordo.events sequence {} does not decode: {}",
+                    slot.sequence, undecodable.error
                 )),
                 _ => Err(format!(
                     "ordo.events sequence {} holds no event",

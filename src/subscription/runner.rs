@@ -195,6 +195,7 @@ where
             &self.commit,
             self.stop.clone(),
             position,
+            self.config.types.clone(),
         );
         let mut renew_at = Instant::now() + self.renew_every();
         // Operators' dead-letter retries are looked for on claiming and every third of a lease.
@@ -268,7 +269,7 @@ where
             };
             match self.handle_unit(&unit, position).await {
                 Outcome::Committed(next) => {
-                    handled.increment(unit.len() as u64);
+                    handled.increment(unit.iter().filter(|item| !item.skipped).count() as u64);
                     let head = match self.config.ordering {
                         super::config::Ordering::Insert => self.lane.frontier(),
                         super::config::Ordering::Commit => self.commit.head(),
@@ -292,11 +293,20 @@ where
     async fn take_unit(&self, source: &mut Source<P>) -> Option<Vec<Item<P>>> {
         let mut unit = Vec::new();
         match self.config.batch {
-            Batch::PerEvent => unit.extend(source.pop()),
-            Batch::UpTo(limit) => {
-                while unit.len() < limit {
+            // Skipped events ride along with the next handled one (one checkpoint covers
+            // them), or form a unit of their own when nothing handled is ready.
+            Batch::PerEvent | Batch::UpTo(_) => {
+                let limit = match self.config.batch {
+                    Batch::UpTo(limit) => limit,
+                    _ => 1,
+                };
+                let mut handled = 0;
+                while handled < limit {
                     match source.pop() {
-                        Some(item) => unit.push(item),
+                        Some(item) => {
+                            handled += usize::from(!item.skipped);
+                            unit.push(item);
+                        }
                         None => break,
                     }
                 }
@@ -371,14 +381,14 @@ where
     /// One try: the handler and the checkpoint in one transaction.
     async fn attempt(&self, unit: &[Item<P>], position: u64) -> Result<Outcome, Failure> {
         let mut events: Vec<Arc<Envelope<P>>> = Vec::with_capacity(unit.len());
-        for item in unit {
+        for item in unit.iter().filter(|item| !item.skipped) {
             match &item.event {
                 Ok(event) => events.push(Arc::clone(event)),
-                Err(error) => {
+                Err(row) => {
                     return Err(Failure {
                         message: format!(
-                            "the payload of ordo.events sequence {} does not decode: {error}",
-                            item.sequence
+                            "the payload of ordo.events sequence {} does not decode: {}",
+                            item.sequence, row.error
                         ),
                         retryable: false,
                     });
@@ -398,8 +408,8 @@ where
             .await
             .map_err(retryable)?;
         let handled = AssertUnwindSafe(async {
-            if matches!(self.config.batch, Batch::Groups) {
-                let span = self.handler_span(&events[0], "ordo.handle_group");
+            if let (Batch::Groups, Some(first)) = (self.config.batch, events.first()) {
+                let span = self.handler_span(first, "ordo.handle_group");
                 self.subscriber
                     .handle_group(&mut tx, &events)
                     .instrument(span)
@@ -553,7 +563,7 @@ where
             .pool
             .begin_with(sql::begin_bounded(self.config.lease))
             .await?;
-        for item in unit {
+        for item in unit.iter().filter(|item| !item.skipped) {
             sqlx::query(sql::DEAD_LETTER)
                 .bind(&self.config.name)
                 .bind(self.config.ordering.as_str())
@@ -571,8 +581,9 @@ where
         match tx.commit().await {
             Ok(()) => {
                 tracing::warn!(subscription = %self.config.name, position = next, "dead-lettered");
+                let dead = unit.iter().filter(|item| !item.skipped).count();
                 metrics::counter!(m::DEAD_LETTERS, "subscription" => self.config.name.clone())
-                    .increment(unit.len() as u64);
+                    .increment(dead as u64);
                 Ok(Outcome::Committed(next))
             }
             Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),

@@ -1,5 +1,5 @@
 //! A subscription's view of its lane: items with their position, undecodable ones included,
-//! placeholders left out.
+//! placeholders left out, events of types the job does not select marked skipped.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,8 +10,9 @@ use crate::commit_lane::CommitShared;
 use crate::commit_lane::listener::CommitReader;
 use crate::envelope::Envelope;
 use crate::error::Result;
+use crate::event_type::TypeFilter;
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::cache::{SlotItem, Undecodable};
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
 use crate::subscription::config::Ordering;
@@ -24,7 +25,31 @@ pub(crate) struct Item<P> {
     pub(crate) sequence: u64,
     /// Last event of its source transaction (always true on the insert lane).
     pub(crate) boundary: bool,
-    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<serde_json::Error>>,
+    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
+    /// Its type is not selected: the handler never sees it, the position moves past it.
+    pub(crate) skipped: bool,
+}
+
+impl<P> Item<P> {
+    fn new(
+        position: u64,
+        sequence: u64,
+        boundary: bool,
+        event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
+        filter: &TypeFilter,
+    ) -> Self {
+        let event_type = match &event {
+            Ok(event) => event.event_type.as_deref(),
+            Err(row) => row.event_type.as_deref(),
+        };
+        Self {
+            position,
+            sequence,
+            boundary,
+            skipped: !filter.admits(event_type),
+            event,
+        }
+    }
 }
 
 enum Reader<P> {
@@ -35,6 +60,7 @@ enum Reader<P> {
 pub(crate) struct Source<P> {
     reader: Reader<P>,
     buffered: VecDeque<Item<P>>,
+    filter: TypeFilter,
 }
 
 impl<P> Source<P>
@@ -47,6 +73,7 @@ where
         commit: &Arc<CommitShared>,
         stop: StopSignal,
         after: u64,
+        filter: TypeFilter,
     ) -> Self {
         let reader = match ordering {
             Ordering::Insert => Reader::Insert(LaneReader::new(
@@ -65,6 +92,7 @@ where
         Self {
             reader,
             buffered: VecDeque::new(),
+            filter,
         }
     }
 
@@ -96,15 +124,18 @@ where
                     for slot in slots {
                         let event = match slot.item {
                             SlotItem::Event(event) => Ok(event),
-                            SlotItem::Undecodable(error) => Err(error),
+                            SlotItem::Undecodable(row) => Err(row),
                             SlotItem::Meta | SlotItem::Placeholder => continue,
                         };
-                        self.buffered.push_back(Item {
-                            position: slot.sequence,
-                            sequence: slot.sequence,
-                            boundary: true,
+                        // On the insert lane the position is the sequence, and every event
+                        // is a boundary.
+                        self.buffered.push_back(Item::new(
+                            slot.sequence,
+                            slot.sequence,
+                            true,
                             event,
-                        });
+                            &self.filter,
+                        ));
                     }
                 }
                 Reader::Commit(reader) => {
@@ -112,11 +143,16 @@ where
                         Ok(items) => items,
                         Err(error) => return Some(Err(error)),
                     };
-                    self.buffered.extend(items.into_iter().map(|item| Item {
-                        position: item.entry.commit_seq,
-                        sequence: item.entry.sequence,
-                        boundary: item.entry.group_last,
-                        event: item.event,
+                    let filter = &self.filter;
+                    self.buffered.extend(items.into_iter().map(|item| {
+                        let entry = item.entry;
+                        Item::new(
+                            entry.commit_seq,
+                            entry.sequence,
+                            entry.group_last,
+                            item.event,
+                            filter,
+                        )
                     }));
                 }
             }

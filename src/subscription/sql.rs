@@ -97,7 +97,7 @@ WHERE name = $1 AND lease_owner = $2
 /// Dead letters an operator asked to retry, with their events (as the lane reads them).
 pub(crate) const RETRIES: &str = r#"
 SELECT d.id AS dead_letter, e.sequence, e.commit_xid, e.id, e.payload::text AS payload,
-       e.headers::text AS headers, e.recorded_at
+       e.headers::text AS headers, e.recorded_at, e.event_type
 FROM ordo.dead_letters AS d
 JOIN ordo.events AS e ON e.sequence = d.sequence
 WHERE d.subscription = $1 AND d.retry_requested_at IS NOT NULL

@@ -72,6 +72,8 @@ struct Chunk {
     first: usize,
     payloads: Column,
     headers: Column,
+    /// `ordo.events.event_type` of each event (NULL: untyped).
+    types: Vec<Option<String>>,
 }
 
 impl Chunk {
@@ -90,6 +92,7 @@ struct Typed<P> {
     headers: Headers,
     /// Its JSON's length (payload and headers), what it weighs in the lane's byte budget.
     bytes: usize,
+    event_type: Option<String>,
 }
 
 /// The events of one transaction, serialised, waiting for commit.
@@ -121,14 +124,27 @@ impl<P: Serialize> Buffer<P> {
         }
     }
 
-    /// Serialises and appends one event; on error nothing is appended.
-    pub(crate) fn push(&mut self, id: Uuid, payload: P, mut headers: Headers) -> Result<()> {
+    /// Serialises and appends one event, typed by its serde tag; on error nothing is appended.
+    pub(crate) fn push(&mut self, id: Uuid, payload: P, headers: Headers) -> Result<()> {
+        let event_type = crate::event_type::type_of(&payload);
+        self.push_with_type(id, payload, headers, event_type)
+    }
+
+    /// [`push`](Self::push) with the event's type given (`None`: untyped).
+    pub(crate) fn push_with_type(
+        &mut self,
+        id: Uuid,
+        payload: P,
+        mut headers: Headers,
+        event_type: Option<String>,
+    ) -> Result<()> {
         crate::ops::trace::inject(&mut headers);
         let payload_json = serde_json::to_string(&payload).map_err(Error::Encode)?;
         let headers_json = serde_json::to_string(&headers).map_err(Error::Encode)?;
         let chunk = self.open_chunk(payload_json.len() + headers_json.len());
         chunk.payloads.push(&payload_json);
         chunk.headers.push(&headers_json);
+        chunk.types.push(event_type.clone());
         self.ids.push(id);
         if let Some(typed) = &mut self.typed {
             if self.ids.len() > HANDOFF_EVENTS {
@@ -140,6 +156,7 @@ impl<P: Serialize> Buffer<P> {
                     payload,
                     headers,
                     bytes,
+                    event_type,
                 });
             }
         }
@@ -171,6 +188,7 @@ impl<P> Buffer<P> {
                 first,
                 payloads: Column::default(),
                 headers: Column::default(),
+                types: Vec::new(),
             });
         }
         // Just ensured there is one.
@@ -201,6 +219,7 @@ impl<P> Buffer<P> {
                         commit_xid: row.commit_xid,
                         payload: typed.payload,
                         headers: typed.headers,
+                        event_type: typed.event_type,
                         recorded_at: row.recorded_at,
                     })),
                 })
@@ -252,6 +271,7 @@ pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -
             .bind(ids)
             .bind(chunk.payloads.strs())
             .bind(chunk.headers.strs())
+            .bind(&chunk.types)
             .fetch_all(&mut *conn)
             .await?;
         if chunk.bytes() > SHRINK_AFTER_BYTES {

@@ -19,6 +19,7 @@ use crate::commit_lane::{CommitShared, HEAD_SQL, watcher};
 use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
+use crate::event_type::TypeFilter;
 use crate::insert_lane::cache::Slot;
 use crate::insert_lane::frontier::FrontierTask;
 use crate::insert_lane::listener::{self, EventStream};
@@ -310,7 +311,42 @@ where
             ReadMode::Full,
             after,
         );
-        listener::stream(reader)
+        listener::stream(reader, TypeFilter::default())
+    }
+
+    /// [`listen_inserted`](Self::listen_inserted), but only the events whose type
+    /// ([`Envelope::event_type`](crate::Envelope::event_type)) is one of `types`, and untyped
+    /// ones. Events of other types are passed over before their payload is decoded, so a type
+    /// `P` does not know never becomes an `Err` item. See the crate docs, "Event types".
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize)] enum Orders { Placed { id: u64 } }
+    /// # async fn run(outbox: ordo::Outbox<Orders>) {
+    /// use ordo::Start;
+    /// let placed = outbox.listen_inserted_types(Start::Now, ["Placed"]);
+    /// # }
+    /// ```
+    pub fn listen_inserted_types<I, T>(
+        &self,
+        start: Start<EventSequence>,
+        types: I,
+    ) -> EventStream<P>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let after = match start {
+            Start::Beginning => 0,
+            Start::After(position) => position.get(),
+            Start::Now => self.inner.lane.frontier(),
+        };
+        let reader = LaneReader::new(
+            Arc::clone(&self.inner.lane),
+            self.inner.tasks.signal(),
+            ReadMode::Full,
+            after,
+        );
+        listener::stream(reader, TypeFilter::only(types))
     }
 
     /// The insert lane's frontier in this process: every sequence at or below it is resolved

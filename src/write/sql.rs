@@ -10,9 +10,9 @@
 /// is what the insert lane's abandonment proof needs (`tests/roles.rs` checks it). The rows
 /// draw their sequences in `ord` order, so events keep the order they were published in.
 pub(crate) const INSERT_EVENTS: &str = r#"
-INSERT INTO ordo.events (id, payload, headers)
-SELECT e.id, e.payload::jsonb, e.headers::jsonb
-FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS e(id, payload, headers, ord)
+INSERT INTO ordo.events (id, payload, headers, event_type)
+SELECT e.id, e.payload::jsonb, e.headers::jsonb, e.event_type
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(id, payload, headers, event_type, ord)
 ORDER BY e.ord
 RETURNING id, sequence, commit_xid, recorded_at
 "#;

@@ -76,6 +76,18 @@ where
         self.buffer.push(id, event, headers)
     }
 
+    /// Buffers `event` with its type set to `event_type` (stored in `ordo.events.event_type`)
+    /// instead of the one found in its serde tag; `None` publishes it untyped. Returns its id.
+    ///
+    /// # Errors
+    /// [`Error::Encode`](crate::Error::Encode) if `event` does not serialise to JSON.
+    pub fn publish_typed(&mut self, event_type: Option<&str>, event: P) -> Result<Uuid> {
+        let id = Uuid::now_v7();
+        self.buffer
+            .push_with_type(id, event, Headers::new(), event_type.map(str::to_owned))?;
+        Ok(id)
+    }
+
     /// Buffers every event of `events`, in order. Their ids are in [`event_ids`](Self::event_ids).
     ///
     /// # Errors
