@@ -218,7 +218,8 @@ async fn a_writer_cannot_forge_sequence_or_commit_xid_and_fills_only_drawn_holes
         "UPDATE ordo.events SET sequence = sequence + 1000",
         "DELETE FROM ordo.events",
         "SELECT setval('ordo.events_sequence', 1000)",
-        "UPDATE ordo.commit_log SET group_last = false",
+        "UPDATE ordo.commit_chunks SET group_last = group_last",
+        "DELETE FROM ordo.commit_chunks",
         "UPDATE ordo.sequencer_state SET singleton = true",
         "CREATE TABLE ordo.events_9000001 PARTITION OF ordo.events FOR VALUES FROM (9000001) TO (9000002)",
     ] {
@@ -455,22 +456,23 @@ async fn a_readers_status_reports_a_stall_it_may_not_probe() {
     // A writer draws a sequence and holds its transaction open without writing the row; an
     // event commits above it.
     let mut holder = writer.begin().await.expect("begin");
-    sqlx::query("SELECT pg_current_xact_id(), nextval('ordo.events_sequence')")
-        .execute(&mut *holder)
-        .await
-        .expect("draw");
+    let holder_pid: i32 = sqlx::query_scalar(
+        "SELECT pg_backend_pid() FROM (SELECT pg_current_xact_id(), nextval('ordo.events_sequence')) AS drawn",
+    )
+    .fetch_one(&mut *holder)
+    .await
+    .expect("draw");
     sqlx::query("INSERT INTO ordo.events (payload) VALUES ('{\"writer\": 1, \"n\": 1}')")
         .execute(&writer)
         .await
         .expect("publish above the hole");
-    // The reader's probe of the holder is refused at once (no EXECUTE on the placeholder
-    // function); status still reports the stall.
+    // Status never writes (a reader may not): it names the only transaction that has drawn an
+    // event sequence and not ended.
     let stalled = eventually(PATIENCE, || async {
         let status = ordo::status(&reader).await.expect("a reader reads status");
-        status
-            .stalls
-            .iter()
-            .any(|stall| stall.lane == "insert" && stall.holder.is_none())
+        status.stalls.iter().any(|stall| {
+            stall.lane == "insert" && stall.holder.as_ref().is_some_and(|h| h.pid == holder_pid)
+        })
     })
     .await;
     assert!(stalled, "the stall on sequence 1 was not reported");

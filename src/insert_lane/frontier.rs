@@ -153,6 +153,12 @@ where
     fn ingest(&mut self, batch: CommittedBatch<P>) {
         for slot in batch {
             self.known_head = self.known_head.max(slot.sequence);
+            // This process just committed the row at this sequence, so it is the row there: a
+            // different slot held at the same sequence was read from a row since deleted (a
+            // forged row above the head, removed by an operator) and must not be delivered.
+            if let Some(stale) = self.pending.remove(&slot.sequence) {
+                self.pending_bytes = self.pending_bytes.saturating_sub(stale.bytes);
+            }
             if self.pending.len() < self.config.cache_capacity {
                 self.hold(slot);
             }
