@@ -211,7 +211,10 @@ async fn a_handle_wait_for_zero_lag_is_not_true_while_events_wait() {
         .await
         .expect("subscribe");
     let sequences = publish(&outbox, 1, 3).await;
-    // The lane has the events; the handler is held at the first.
+    // Once the lane has the events (its frontier passed them), the handler is held at the first.
+    let last = sequences.iter().max().copied().expect("three sequences");
+    let in_lane = common::eventually(LIMIT, || async { outbox.insert_frontier() >= last }).await;
+    assert!(in_lane, "the insert lane did not reach {last}");
     let (status, held) = handle
         .wait_for(Duration::from_millis(500), |s| s.lag == 0)
         .await;
