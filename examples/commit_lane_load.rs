@@ -185,7 +185,13 @@ fn receive_commit(
 /// One writer at a paced 500 transactions/s.
 async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
     let outbox = Outbox::<Tick>::new(scratch.pool(6).await?, OutboxConfig::default()).await?;
-    let other = Outbox::<Tick>::new(scratch.pool(6).await?, OutboxConfig::default()).await?;
+    // Diagnostic: ORDO_SECOND_FOLDS=0 runs the second outbox without a sequencer.
+    let second_folds = env_or("ORDO_SECOND_FOLDS", 1u8) != 0;
+    let other = Outbox::<Tick>::new(
+        scratch.pool(6).await?,
+        OutboxConfig::default().sequencer(second_folds),
+    )
+    .await?;
     let start = Instant::now();
     let clock = Arc::new(Clock::default());
     // Half a second of warm-up (connections, first plans) is not recorded.
@@ -220,7 +226,9 @@ async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
             clock.put(0, n, start.elapsed().as_micros() as u64);
         }
     }
-    println!("paced: one writer, 500 single-event transactions/s for {seconds} s");
+    println!(
+        "paced: one writer, 500 single-event transactions/s for {seconds} s; second outbox folds: {second_folds}"
+    );
     for (label, task) in listeners {
         println!("{}", line(label, &clock.latencies(&task.await??)?));
     }
