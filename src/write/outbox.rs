@@ -300,18 +300,7 @@ where
     /// `Start::Now` starts after the lane's current frontier: every event that becomes
     /// visible to this process from then on.
     pub fn listen_inserted(&self, start: Start<EventSequence>) -> EventStream<P> {
-        let after = match start {
-            Start::Beginning => 0,
-            Start::After(position) => position.get(),
-            Start::Now => self.inner.lane.frontier(),
-        };
-        let reader = LaneReader::new(
-            Arc::clone(&self.inner.lane),
-            self.inner.tasks.signal(),
-            ReadMode::Full,
-            after,
-        );
-        listener::stream(reader, TypeFilter::default())
+        self.listen_filtered(start, TypeFilter::default())
     }
 
     /// [`listen_inserted`](Self::listen_inserted), but only the events whose type
@@ -335,6 +324,10 @@ where
         I: IntoIterator<Item = T>,
         T: Into<String>,
     {
+        self.listen_filtered(start, TypeFilter::only(types))
+    }
+
+    fn listen_filtered(&self, start: Start<EventSequence>, filter: TypeFilter) -> EventStream<P> {
         let after = match start {
             Start::Beginning => 0,
             Start::After(position) => position.get(),
@@ -346,7 +339,7 @@ where
             ReadMode::Full,
             after,
         );
-        listener::stream(reader, TypeFilter::only(types))
+        listener::stream(reader, filter)
     }
 
     /// The insert lane's frontier in this process: every sequence at or below it is resolved
