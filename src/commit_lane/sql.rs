@@ -121,6 +121,10 @@ ORDER BY m.rn
 pub(crate) const HEAD: &str =
     "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton LIMIT 1";
 
+/// The log head and how far it covers the insert lane, for the head watcher.
+pub(crate) const HEAD_AND_CURSOR: &str = "SELECT last_commit_seq, logged_through_sequence \
+     FROM ordo.sequencer_state WHERE singleton LIMIT 1";
+
 /// A page of the log joined to its events, in `(after, upto]`.
 pub(crate) const PAGE: &str = r#"
 SELECT l.commit_seq, l.group_last, e.sequence, e.commit_xid, e.id,

@@ -1,19 +1,31 @@
 //! The log head for a process that does not run a sequencer: read from the state row shortly
-//! after the insert lane moves (a peer is about to fold it), and on the idle resync.
+//! after the insert lane moves (a peer is about to fold it), again with a growing pause until
+//! the peer's fold has covered what this process's insert lane holds, and on the idle resync.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 use tokio::sync::watch;
 
-use super::{CommitShared, HEAD_SQL};
+use super::CommitShared;
+use super::sql::HEAD_AND_CURSOR;
 use crate::insert_lane::rows::to_u64;
 use crate::task::StopSignal;
 
-/// How long after the insert lane moves the head is read: a peer's fold takes about a round
-/// trip, so reading at once would mostly see the old head.
+/// How long after the insert lane moves the head is read first: a peer's fold takes about a
+/// round trip, so reading at once would mostly see the old head.
 const AFTER_FRONTIER: Duration = Duration::from_millis(2);
+
+/// The longest pause between reads while the peer's fold is behind this process's frontier.
+/// Before, a head read that came before the peer's append waited for the next frontier move or
+/// the idle resync (a second outbox without a sequencer measured p99 38 ms at 500 tx/s).
+const CHASE_MAX: Duration = Duration::from_millis(16);
+
+/// Reads while chasing, at most, after each frontier move: the fold's cursor can legitimately
+/// stay below the frontier (placeholders and members of logged groups are not appended), and an
+/// idle process must not poll every few milliseconds for ever.
+const CHASE_READS: u32 = 8;
 
 pub(crate) async fn run(
     pool: PgPool,
@@ -22,7 +34,11 @@ pub(crate) async fn run(
     resync: Duration,
     mut stop: StopSignal,
 ) {
+    // While the fold is behind what this process holds, the next read comes after `chase`.
+    let mut chase: Option<Duration> = None;
+    let mut chased = 0u32;
     loop {
+        let wait = chase.unwrap_or(resync);
         tokio::select! {
             biased;
             _ = stop.stopped() => return,
@@ -31,15 +47,31 @@ pub(crate) async fn run(
                     return;
                 }
                 tokio::time::sleep(AFTER_FRONTIER).await;
+                chase = None;
+                chased = 0;
             }
-            _ = tokio::time::sleep(resync) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
-        match sqlx::query_scalar::<_, i64>(HEAD_SQL)
-            .fetch_one(&pool)
-            .await
-        {
-            Ok(head) => commit.publish_head(to_u64(head)),
-            Err(error) => tracing::warn!(%error, "reading the commit log head failed"),
+        let target = *frontier.borrow();
+        match head_and_cursor(&pool).await {
+            Ok((head, cursor)) => {
+                commit.publish_head(head);
+                chased += 1;
+                chase = (cursor < target && chased < CHASE_READS)
+                    .then(|| chase.map_or(AFTER_FRONTIER, |pause| (pause * 2).min(CHASE_MAX)));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the commit log head failed");
+                chase = None;
+            }
         }
     }
+}
+
+async fn head_and_cursor(pool: &PgPool) -> crate::error::Result<(u64, u64)> {
+    let row = sqlx::query(HEAD_AND_CURSOR).fetch_one(pool).await?;
+    Ok((
+        to_u64(row.try_get("last_commit_seq")?),
+        to_u64(row.try_get("logged_through_sequence")?),
+    ))
 }
