@@ -1,10 +1,10 @@
 -- ordo: the commit log stored as chunks, one row per append (at most 1,024 entries each).
 --
 -- Measured on PostgreSQL 15 with 5,000 single-event transactions (WAL bytes per event, from
--- `pg_current_wal_insert_lsn()` deltas): the raw event insert writes 536 bytes; a log row per
--- event (heap tuple and two unique indexes) added 219 bytes when appends carried 100 events
--- each (1.41x the raw insert). A chunk row holding the same 100 entries as arrays adds 13 bytes
--- per event (1.02x). The per-append cost (the state row's update and the commit record) is the
+-- `pg_current_wal_insert_lsn()` deltas, `benches/sql/commit_log_wal.sql`): the raw event insert
+-- writes about 550 bytes; a log row per event (heap tuple and two unique indexes) added 219
+-- bytes when appends carried 100 events each (1.40x the raw insert). A chunk row holding the
+-- same 100 entries as arrays adds 13 bytes per event (1.02x). The per-append cost (the state row's update and the commit record) is the
 -- same in both representations.
 --
 -- `ordo.commit_log` stays readable by plain SQL with its columns (commit_seq, sequence,
