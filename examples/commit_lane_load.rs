@@ -17,8 +17,9 @@
 //!   be) with nothing of ordo running against the same writers
 //!   publishing through an `Outbox` that folds (raw, ordo, ordo, raw): events/s and WAL bytes
 //!   per event (`pg_current_wal_insert_lsn()` deltas, which do not depend on machine noise).
-//! - `cold`: `ORDO_COLD_EVENTS` single-event transactions already in the table, folded from
-//!   scratch, beside a paged read of the same rows.
+//! - `cold`: `ORDO_COLD_EVENTS` events (default 1,000,000) already in the table, in transactions
+//!   of `ORDO_COLD_GROUP` events (default 1), folded from scratch, beside a paged read of the
+//!   same rows.
 //!
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) to create scratch
 //! databases, dropped at the end. Prints one figure per line. WAL is cluster-wide: measure `wal`
@@ -60,6 +61,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 async fn main() -> Result<()> {
     let seconds: u64 = env_or("ORDO_LOAD_SECONDS", 5);
     let cold_events: i64 = env_or("ORDO_COLD_EVENTS", 1_000_000);
+    let cold_group: i64 = env_or("ORDO_COLD_GROUP", 1).max(1);
     let server = scratch::server_url();
     let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| "paced,lag,wal,cold".into());
     println!("server settings: {}", settings(&server).await?);
@@ -84,7 +86,7 @@ async fn main() -> Result<()> {
     }
     if phases.contains("cold") {
         let scratch = Scratch::create(&server).await?;
-        cold(&scratch, cold_events).await?;
+        cold(&scratch, cold_events, cold_group).await?;
         scratch.drop_db().await?;
     }
     Ok(())
@@ -385,21 +387,22 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     Ok(())
 }
 
-/// `events` single-event transactions already in the table, folded from scratch.
-async fn cold(scratch: &Scratch, events: i64) -> Result<()> {
+/// `events` already in the table in transactions of `group` events, folded from scratch.
+async fn cold(scratch: &Scratch, events: i64, group: i64) -> Result<()> {
     let pool = scratch.pool(6).await?;
     let started = Instant::now();
     let mut written = 0i64;
     while written < events {
         let chunk = (events - written).min(200_000);
-        // One transaction id per event: explicit commit_xid values far above any real one.
+        // Explicit commit_xid values far above any real one, `group` events each.
         sqlx::query(
             "INSERT INTO ordo.events (commit_xid, payload)
-             SELECT 1000000000000 + $1 + g, '{\"writer\": 0, \"n\": 0}'::jsonb
+             SELECT 1000000000000 + ($1 + g) / $3, '{\"writer\": 0, \"n\": 0}'::jsonb
              FROM generate_series(0, $2 - 1) AS g ORDER BY g",
         )
         .bind(written)
         .bind(chunk)
+        .bind(group)
         .execute(&pool)
         .await?;
         written += chunk;
@@ -428,7 +431,7 @@ async fn cold(scratch: &Scratch, events: i64) -> Result<()> {
     }
     let read = started.elapsed();
     println!(
-        "cold: {events} single-event transactions (loaded in {:.1} s)",
+        "cold: {events} events in transactions of {group} (loaded in {:.1} s)",
         load.as_secs_f64()
     );
     println!(

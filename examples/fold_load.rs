@@ -35,15 +35,12 @@ async fn main() -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let cold_events: i64 = std::env::var("ORDO_COLD_EVENTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000_000);
     let server = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
 
-    // ORDO_PHASES picks phases (default all): writers,paced,cold.
-    let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| "writers,paced,cold".into());
+    // ORDO_PHASES picks phases (default all): writers,paced. The cold fold is measured by
+    // `examples/commit_lane_load.rs` (`ORDO_PHASES=cold`, `ORDO_COLD_GROUP` events a group).
+    let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| "writers,paced".into());
     if phases.contains("writers") {
         let scratch = Scratch::create(&server).await?;
         writers_and_fold(&scratch, seconds).await?;
@@ -52,11 +49,6 @@ async fn main() -> Result<()> {
     if phases.contains("paced") {
         let scratch = Scratch::create(&server).await?;
         paced_commit_lane_latency(&scratch, seconds.min(5)).await?;
-        scratch.drop_db().await?;
-    }
-    if phases.contains("cold") {
-        let scratch = Scratch::create(&server).await?;
-        cold_fold(&scratch, cold_events).await?;
         scratch.drop_db().await?;
     }
     Ok(())
@@ -278,68 +270,6 @@ async fn paced_commit_lane_latency(scratch: &Scratch, seconds: u64) -> Result<()
             h.max()
         );
     }
-    outbox.shutdown().await;
-    Ok(())
-}
-
-/// `events` already in the table in groups of 10, folded from scratch.
-async fn cold_fold(scratch: &Scratch, events: i64) -> Result<()> {
-    let pool = scratch.pool(6).await?;
-    // Groups of ten: explicit commit_xid values far above any real transaction id.
-    let started = Instant::now();
-    let mut written = 0i64;
-    while written < events {
-        let chunk = (events - written).min(200_000);
-        sqlx::query(
-            "INSERT INTO ordo.events (commit_xid, payload)
-             SELECT 1000000000000 + (($1 + g) / 10), '{\"writer\": 0, \"n\": 0}'::jsonb
-             FROM generate_series(0, $2 - 1) AS g ORDER BY g",
-        )
-        .bind(written)
-        .bind(chunk)
-        .execute(&pool)
-        .await?;
-        written += chunk;
-    }
-    sqlx::query("ANALYZE ordo.events").execute(&pool).await?;
-    let load = started.elapsed();
-    let started = Instant::now();
-    let outbox = Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?;
-    let startup = started.elapsed();
-    while (outbox.commit_head().get() as i64) < events {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let folding = started.elapsed();
-    println!(
-        "cold fold: {events} events in groups of 10 (loaded in {:.1}s)",
-        load.as_secs_f64()
-    );
-    println!(
-        "cold fold rate        {:>10.0} events/s  {:>8.0} groups/s  ({:.2}s, of which start-up {:.0} ms)",
-        events as f64 / folding.as_secs_f64(),
-        events as f64 / 10.0 / folding.as_secs_f64(),
-        folding.as_secs_f64(),
-        startup.as_secs_f64() * 1e3
-    );
-    // Baseline in the same run: reading the same rows' (sequence, commit_xid) once, by pages.
-    let started = Instant::now();
-    let mut after = 0i64;
-    loop {
-        let page: Vec<(i64, Option<i64>)> = sqlx::query_as(
-            "SELECT sequence, commit_xid FROM ordo.events WHERE sequence > $1 ORDER BY sequence LIMIT 5000",
-        )
-        .bind(after)
-        .fetch_all(&pool)
-        .await?;
-        let Some(last) = page.last() else { break };
-        after = last.0;
-    }
-    let read = started.elapsed();
-    println!(
-        "baseline: paged read of the same rows {:>10.0} rows/s  (fold/read ratio {:.2})",
-        events as f64 / read.as_secs_f64(),
-        read.as_secs_f64() / folding.as_secs_f64()
-    );
     outbox.shutdown().await;
     Ok(())
 }
