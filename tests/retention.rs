@@ -824,3 +824,82 @@ async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_d
         .execute(&admin)
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_partition_trims_the_log_chunk_that_straddles_it() {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    // 120 single-event transactions while nobody folds...
+    let writer = Outbox::<Note>::new(
+        db.pool.clone(),
+        OutboxConfig::default()
+            .sequencer(false)
+            .partition_maintenance(false),
+    )
+    .await
+    .expect("writer");
+    for n in 0..120 {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 1, n }).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    writer.shutdown().await;
+    // ...then one fold appends them all: one chunk, sequences 1..=120, across the partition
+    // boundary at 101.
+    let folder = Outbox::<Note>::new(
+        db.pool.clone(),
+        OutboxConfig::default().partition_maintenance(false),
+    )
+    .await
+    .expect("folder");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            folder.commit_head().get() == 120
+        })
+        .await
+    );
+    let chunks: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT first_commit_seq, last_commit_seq FROM ordo.commit_chunks ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("chunks");
+    assert_eq!(chunks, vec![(1, 120)], "one append, one chunk");
+
+    let keep = RetentionConfig::new().keep(Duration::from_millis(1));
+    let dropped = eventually(Duration::from_secs(30), || async {
+        let report = run_retention(&db.pool, &keep).await.expect("retention");
+        report.dropped.contains(&"events_p0".to_owned())
+    })
+    .await;
+    assert!(dropped, "the first partition was not dropped");
+    // The chunk was trimmed, not deleted: the log holds exactly 101..=120.
+    let chunks: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT first_commit_seq, last_commit_seq FROM ordo.commit_chunks ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("chunks");
+    assert_eq!(chunks, vec![(101, 120)]);
+    check_log_after_retention(&db.pool).await;
+    // A commit-lane listener from the floor reads the rest, densely, and one below it is refused.
+    let mut lane = folder.listen_committed(Start::After(ordo::CommitSequence::new(100)));
+    for expected in 101..=120u64 {
+        let item = tokio::time::timeout(Duration::from_secs(20), lane.next())
+            .await
+            .expect("delivered")
+            .expect("open")
+            .expect("an entry");
+        assert_eq!(item.commit_sequence.get(), expected);
+        assert_eq!(item.event.sequence.get(), expected);
+    }
+    let mut below = folder.listen_committed(Start::After(ordo::CommitSequence::new(50)));
+    let refused = tokio::time::timeout(Duration::from_secs(20), below.next())
+        .await
+        .expect("answered")
+        .expect("open");
+    assert!(
+        matches!(refused, Err(ordo::Error::BelowRetentionFloor { .. })),
+        "{refused:?}"
+    );
+    folder.shutdown().await;
+}
