@@ -77,8 +77,11 @@ AS $$
 BEGIN
     PERFORM ordo.check_grantee(grantee, 'reader');
     EXECUTE format('GRANT USAGE ON SCHEMA ordo TO %I', grantee);
-    EXECUTE format('GRANT SELECT ON ordo.events, ordo.commit_log, ordo.sequencer_state, '
-                   'ordo.subscriptions, ordo.dead_letters, ordo.partitioning TO %I', grantee);
+    -- The commit log is the view ordo.commit_log over ordo.commit_chunks (migration
+    -- 20261130000600); these functions run after every migration, so they may name both.
+    EXECUTE format('GRANT SELECT ON ordo.events, ordo.commit_log, ordo.commit_chunks, '
+                   'ordo.sequencer_state, ordo.subscriptions, ordo.dead_letters, '
+                   'ordo.partitioning TO %I', grantee);
     EXECUTE format('GRANT SELECT ON SEQUENCE ordo.events_sequence TO %I', grantee);
 END
 $$;
@@ -97,12 +100,12 @@ BEGIN
     EXECUTE format('REVOKE UPDATE ON SEQUENCE ordo.events_sequence FROM %I', grantee);
     -- Publishing: the defaults stamp commit_xid, sequence and recorded_at (nextval in the
     -- default runs as the inserting role, hence USAGE on the sequence).
-    EXECUTE format('GRANT INSERT (id, payload, headers) ON ordo.events TO %I', grantee);
+    EXECUTE format('GRANT INSERT (id, payload, headers, event_type) ON ordo.events TO %I', grantee);
     EXECUTE format('GRANT USAGE ON SEQUENCE ordo.events_sequence TO %I', grantee);
     -- The insert lane's hole resolution (and the status probe).
     EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.fill_placeholders(BIGINT, BIGINT) TO %I', grantee);
     -- The sequencer's append under compare-and-set.
-    EXECUTE format('GRANT INSERT ON ordo.commit_log TO %I', grantee);
+    EXECUTE format('GRANT INSERT ON ordo.commit_chunks TO %I', grantee);
     EXECUTE format('GRANT UPDATE (last_commit_seq, logged_through_sequence, updated_at) '
                    'ON ordo.sequencer_state TO %I', grantee);
     -- Subscriptions: create their row, take and renew the lease, checkpoint, halt, dead-letter.
