@@ -7,11 +7,10 @@
 //! few deposits, lets a commit-lane subscription fold them into `projection_balances` (each
 //! handler write commits with the subscription's checkpoint), prints the balances, and exits.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ordo::{
-    Batch, Envelope, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
+    Batch, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
     Subscriber,
 };
 use serde::{Deserialize, Serialize};
@@ -30,7 +29,7 @@ impl Subscriber<Deposited> for Balances {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Deposited>>,
+        event: &Delivery<Deposited>,
     ) -> Result<(), HandlerError> {
         sqlx::query(
             "INSERT INTO projection_balances (account, cents) VALUES ($1, $2)

@@ -9,11 +9,10 @@
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) to create a
 //! scratch database per case, dropped at the end.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ordo::{Batch, Envelope, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Subscriber};
+use ordo::{Batch, Delivery, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Subscriber};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
@@ -33,7 +32,7 @@ impl Subscriber<Item> for NoOp {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Item>>,
+        _event: &Delivery<Item>,
     ) -> Result<(), HandlerError> {
         Ok(())
     }
@@ -45,7 +44,7 @@ impl Subscriber<Item> for InsertRow {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Item>>,
+        event: &Delivery<Item>,
     ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO sink (sequence, n) VALUES ($1, $2)")
             .bind(event.sequence.get() as i64)

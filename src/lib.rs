@@ -173,8 +173,8 @@ pub use ops::status::{
 pub use ops::trace::TRACEPARENT;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
-    Batch, DeadLetter, HandlerError, JobConfig, OnExhaustion, Ordering, Position, RetryPolicy,
-    StartFrom, Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState,
+    Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
+    RetryPolicy, StartFrom, Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState,
     SubscriptionStatus, delete_subscription, list_dead_letters, list_subscriptions,
     pause_subscription, purge_dead_letters, reset_subscription, resume_subscription,
     retry_dead_letter, retry_dead_letters,

@@ -4,6 +4,9 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueRef, Postgres};
 
 /// A position in the insert-ordered lane: the `sequence` column of `ordo.events`.
 ///
@@ -61,6 +64,51 @@ macro_rules! position {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 self.0.fmt(f)
+            }
+        }
+
+        /// Stored as PostgreSQL `bigint`: bind it and read it like any other column type.
+        impl sqlx::Type<Postgres> for $name {
+            fn type_info() -> PgTypeInfo {
+                <i64 as sqlx::Type<Postgres>>::type_info()
+            }
+
+            fn compatible(ty: &PgTypeInfo) -> bool {
+                <i64 as sqlx::Type<Postgres>>::compatible(ty)
+            }
+        }
+
+        impl PgHasArrayType for $name {
+            fn array_type_info() -> PgTypeInfo {
+                <i64 as PgHasArrayType>::array_type_info()
+            }
+        }
+
+        /// Refuses (as a bind error) a position past `i64::MAX`, which no column can hold.
+        impl sqlx::Encode<'_, Postgres> for $name {
+            fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+                let value = i64::try_from(self.0).map_err(|_| {
+                    format!(
+                        "{} {} is past the largest bigint PostgreSQL stores",
+                        stringify!($name),
+                        self.0
+                    )
+                })?;
+                <i64 as sqlx::Encode<'_, Postgres>>::encode_by_ref(&value, buf)
+            }
+
+            fn size_hint(&self) -> usize {
+                std::mem::size_of::<i64>()
+            }
+        }
+
+        /// Refuses a negative value: no position is below 0.
+        impl sqlx::Decode<'_, Postgres> for $name {
+            fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+                let value = <i64 as sqlx::Decode<'_, Postgres>>::decode(value)?;
+                u64::try_from(value)
+                    .map(Self)
+                    .map_err(|_| format!("a negative {}: {value}", stringify!($name)).into())
             }
         }
     };

@@ -181,7 +181,7 @@ impl ordo::Subscriber<Note> for Counts {
     async fn handle(
         &self,
         tx: &mut sqlx::PgConnection,
-        _event: &std::sync::Arc<ordo::Envelope<Note>>,
+        _event: &ordo::Delivery<Note>,
     ) -> Result<(), ordo::HandlerError> {
         sqlx::query("UPDATE handled SET n = n + 1")
             .execute(&mut *tx)

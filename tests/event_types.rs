@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::TestDb;
 use futures::StreamExt;
 use ordo::{
-    Batch, Envelope, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
+    Batch, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
     RetryPolicy, Start, Subscriber, SubscriptionHandle, SubscriptionState,
 };
 use sqlx::{PgConnection, PgPool};
@@ -39,7 +38,7 @@ impl Subscriber<Orders> for Record {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Orders>>,
+        event: &Delivery<Orders>,
     ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO handled (id) VALUES ($1)")
             .bind(event.payload.id())

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Note, TestDb, eventually};
@@ -20,7 +19,7 @@ type Snapshot = Vec<(
     DebugValue,
 )>;
 use ordo::{
-    Envelope, HandlerError, JobConfig, OnExhaustion, Outbox, OutboxConfig, RetryPolicy, Start,
+    Delivery, HandlerError, JobConfig, OnExhaustion, Outbox, OutboxConfig, RetryPolicy, Start,
     metrics as names,
 };
 use sqlx::PgConnection;
@@ -31,7 +30,7 @@ impl ordo::Subscriber<Note> for FailsOnWriterOne {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         if event.payload.writer == 1 {
             return Err("writer one always fails".into());

@@ -160,7 +160,7 @@ impl ordo::Subscriber<Note> for Idle {
     async fn handle(
         &self,
         _tx: &mut sqlx::PgConnection,
-        _event: &std::sync::Arc<ordo::Envelope<Note>>,
+        _event: &ordo::Delivery<Note>,
     ) -> Result<(), ordo::HandlerError> {
         Err("this subscription is not meant to run".into())
     }

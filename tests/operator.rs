@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{Note, TestDb, eventually};
 use ordo::{
-    CommitSequence, Envelope, Error, EventSequence, HandlerError, JobConfig, Outbox, OutboxConfig,
+    CommitSequence, Delivery, Error, EventSequence, HandlerError, JobConfig, Outbox, OutboxConfig,
     Position, RetryPolicy, Subscriber, SubscriptionState,
 };
 use sqlx::{PgConnection, PgPool};
@@ -61,7 +61,7 @@ impl Subscriber<Note> for FreezesHoldingTheRow {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
             .bind(event.sequence.get() as i64)
@@ -471,7 +471,7 @@ impl Subscriber<Note> for Poisoned {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
             return Err("poison".into());

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{
-    Envelope, Error, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
+    Delivery, Error, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
     run_retention,
 };
 use sqlx::{PgConnection, PgPool};
@@ -21,7 +21,7 @@ impl ordo::Subscriber<Note> for Counts {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         Ok(())
     }

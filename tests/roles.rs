@@ -15,7 +15,7 @@ use common::invariants::{ORDO, check_log};
 use common::{Note, TestDb, eventually, server_url, with_database};
 use futures::StreamExt;
 use ordo::{
-    Envelope, Error, Grants, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
+    Delivery, Error, Grants, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
     Subscriber,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -286,7 +286,7 @@ impl Subscriber<Note> for Count {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         self.0.fetch_add(1, AtomicOrdering::SeqCst);
         Ok(())

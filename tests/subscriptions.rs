@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{Note, TestDb, eventually};
 use ordo::{
-    Batch, Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
-    RetryPolicy, Subscriber, SubscriptionState,
+    Batch, Delivery, Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox,
+    OutboxConfig, RetryPolicy, Subscriber, SubscriptionState,
 };
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
@@ -55,7 +55,7 @@ impl Subscriber<Note> for Project {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         project(tx, event).await?;
         if self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate) {
@@ -214,7 +214,7 @@ impl Subscriber<Note> for Stalls {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         project(tx, event).await?;
         if event.payload.writer == self.stall_on && !self.stalled.swap(true, AtomicOrdering::SeqCst)
@@ -300,7 +300,7 @@ impl Subscriber<Note> for Groups {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         Err("handle is not used in group mode".into())
     }
@@ -308,7 +308,7 @@ impl Subscriber<Note> for Groups {
     async fn handle_group(
         &self,
         tx: &mut PgConnection,
-        events: &[Arc<Envelope<Note>>],
+        events: &[Delivery<Note>],
     ) -> Result<(), HandlerError> {
         let xid = events[0].commit_xid;
         if events.iter().any(|e| e.commit_xid != xid) {
@@ -422,7 +422,7 @@ impl Subscriber<Note> for Poisoned {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
             return Err("writer 3 is poison".into());

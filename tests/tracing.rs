@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Note, TestDb};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use ordo::{Envelope, HandlerError, JobConfig, Outbox, OutboxConfig, TRACEPARENT};
+use ordo::{Delivery, HandlerError, JobConfig, Outbox, OutboxConfig, TRACEPARENT};
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -20,7 +19,7 @@ impl ordo::Subscriber<Note> for Handles {
     async fn handle(
         &self,
         _tx: &mut sqlx::PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         tracing::info_span!("projection.write").in_scope(|| {});
         Ok(())

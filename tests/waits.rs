@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{Note, TestDb};
 use ordo::{
-    Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
+    Delivery, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
     RetryPolicy, Subscriber,
 };
 use sqlx::PgConnection;
@@ -23,7 +23,7 @@ impl Subscriber<Note> for Balances {
     async fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<Note>>,
+        event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO balances (writer, n) VALUES ($1, $2)")
             .bind(event.payload.writer as i32)
@@ -148,7 +148,7 @@ impl Subscriber<Note> for Broken {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         Err("the ledger is closed".into())
     }
@@ -192,7 +192,7 @@ impl Subscriber<Note> for Gate {
     async fn handle(
         &self,
         _tx: &mut PgConnection,
-        _event: &Arc<Envelope<Note>>,
+        _event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
         self.0.acquire().await?.forget();
         Ok(())

@@ -11,7 +11,6 @@
 //! handled). A retry for a subscription that no runner is running waits until one runs.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,6 +20,8 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 use super::config::{Batch, JobConfig};
+use super::delivery::Delivery;
+use super::handle::Position;
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::error::{Error, Result};
@@ -185,7 +186,17 @@ where
             Err(error) => Err(error.to_string()),
         };
         let outcome = match event {
-            Ok(event) => redeliver_one(pool, config, owner, subscriber, id, event).await?,
+            Ok(event) => {
+                let attempts: i32 = row.try_get("attempts")?;
+                let delivery = Delivery::new(event)
+                    .with_position(Position::new(
+                        config.ordering,
+                        to_u64(row.try_get("position")?),
+                    ))
+                    .with_ends_group(row.try_get("group_last")?)
+                    .with_attempt(u32::try_from(attempts).unwrap_or(0).saturating_add(1));
+                redeliver_one(pool, config, owner, subscriber, id, delivery).await?
+            }
             Err(message) => Retried::Failed(message),
         };
         match outcome {
@@ -223,7 +234,7 @@ async fn redeliver_one<P, S>(
     owner: Uuid,
     subscriber: &S,
     id: i64,
-    event: Arc<crate::envelope::Envelope<P>>,
+    event: Delivery<P>,
 ) -> Result<Retried, sqlx::Error>
 where
     P: DeserializeOwned + Send + Sync + 'static,

@@ -88,7 +88,7 @@ pub struct SubscriptionStatus {
 /// # use std::sync::Arc;
 /// # struct S;
 /// # impl ordo::Subscriber<serde_json::Value> for S {
-/// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &Arc<ordo::Envelope<serde_json::Value>>)
+/// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &ordo::Delivery<serde_json::Value>)
 /// #         -> Result<(), ordo::HandlerError> { Ok(()) }
 /// # }
 /// # async fn run(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {
@@ -181,7 +181,7 @@ impl SubscriptionHandle {
     /// # use std::sync::Arc;
     /// # struct Projection;
     /// # impl ordo::Subscriber<serde_json::Value> for Projection {
-    /// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &Arc<ordo::Envelope<serde_json::Value>>)
+    /// #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &ordo::Delivery<serde_json::Value>)
     /// #         -> Result<(), ordo::HandlerError> { Ok(()) }
     /// # }
     /// # async fn run(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {

@@ -5,6 +5,7 @@
 pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod dead_letters;
+mod delivery;
 pub(crate) mod handle;
 mod runner;
 mod source;
@@ -31,6 +32,7 @@ pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFro
 pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
 };
+pub use delivery::Delivery;
 pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
 

@@ -26,6 +26,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::config::{Batch, JobConfig, OnExhaustion};
+use super::delivery::Delivery;
 use super::handle::{Position, SubscriptionState, SubscriptionStatus};
 use super::source::{Item, Source};
 use super::sql;
@@ -124,7 +125,7 @@ where
             let flow = match self.claim().await {
                 Ok(Some(row)) if row.status == "active" => {
                     self.set_state(SubscriptionState::Running, Some(&row));
-                    self.process_from(row.position).await
+                    self.process_from(row.position, row.attempts).await
                 }
                 Ok(Some(row)) => {
                     let state = if row.status == "halted" {
@@ -188,7 +189,8 @@ where
     }
 
     /// Handles units from `position` on until the lease is lost, the row changes, or a stop.
-    async fn process_from(&mut self, mut position: u64) -> Flow {
+    /// `failed` attempts at the next unit are already stored (by an earlier runner): they count.
+    async fn process_from(&mut self, mut position: u64, mut failed: u32) -> Flow {
         let mut source = Source::new(
             self.config.ordering,
             &self.lane,
@@ -267,7 +269,10 @@ where
             let Some(unit) = self.take_unit(&mut source).await else {
                 return Flow::Stop;
             };
-            match self.handle_unit(&unit, position).await {
+            match self
+                .handle_unit(&unit, position, std::mem::take(&mut failed))
+                .await
+            {
                 Outcome::Committed(next) => {
                     handled.increment(unit.iter().filter(|item| !item.skipped).count() as u64);
                     let head = match self.config.ordering {
@@ -334,12 +339,13 @@ where
         Some(unit)
     }
 
-    /// Handles a unit with retries; a failed batch of several events is retried one by one.
-    async fn handle_unit(&mut self, unit: &[Item<P>], position: u64) -> Outcome {
-        let mut attempt = 0u32;
+    /// Handles a unit with retries, after `failed` attempts already made; a failed batch of
+    /// several events is retried one by one.
+    async fn handle_unit(&mut self, unit: &[Item<P>], position: u64, failed: u32) -> Outcome {
+        let mut attempt = failed;
         loop {
             attempt += 1;
-            let failure = match self.attempt(unit, position).await {
+            let failure = match self.attempt(unit, position, attempt).await {
                 Ok(outcome) => return outcome,
                 Err(failure) => failure,
             };
@@ -370,7 +376,7 @@ where
 
     async fn one_by_one(&mut self, unit: &[Item<P>], mut position: u64) -> Outcome {
         for item in unit {
-            match Box::pin(self.handle_unit(std::slice::from_ref(item), position)).await {
+            match Box::pin(self.handle_unit(std::slice::from_ref(item), position, 0)).await {
                 Outcome::Committed(next) => position = next,
                 flow => return flow,
             }
@@ -378,12 +384,22 @@ where
         Outcome::Committed(position)
     }
 
-    /// One try: the handler and the checkpoint in one transaction.
-    async fn attempt(&self, unit: &[Item<P>], position: u64) -> Result<Outcome, Failure> {
-        let mut events: Vec<Arc<Envelope<P>>> = Vec::with_capacity(unit.len());
+    /// One try (number `attempt`): the handler and the checkpoint in one transaction.
+    async fn attempt(
+        &self,
+        unit: &[Item<P>],
+        position: u64,
+        attempt: u32,
+    ) -> Result<Outcome, Failure> {
+        let mut events: Vec<Delivery<P>> = Vec::with_capacity(unit.len());
         for item in unit.iter().filter(|item| !item.skipped) {
             match &item.event {
-                Ok(event) => events.push(Arc::clone(event)),
+                Ok(event) => events.push(
+                    Delivery::new(Arc::clone(event))
+                        .with_position(Position::new(self.config.ordering, item.position))
+                        .with_ends_group(item.boundary)
+                        .with_attempt(attempt),
+                ),
                 Err(row) => {
                     return Err(Failure {
                         message: format!(

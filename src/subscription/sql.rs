@@ -94,10 +94,14 @@ UPDATE ordo.subscriptions SET lease_owner = NULL, lease_expires_at = NULL, updat
 WHERE name = $1 AND lease_owner = $2
 "#;
 
-/// Dead letters an operator asked to retry, with their events (as the lane reads them).
+/// Dead letters an operator asked to retry, with their events (as the lane reads them), their
+/// position, attempts so far and, on the commit lane, whether the event ends its group (true
+/// where the log no longer holds it).
 pub(crate) const RETRIES: &str = r#"
-SELECT d.id AS dead_letter, e.sequence, e.commit_xid, e.id, e.payload::text AS payload,
-       e.headers::text AS headers, e.recorded_at, e.event_type
+SELECT d.id AS dead_letter, d.position, d.attempts, e.sequence, e.commit_xid, e.id,
+       e.payload::text AS payload, e.headers::text AS headers, e.recorded_at, e.event_type,
+       coalesce((SELECT c.group_last FROM ordo.commit_log_range(d.position - 1, d.position) AS c
+                 WHERE d.lane = 'commit'), true) AS group_last
 FROM ordo.dead_letters AS d
 JOIN ordo.events AS e ON e.sequence = d.sequence
 WHERE d.subscription = $1 AND d.retry_requested_at IS NOT NULL

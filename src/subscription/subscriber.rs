@@ -1,11 +1,9 @@
 //! The trait a durable subscription's handler implements.
 
-use std::future::Future;
-use std::sync::Arc;
-
 use sqlx::PgConnection;
+use std::future::Future;
 
-use crate::envelope::Envelope;
+use super::delivery::Delivery;
 
 /// What a handler returns on failure: any error. It is retried per the job's
 /// [`RetryPolicy`](crate::RetryPolicy), and its message is stored in
@@ -21,12 +19,14 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 /// lease: the server ends such a session (`idle_in_transaction_session_timeout`), so that a
 /// stalled runner never keeps the subscription's row locked past its lease.
 ///
-/// Events arrive as the `Arc` the lanes share; keep it if you need the event past the call
-/// (payloads need not be `Clone`).
+/// Each event arrives as a [`Delivery`]: the event (it dereferences to the
+/// [`Envelope`](crate::Envelope); [`Delivery::event`] is the `Arc` the lanes share, to keep past
+/// the call: payloads need not be `Clone`), its position on the subscription's lane (on the
+/// commit lane, its [`CommitSequence`](crate::CommitSequence) and whether it ends its source
+/// transaction), and the attempt number. [`Delivery::new`] builds one for a unit test.
 ///
 /// ```
-/// use std::sync::Arc;
-/// use ordo::{Envelope, HandlerError, Subscriber};
+/// use ordo::{Delivery, HandlerError, Subscriber};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Deposited { account: i64, cents: i64 }
@@ -37,8 +37,11 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 ///     async fn handle(
 ///         &self,
 ///         tx: &mut sqlx::PgConnection,
-///         event: &Arc<Envelope<Deposited>>,
+///         event: &Delivery<Deposited>,
 ///     ) -> Result<(), HandlerError> {
+///         if event.attempt() > 1 {
+///             tracing::info!(position = event.position().get(), "trying again");
+///         }
 ///         sqlx::query("UPDATE balances SET cents = cents + $2 WHERE account = $1")
 ///             .bind(event.payload.account)
 ///             .bind(event.payload.cents)
@@ -56,7 +59,7 @@ where
     fn handle(
         &self,
         tx: &mut PgConnection,
-        event: &Arc<Envelope<P>>,
+        event: &Delivery<P>,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
     /// Handles one whole source transaction inside `tx`; called instead of
@@ -65,7 +68,7 @@ where
     fn handle_group(
         &self,
         tx: &mut PgConnection,
-        events: &[Arc<Envelope<P>>],
+        events: &[Delivery<P>],
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
         async move {
             for event in events {
