@@ -117,6 +117,42 @@ macro_rules! position {
 position!(EventSequence);
 position!(CommitSequence);
 
+/// A lane: the one enum that names it everywhere (a subscription's choice, errors, status, dead
+/// letters, the CLI). Stored and printed as `insert` / `commit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Ordering {
+    /// The insert-ordered lane; the position is an [`EventSequence`](crate::EventSequence).
+    #[default]
+    Insert,
+    /// The commit-ordered lane; the position is a [`CommitSequence`](crate::CommitSequence).
+    Commit,
+}
+
+impl Ordering {
+    /// The name stored in `ordo.subscriptions.lane`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Insert => "insert",
+            Self::Commit => "commit",
+        }
+    }
+
+    pub(crate) fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "insert" => Some(Self::Insert),
+            "commit" => Some(Self::Commit),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Ordering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a listener starts reading a lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -4,35 +4,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::event_type::TypeFilter;
-
-/// Which lane a subscription follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Ordering {
-    /// The insert-ordered lane; the position is an [`EventSequence`](crate::EventSequence).
-    #[default]
-    Insert,
-    /// The commit-ordered lane; the position is a [`CommitSequence`](crate::CommitSequence).
-    Commit,
-}
-
-impl Ordering {
-    /// The name stored in `ordo.subscriptions.lane`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Insert => "insert",
-            Self::Commit => "commit",
-        }
-    }
-
-    pub(crate) fn parse(stored: &str) -> Option<Self> {
-        match stored {
-            "insert" => Some(Self::Insert),
-            "commit" => Some(Self::Commit),
-            _ => None,
-        }
-    }
-}
+pub use crate::position::Ordering;
 
 /// What happens when an event has failed `max_attempts` times (or does not decode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
