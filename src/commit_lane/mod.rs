@@ -9,6 +9,8 @@
 pub(crate) mod listener;
 pub(crate) mod sequencer;
 pub(crate) mod sql;
+pub(crate) mod store;
+mod turns;
 pub(crate) mod wait;
 pub(crate) mod watcher;
 

@@ -9,69 +9,42 @@
 //!
 //! The fold is a pure function of the insert lane and the state row, so every process that
 //! runs it computes the same appends; the CAS only suppresses the duplicates. A refused CAS
-//! reads what the peer appended since this process's head ([`sql::CATCH_UP`]) and continues
-//! from there: the groups the peer logged are dropped from the plan, the rest is appended on
-//! the peer's cursor, and the reader moves only if the peer got further than it. An error or
-//! a start re-reads the state row ([`sql::RESTART`]) and folds on from there. A process killed
-//! at any instant leaves nothing half-written: an append is one statement.
+//! reads what the peer appended since this process's head ([`CATCH_UP`]) and continues from
+//! there: the groups the peer logged are dropped from the plan, the rest is appended on the
+//! peer's cursor, and the reader moves only if the peer got further than it. An error or a
+//! start re-reads the state row ([`RESTART`]) and folds on from there. A process killed at any
+//! instant leaves nothing half-written: an append is one statement.
+//!
+//! Who appends a plan, this sequencer or a peer it yields to, is decided in
+//! [`turns`](super::turns).
+//!
+//! [`CATCH_UP`]: super::sql::CATCH_UP
+//! [`RESTART`]: super::sql::RESTART
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 
-use serde::de::DeserializeOwned;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
-
-use super::sql::{APPEND, CATCH_UP, RESTART};
+use super::store::{self, Appended, AppendedEntry, PeerAppends, Planned, Restart};
+use super::turns::{Step, Turns};
 use super::{CommitShared, LogEntry};
 use crate::error::Result;
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::cache::SlotItem;
+use crate::insert_lane::cache::{Slot, SlotItem};
 use crate::insert_lane::reader::LaneReader;
-use crate::insert_lane::rows::{ReadMode, to_i64, to_u64};
+use crate::insert_lane::rows::ReadMode;
 use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-/// A peer further ahead than this many entries is followed by a restart (one statement that
-/// reads only what lies above the cursor) rather than by reading every entry it appended.
-const CATCH_UP_MAX: i64 = 8192;
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The skip set's mark for a group planned but not appended yet: no member is above it.
 const PLANNED: u64 = u64::MAX;
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// The state row as read at a restart.
-struct Restart {
-    head: u64,
-    cursor: u64,
-    /// Groups logged above the cursor: commit_xid → highest logged sequence.
-    logged: HashMap<i64, u64>,
-}
-
-/// One entry an append wrote, with the plan group (1-based) it belongs to.
-struct Appended1 {
-    entry: LogEntry,
-    ord: usize,
-}
-
-/// How an append ended.
-enum Appended {
-    Done(Vec<Appended1>),
-    /// A peer moved the cursor first.
-    Refused,
-}
-
-/// What peers appended since this process's head, as [`sql::CATCH_UP`] read it.
-struct PeerAppends {
-    head: u64,
-    cursor: u64,
-    /// Each entry with its event's transaction.
-    entries: Vec<(LogEntry, i64)>,
-}
 
 pub(crate) struct Sequencer<P> {
     pool: PgPool,
@@ -80,6 +53,7 @@ pub(crate) struct Sequencer<P> {
     stop: StopSignal,
     batch: usize,
     interval: Duration,
+    turns: Turns,
 }
 
 impl<P> Sequencer<P>
@@ -119,6 +93,7 @@ where
             stop,
             batch,
             interval,
+            turns: Turns::default(),
         }
     }
 
@@ -142,7 +117,7 @@ where
 
     /// Folds until the outbox stops (`Ok`) or a statement fails (`Err`).
     async fn fold(&mut self) -> Result<()> {
-        let mut state = restart(&self.pool).await?;
+        let mut state = store::restart(&self.pool).await?;
         self.commit.publish_head(state.head);
         let mut reader = LaneReader::new(
             Arc::clone(&self.lane),
@@ -151,8 +126,8 @@ where
             state.cursor,
         )
         .with_limit(self.batch);
-        // Groups planned but not yet appended, in log order: (commit_xid, first sequence).
-        let mut plan: Vec<(i64, i64)> = Vec::new();
+        // Groups planned but not yet appended, in log order.
+        let mut plan: Vec<Planned> = Vec::new();
         // Appends are at least `interval` apart: under a stream of small transactions they
         // coalesce (one append per interval instead of one per transaction), and a transaction
         // arriving after a quiet spell is appended at once.
@@ -160,61 +135,111 @@ where
             .checked_sub(self.interval)
             .unwrap_or_else(Instant::now);
         loop {
-            // Append after every batch read rather than chasing the frontier: under a steady
+            // Act after every batch read rather than chasing the frontier: under a steady
             // stream the frontier moves while we read, and chasing it delayed appends by
             // milliseconds (p50 5 ms under 8 writers). A batch read is itself bounded (512
             // cached slots, or a page), and events that commit during an append go into the
             // next one.
-            let ready = !plan.is_empty();
-            let due = last_append + self.interval;
-            if ready && Instant::now() >= due {
-                last_append = Instant::now();
-                self.append_plan(&mut state, &mut reader, &mut plan).await?;
-                continue;
-            }
-            let batch = if ready {
+            let batch = if plan.is_empty() {
+                self.turns.settled();
+                reader.next_batch().await
+            } else {
+                let (at, step) = self.turns.next_step(&plan, last_append + self.interval);
+                if Instant::now() >= at {
+                    match step {
+                        Step::Append => {
+                            last_append = Instant::now();
+                            self.turns.settled();
+                            self.append_plan(&mut state, &mut reader, &mut plan).await?;
+                        }
+                        Step::AskPeer => {
+                            self.turns.asked();
+                            self.ask_peer(&mut state, &mut reader, &mut plan).await?;
+                        }
+                    }
+                    continue;
+                }
                 tokio::select! {
                     biased;
                     batch = reader.next_batch() => batch,
-                    _ = tokio::time::sleep_until(due) => continue,
+                    _ = tokio::time::sleep_until(at) => continue,
                 }
-            } else {
-                reader.next_batch().await
             };
             let Some(batch) = batch else {
                 return Ok(());
             };
-            for slot in batch? {
-                let Some(xid) = slot.commit_xid else { continue };
-                if matches!(slot.item, SlotItem::Placeholder) {
-                    continue;
-                }
-                if let Some(top) = state.logged.get(&xid) {
-                    // A logged group's members all sit at or below its top; a row above it
-                    // carries the transaction id of a group that is complete in the log.
-                    if slot.sequence > *top {
-                        foreign_row(slot.sequence, xid);
-                    }
-                    continue;
-                }
-                // Planned, not appended yet: every member met until the append is its own.
-                state.logged.insert(xid, PLANNED);
-                plan.push((xid, to_i64(slot.sequence)));
-            }
+            self.plan_batch(batch?, &mut state, &mut plan);
         }
+    }
+
+    /// Adds the groups first met in `batch` to `plan`, skipping members of groups already
+    /// logged or planned.
+    fn plan_batch(&self, batch: Vec<Slot<P>>, state: &mut Restart, plan: &mut Vec<Planned>) {
+        for slot in batch {
+            let Some(xid) = slot.commit_xid else { continue };
+            if matches!(slot.item, SlotItem::Placeholder) {
+                continue;
+            }
+            if let Some(top) = state.logged.get(&xid) {
+                // A logged group's members all sit at or below its top; a row above it
+                // carries the transaction id of a group that is complete in the log.
+                if slot.sequence > *top {
+                    foreign_row(slot.sequence, xid);
+                }
+                continue;
+            }
+            // Planned, not appended yet: every member met until the append is its own.
+            state.logged.insert(xid, PLANNED);
+            plan.push(Planned {
+                xid,
+                low: slot.sequence,
+                own: self.lane.take_own_commit(xid),
+            });
+        }
+    }
+
+    /// One look at what peers appended while yielding; follows them if they moved.
+    async fn ask_peer(
+        &self,
+        state: &mut Restart,
+        reader: &mut LaneReader<P>,
+        plan: &mut Vec<Planned>,
+    ) -> Result<()> {
+        match store::catch_up(&self.pool, state.head).await? {
+            Some(peer) if peer.cursor > state.cursor || peer.head > state.head => {
+                metrics::counter!(m::FOLD_APPENDS, "result" => "left_to_peer").increment(1);
+                self.follow(state, reader, plan, peer);
+            }
+            Some(_) => {}
+            None => self.restart(state, reader, plan).await?,
+        }
+        Ok(())
+    }
+
+    async fn restart(
+        &self,
+        state: &mut Restart,
+        reader: &mut LaneReader<P>,
+        plan: &mut Vec<Planned>,
+    ) -> Result<()> {
+        *state = store::restart(&self.pool).await?;
+        plan.clear();
+        self.commit.publish_head(state.head);
+        reader.seek(state.cursor);
+        Ok(())
     }
 
     /// Appends `plan` (groups up to the reader's position) under the CAS and empties it. On a
     /// refusal, continues from what the peer appended: `plan` keeps only the groups the peer
     /// did not log, to be appended on the peer's cursor.
     async fn append_plan(
-        &self,
+        &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
-        plan: &mut Vec<(i64, i64)>,
+        plan: &mut Vec<Planned>,
     ) -> Result<()> {
         let covered = reader.position();
-        match append(&self.pool, state.cursor, covered, plan).await? {
+        match store::append(&self.pool, state.cursor, covered, plan).await? {
             Appended::Done(appended) => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
                 metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
@@ -229,14 +254,11 @@ where
             }
             Appended::Refused => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
-                match catch_up(&self.pool, state.head).await? {
+                // A peer folds too: leave it other processes' groups from now on.
+                self.turns.lost();
+                match store::catch_up(&self.pool, state.head).await? {
                     Some(peer) => self.follow(state, reader, plan, peer),
-                    None => {
-                        *state = restart(&self.pool).await?;
-                        plan.clear();
-                        self.commit.publish_head(state.head);
-                        reader.seek(state.cursor);
-                    }
+                    None => self.restart(state, reader, plan).await?,
                 }
             }
         }
@@ -251,18 +273,22 @@ where
         &self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
-        plan: &mut Vec<(i64, i64)>,
+        plan: &mut Vec<Planned>,
         peer: PeerAppends,
     ) {
         let mut tops: HashMap<i64, u64> = HashMap::new();
         for (entry, xid) in &peer.entries {
-            let top = tops.entry(*xid).or_insert(entry.sequence);
+            let top = tops.entry(*xid).or_insert_with(|| {
+                // Ours, appended by the peer: not to be waited for any more.
+                self.lane.take_own_commit(*xid);
+                entry.sequence
+            });
             *top = (*top).max(entry.sequence);
         }
         // The peer's tops replace our marks for the planned groups it logged.
         state.logged.extend(tops);
         let cursor = peer.cursor;
-        plan.retain(|(_, low)| to_u64(*low) > cursor);
+        plan.retain(|group| group.low > cursor);
         if cursor >= reader.position() {
             plan.clear();
             reader.seek(cursor);
@@ -286,7 +312,7 @@ where
 /// Bookkeeping after a successful append: the new cursor, and which appended groups reach
 /// above it (their later members will be met and must be skipped). A planned group with no
 /// entry was refused by the statement as foreign (see [`APPEND`]).
-fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[Appended1], covered: u64) {
+fn record_appended(state: &mut Restart, plan: &[Planned], entries: &[AppendedEntry], covered: u64) {
     state.cursor = covered;
     let mut tops = vec![None::<u64>; plan.len()];
     for appended in entries {
@@ -294,14 +320,14 @@ fn record_appended(state: &mut Restart, plan: &[(i64, i64)], entries: &[Appended
             *top = Some(top.map_or(appended.entry.sequence, |t| t.max(appended.entry.sequence)));
         }
     }
-    for ((xid, low), top) in plan.iter().zip(tops) {
+    for (group, top) in plan.iter().zip(tops) {
         match top {
             Some(top) => {
-                state.logged.insert(*xid, top);
+                state.logged.insert(group.xid, top);
             }
             None => {
-                foreign_row(to_u64(*low), *xid);
-                state.logged.insert(*xid, to_u64(*low));
+                foreign_row(group.low, group.xid);
+                state.logged.insert(group.xid, group.low);
             }
         }
     }
@@ -320,98 +346,4 @@ fn foreign_row(sequence: u64, xid: i64) {
          complete in the commit log: the commit lane leaves it out. Rows must take commit_xid \
          from its column default (see the writer role in docs/operations.md)"
     );
-}
-
-async fn restart(pool: &PgPool) -> Result<Restart> {
-    metrics::counter!(m::FOLD_RESTARTS).increment(1);
-    let row = sqlx::query(RESTART).fetch_one(pool).await?;
-    let xids: Vec<i64> = row.try_get("xids")?;
-    let maxes: Vec<i64> = row.try_get("maxes")?;
-    Ok(Restart {
-        head: to_u64(row.try_get("last_commit_seq")?),
-        cursor: to_u64(row.try_get("logged_through_sequence")?),
-        logged: xids
-            .into_iter()
-            .zip(maxes.into_iter().map(to_u64))
-            .collect(),
-    })
-}
-
-async fn append(
-    pool: &PgPool,
-    expected: u64,
-    covered: u64,
-    plan: &[(i64, i64)],
-) -> Result<Appended> {
-    let xids: Vec<i64> = plan.iter().map(|(xid, _)| *xid).collect();
-    let lows: Vec<i64> = plan.iter().map(|(_, low)| *low).collect();
-    let rows = sqlx::query(APPEND)
-        .bind(to_i64(expected))
-        .bind(to_i64(covered))
-        .bind(xids)
-        .bind(lows)
-        .fetch_all(pool)
-        .await?;
-    if rows.is_empty() {
-        return Ok(Appended::Refused);
-    }
-    let mut entries = Vec::with_capacity(rows.len());
-    for row in &rows {
-        if let (Some(entry), Some(ord)) = (log_entry(row)?, row.try_get::<Option<i64>, _>("ord")?) {
-            entries.push(Appended1 {
-                entry,
-                ord: usize::try_from(ord).unwrap_or(0),
-            });
-        }
-    }
-    Ok(Appended::Done(entries))
-}
-
-/// A log entry from a row with `commit_seq`, `sequence` and `group_last`, all NULL for none.
-fn log_entry(row: &PgRow) -> Result<Option<LogEntry>> {
-    let (Some(commit_seq), Some(sequence), Some(group_last)) = (
-        row.try_get::<Option<i64>, _>("commit_seq")?,
-        row.try_get::<Option<i64>, _>("sequence")?,
-        row.try_get::<Option<bool>, _>("group_last")?,
-    ) else {
-        return Ok(None);
-    };
-    Ok(Some(LogEntry {
-        commit_seq: to_u64(commit_seq),
-        sequence: to_u64(sequence),
-        group_last,
-    }))
-}
-
-/// What peers appended above `head`; `None` when they are too far ahead to read it all.
-async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppends>> {
-    let rows = sqlx::query(CATCH_UP)
-        .bind(to_i64(head))
-        .bind(CATCH_UP_MAX)
-        .fetch_all(pool)
-        .await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let peer_head = to_u64(first.try_get("last_commit_seq")?);
-    let cursor = to_u64(first.try_get("logged_through_sequence")?);
-    let mut entries = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let xid: Option<i64> = row.try_get("commit_xid")?;
-        if let (Some(entry), Some(xid)) = (log_entry(row)?, xid) {
-            entries.push((entry, xid));
-        }
-    }
-    // Every entry above our head must be here, in order, or we fall back to a restart.
-    let complete = peer_head >= head
-        && entries.len() as u64 == peer_head - head
-        && entries
-            .iter()
-            .enumerate()
-            .all(|(i, (e, _))| e.commit_seq == head + 1 + i as u64);
-    Ok(complete.then_some(PeerAppends {
-        head: peer_head,
-        cursor,
-        entries,
-    }))
 }

@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tokio::sync::watch;
 
 use super::CommitShared;
-use super::sql::HEAD_AND_CURSOR;
-use crate::insert_lane::rows::to_u64;
+use super::store::head_and_cursor;
 use crate::task::StopSignal;
 
 /// How long after the insert lane moves the head is read first: a peer's fold takes about a
@@ -66,12 +65,4 @@ pub(crate) async fn run(
             }
         }
     }
-}
-
-async fn head_and_cursor(pool: &PgPool) -> crate::error::Result<(u64, u64)> {
-    let row = sqlx::query(HEAD_AND_CURSOR).fetch_one(pool).await?;
-    Ok((
-        to_u64(row.try_get("last_commit_seq")?),
-        to_u64(row.try_get("logged_through_sequence")?),
-    ))
 }

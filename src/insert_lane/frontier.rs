@@ -151,6 +151,9 @@ where
     }
 
     fn ingest(&mut self, batch: CommittedBatch<P>) {
+        if let Some(xid) = batch.first().and_then(|slot| slot.commit_xid) {
+            self.shared.note_own_commit(xid);
+        }
         for slot in batch {
             self.known_head = self.known_head.max(slot.sequence);
             // This process just committed the row at this sequence, so it is the row there: a

@@ -14,8 +14,9 @@ pub(crate) mod resolve;
 pub(crate) mod rows;
 pub(crate) mod wakeup;
 
-use std::sync::RwLock;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
@@ -36,7 +37,15 @@ pub(crate) struct LaneShared<P> {
     /// Set with a poke that carries no head (a reconnect): look even if the head seems known.
     pub(crate) resync: std::sync::atomic::AtomicBool,
     pub(crate) page_size: usize,
+    /// Transactions this process committed whose groups the sequencer has not met yet: it
+    /// appends those at once and leaves other processes' groups to them (see
+    /// `commit_lane::sequencer`).
+    own_commits: Mutex<HashSet<i64>>,
 }
+
+/// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
+/// it only steers who appends first, and must not grow without bound.
+const OWN_COMMITS_MAX: usize = 65_536;
 
 impl<P> LaneShared<P> {
     pub(crate) fn new(
@@ -54,7 +63,26 @@ impl<P> LaneShared<P> {
             poke: Notify::new(),
             resync: std::sync::atomic::AtomicBool::new(false),
             page_size,
+            own_commits: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Records a transaction this process committed.
+    pub(crate) fn note_own_commit(&self, xid: i64) {
+        if let Ok(mut own) = self.own_commits.lock() {
+            if own.len() >= OWN_COMMITS_MAX {
+                own.clear();
+            }
+            own.insert(xid);
+        }
+    }
+
+    /// Whether this process committed `xid` (and had not been asked before).
+    pub(crate) fn take_own_commit(&self, xid: i64) -> bool {
+        self.own_commits
+            .lock()
+            .map(|mut own| own.remove(&xid))
+            .unwrap_or(false)
     }
 
     pub(crate) fn frontier(&self) -> u64 {

@@ -10,7 +10,7 @@
 //! | `ordo_commit_head` | gauge | | the commit log's head as this process knows it |
 //! | `ordo_fold_events_total` | counter | | events this process's sequencer appended to the log |
 //! | `ordo_fold_groups_total` | counter | | groups (source transactions) it appended |
-//! | `ordo_fold_appends_total` | counter | `result` = `appended` or `refused` | append statements; `refused` when a peer moved first |
+//! | `ordo_fold_appends_total` | counter | `result` = `appended`, `refused` or `left_to_peer` | append statements; `refused` when a peer moved first; `left_to_peer` when a yielding sequencer found a peer had appended its plan (no statement of its own) |
 //! | `ordo_fold_restarts_total` | counter | | times the sequencer re-read its state from the log (at start, after an error, or after a peer got more than 8,192 entries ahead); a lost compare-and-set is not one |
 //! | `ordo_contract_violations_total` | counter | `kind` | rows that break the schema contract, found by a lane (`foreign_commit_xid`: a row whose `commit_xid` names a transaction already complete in the log; it is left out of the commit lane and logged at ERROR with its sequence) |
 //! | `ordo_fold_lag_events` | gauge | | insert positions resolved but not yet covered by this sequencer |

@@ -1,0 +1,164 @@
+//! The sequencer's statements as typed calls: what each sends and what comes back.
+
+use std::collections::HashMap;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use super::LogEntry;
+use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART};
+use crate::error::Result;
+use crate::ops::metrics as m;
+use crate::position::{CommitSequence, EventSequence};
+
+/// A peer further ahead than this many entries is followed by a restart (one statement that
+/// reads only what lies above the cursor) rather than by reading every entry it appended.
+const CATCH_UP_MAX: i64 = 8192;
+
+/// The state row as read at a restart.
+pub(crate) struct Restart {
+    pub(crate) head: u64,
+    pub(crate) cursor: u64,
+    /// Groups logged above the cursor: commit_xid → highest logged sequence.
+    pub(crate) logged: HashMap<i64, u64>,
+}
+
+/// One group of an append's plan: its transaction and the first (lowest) sequence the fold met.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Planned {
+    pub(crate) xid: i64,
+    pub(crate) low: u64,
+    /// Committed by this process: the sequencer appends it without waiting for a peer.
+    pub(crate) own: bool,
+}
+
+/// One entry an append wrote, with the plan group (1-based) it belongs to.
+pub(crate) struct AppendedEntry {
+    pub(crate) entry: LogEntry,
+    pub(crate) ord: usize,
+}
+
+/// How an append ended.
+pub(crate) enum Appended {
+    Done(Vec<AppendedEntry>),
+    /// A peer moved the cursor first.
+    Refused,
+}
+
+/// What peers appended since this process's head, as [`CATCH_UP`] read it.
+pub(crate) struct PeerAppends {
+    pub(crate) head: u64,
+    pub(crate) cursor: u64,
+    /// Each entry with its event's transaction.
+    pub(crate) entries: Vec<(LogEntry, i64)>,
+}
+
+pub(crate) async fn restart(pool: &PgPool) -> Result<Restart> {
+    metrics::counter!(m::FOLD_RESTARTS).increment(1);
+    let row = sqlx::query(RESTART).fetch_one(pool).await?;
+    let xids: Vec<i64> = row.try_get("xids")?;
+    let maxes: Vec<EventSequence> = row.try_get("maxes")?;
+    Ok(Restart {
+        head: row.try_get::<CommitSequence, _>("last_commit_seq")?.get(),
+        cursor: row
+            .try_get::<EventSequence, _>("logged_through_sequence")?
+            .get(),
+        logged: xids
+            .into_iter()
+            .zip(maxes.into_iter().map(EventSequence::get))
+            .collect(),
+    })
+}
+
+/// Appends `plan` (groups in log order) if the cursor is still `expected`, moving it to
+/// `covered`.
+pub(crate) async fn append(
+    pool: &PgPool,
+    expected: u64,
+    covered: u64,
+    plan: &[Planned],
+) -> Result<Appended> {
+    let xids: Vec<i64> = plan.iter().map(|group| group.xid).collect();
+    let lows: Vec<EventSequence> = plan
+        .iter()
+        .map(|group| EventSequence::new(group.low))
+        .collect();
+    let rows = sqlx::query(APPEND)
+        .bind(EventSequence::new(expected))
+        .bind(EventSequence::new(covered))
+        .bind(xids)
+        .bind(lows)
+        .fetch_all(pool)
+        .await?;
+    if rows.is_empty() {
+        return Ok(Appended::Refused);
+    }
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if let (Some(entry), Some(ord)) = (log_entry(row)?, row.try_get::<Option<i64>, _>("ord")?) {
+            entries.push(AppendedEntry {
+                entry,
+                ord: usize::try_from(ord).unwrap_or(0),
+            });
+        }
+    }
+    Ok(Appended::Done(entries))
+}
+
+/// What peers appended above `head`; `None` when they are too far ahead to read it all.
+pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppends>> {
+    let rows = sqlx::query(CATCH_UP)
+        .bind(CommitSequence::new(head))
+        .bind(CATCH_UP_MAX)
+        .fetch_all(pool)
+        .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let peer_head = first.try_get::<CommitSequence, _>("last_commit_seq")?.get();
+    let cursor = first
+        .try_get::<EventSequence, _>("logged_through_sequence")?
+        .get();
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let xid: Option<i64> = row.try_get("commit_xid")?;
+        if let (Some(entry), Some(xid)) = (log_entry(row)?, xid) {
+            entries.push((entry, xid));
+        }
+    }
+    // Every entry above our head must be here, in order, or we fall back to a restart.
+    let complete = peer_head >= head
+        && entries.len() as u64 == peer_head - head
+        && entries
+            .iter()
+            .enumerate()
+            .all(|(i, (e, _))| e.commit_seq == head + 1 + i as u64);
+    Ok(complete.then_some(PeerAppends {
+        head: peer_head,
+        cursor,
+        entries,
+    }))
+}
+
+/// The log head and how far it covers the insert lane.
+pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<(u64, u64)> {
+    let (head, cursor): (CommitSequence, EventSequence) =
+        sqlx::query_as(HEAD_AND_CURSOR).fetch_one(pool).await?;
+    Ok((head.get(), cursor.get()))
+}
+
+/// A log entry from a row with `commit_seq`, `sequence` and `group_last`, all NULL for none.
+fn log_entry(row: &PgRow) -> Result<Option<LogEntry>> {
+    let (Some(commit_seq), Some(sequence), Some(group_last)) = (
+        row.try_get::<Option<CommitSequence>, _>("commit_seq")?,
+        row.try_get::<Option<EventSequence>, _>("sequence")?,
+        row.try_get::<Option<bool>, _>("group_last")?,
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(LogEntry {
+        commit_seq: commit_seq.get(),
+        sequence: sequence.get(),
+        group_last,
+    }))
+}
