@@ -42,6 +42,13 @@ use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// After an append that took `d`, the next one starts no sooner than `min(d, REST_MAX)` after
+/// it ended: the sequencer's backend appends at most half the time. Under a stream of commits
+/// that the database is slow to take, appends then grow instead of following each other
+/// without pause (with eight writers on two cores, one backend appending back to back took a
+/// share of the CPU the writers needed), while a commit after a quiet spell is appended at
+/// once. The cap bounds what the rest adds to the commit lane's latency.
+const REST_MAX: Duration = Duration::from_millis(4);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The skip set's mark for a group planned but not appended yet: no member is above it.
 const PLANNED: u64 = u64::MAX;
@@ -128,12 +135,10 @@ where
         .with_limit(self.batch);
         // Groups planned but not yet appended, in log order.
         let mut plan: Vec<Planned> = Vec::new();
-        // Appends are at least `interval` apart: under a stream of small transactions they
-        // coalesce (one append per interval instead of one per transaction), and a transaction
-        // arriving after a quiet spell is appended at once.
-        let mut last_append = Instant::now()
-            .checked_sub(self.interval)
-            .unwrap_or_else(Instant::now);
+        // When the next append may start: `interval` after the last one started, and no sooner
+        // than the last one took after it ended (see [`REST_MAX`]). A transaction arriving after
+        // a quiet spell is appended at once.
+        let mut due = Instant::now();
         loop {
             // Act after every batch read rather than chasing the frontier: under a steady
             // stream the frontier moves while we read, and chasing it delayed appends by
@@ -144,13 +149,15 @@ where
                 self.turns.settled();
                 reader.next_batch().await
             } else {
-                let (at, step) = self.turns.next_step(&plan, last_append + self.interval);
+                let (at, step) = self.turns.next_step(&plan, due);
                 if Instant::now() >= at {
                     match step {
                         Step::Append => {
-                            last_append = Instant::now();
+                            let started = Instant::now();
                             self.turns.settled();
                             self.append_plan(&mut state, &mut reader, &mut plan).await?;
+                            let rest = started.elapsed().min(REST_MAX);
+                            due = (started + self.interval).max(Instant::now() + rest);
                         }
                         Step::AskPeer => {
                             self.turns.asked();
