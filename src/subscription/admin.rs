@@ -149,7 +149,9 @@ async fn delete(
         .await
 }
 
-/// Every subscription, by name.
+/// Every subscription, by name, as the database stores it: each one's `state` says whether some
+/// runner holds a live lease (see [`SubscriptionStatus`]); `oldest_unprocessed_seconds` is
+/// `None` here ([`status`](crate::status) measures it).
 ///
 /// # Errors
 /// [`Error::Database`] if the table cannot be read.

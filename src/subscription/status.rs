@@ -1,21 +1,16 @@
 //! [`SubscriptionStatus`]: where a subscription stands, whoever asks.
 //!
-//! **One type, three readers.** A subscription's progress is one set of facts: its lane and
-//! position, its lag, whether it may run ([`RunStatus`], the switch stored in
-//! `ordo.subscriptions.status`), its failed attempts and last error, and who holds its lease.
-//! Three readers report it, each as [`SubscriptionStatus`]:
-//!
-//! - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
-//!   live and free (no query); its lag is against this process's view of the lane head.
-//! - [`list_subscriptions`](crate::list_subscriptions): every subscription, from the database,
-//!   as any process (or `ordo subscriptions`) sees it.
-//! - [`status`](crate::status) (`ordo status`): the same rows, with the age of each one's
-//!   oldest unhandled event.
-//!
-//! What is happening to it, [`SubscriptionState`], is told from where the reader stands: a
-//! handle says what its own runner does (starting, running, standing by for another process,
-//! stopped); the database says whether some runner holds a live lease. Facts only one reader
-//! has are `Option`s, documented with the reader that fills them.
+//! **Why one type.** A subscription's progress is one set of facts, stored in its row of
+//! `ordo.subscriptions`: its lane and position, whether it may run ([`RunStatus`]), its failed
+//! attempts and last error, who holds its lease. Its runner, `ordo subscriptions` and
+//! `ordo status` each report those facts, so they report them as one [`SubscriptionStatus`]
+//! (a type per reader would name the lane, the position and the status three ways, and a user
+//! would learn three types for one thing). What differs between readers is where they stand,
+//! not what they describe: the runner knows what
+//! it is doing itself ([`SubscriptionState::Standby`], `Starting`), the database knows who
+//! holds the lease for every process, and only the status report measures the age of the
+//! oldest unhandled event. Facts only some readers have are `Option`s, documented with the
+//! reader that fills them.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -96,7 +91,10 @@ impl sqlx::Encode<'_, sqlx::Postgres> for RunStatus {
     }
 }
 
-/// What is happening to a subscription, as its reader can tell (see the module docs).
+/// What is happening to a subscription, as its reader can tell: a
+/// [`SubscriptionHandle`](crate::SubscriptionHandle) tells what its own runner does; the
+/// database ([`list_subscriptions`](crate::list_subscriptions), [`status`](crate::status))
+/// tells `Running`, `Stopped`, `Paused` or `Halted`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -137,7 +135,15 @@ pub(crate) fn serialize_lane<S: serde::Serializer>(
     serializer.serialize_str(lane.as_str())
 }
 
-/// Where a subscription stands (see the module docs for who reports it and how).
+/// Where a subscription stands. Three readers report it:
+///
+/// - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
+///   live and free (no query); its lag is against this process's view of the lane head, its
+///   [`state`](Self::state) is what that runner does.
+/// - [`list_subscriptions`](crate::list_subscriptions) (`ordo subscriptions`): every
+///   subscription, from the database; the state says whether some runner holds a live lease.
+/// - [`status`](crate::status) (`ordo status`): the same, with
+///   [`oldest_unprocessed_seconds`](Self::oldest_unprocessed_seconds).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct SubscriptionStatus {
