@@ -168,13 +168,13 @@ pub use ops::retention::{
     MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
 };
 pub use ops::status::{
-    Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, SubscriptionLag, status,
+    Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, status,
 };
 pub use ops::trace::TRACEPARENT;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
-    RetryPolicy, StartFrom, Subscriber, SubscriptionHandle, SubscriptionRow, SubscriptionState,
+    RetryPolicy, RunStatus, StartFrom, Subscriber, SubscriptionHandle, SubscriptionState,
     SubscriptionStatus, delete_subscription, list_dead_letters, list_subscriptions,
     pause_subscription, purge_dead_letters, reset_subscription, resume_subscription,
     retry_dead_letter, retry_dead_letters,

@@ -142,7 +142,7 @@ async fn status_reports_each_subscription_lag_and_oldest_unprocessed_age() {
         .find(|s| s.name == "idle")
         .expect("listed");
     assert_eq!(
-        (sub.position, sub.lag, sub.status.as_str()),
+        (sub.position.get(), sub.lag, sub.status.as_str()),
         (0, 4, "active")
     );
     assert!(

@@ -517,7 +517,7 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
         .expect("list");
     assert_eq!(letters.len(), 1, "{letters:?}");
     let letter = &letters[0];
-    assert_eq!((letter.sequence, letter.attempts), (4, 2));
+    assert_eq!((letter.sequence.get(), letter.attempts), (4, 2));
 
     // Still broken: the retry is one more attempt, and the row stays with the request cleared.
     ordo::retry_dead_letter(&db.pool, letter.id)

@@ -533,7 +533,7 @@ async fn an_outbox_on_the_smallest_pool_publishes_and_delivers_on_both_lanes() {
             eventually(Duration::from_secs(30), || async {
                 ordo::list_subscriptions(&pool)
                     .await
-                    .is_ok_and(|rows| rows.iter().any(|r| r.position == EVENTS as u64))
+                    .is_ok_and(|rows| rows.iter().any(|r| r.position.get() == EVENTS as u64))
             })
             .await,
             "the subscription handled every event"

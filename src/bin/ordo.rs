@@ -584,8 +584,8 @@ async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
         }
         .into());
     };
-    let position = match row.ordering() {
-        Some(ordo::Ordering::Commit) => ordo::Position::Commit(CommitSequence::new(to)),
+    let position = match row.lane {
+        ordo::Ordering::Commit => ordo::Position::Commit(CommitSequence::new(to)),
         _ => ordo::Position::Insert(EventSequence::new(to)),
     };
     ordo::reset_subscription(pool, name, position, force).await?;

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 use super::status::{LagClock, OutboxStatus, Stall};
-use crate::subscription::SubscriptionRow;
+use crate::subscription::{RunStatus, SubscriptionStatus};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
 /// the bidirectional overrides that reorder what a line appears to say are shown as escapes
@@ -98,12 +98,12 @@ pub fn status_table(status: &OutboxStatus) -> String {
                 out,
                 "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  {}",
                 printable(&sub.name),
-                printable(&sub.lane),
+                sub.lane.as_str(),
                 sub.position,
                 sub.lag,
                 age(sub.oldest_unprocessed_seconds),
-                printable(&sub.status),
-                run_by(sub.lease_owner, sub.lease_remaining_seconds),
+                sub.status.as_str(),
+                run_by(sub.lease_owner, lease_remaining(sub, status)),
                 printable(sub.last_error.as_deref().unwrap_or("-"))
             );
         }
@@ -181,7 +181,7 @@ fn write_stall(out: &mut String, stall: &Stall) {
 }
 
 /// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
-pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
+pub fn subscriptions_table(rows: &[SubscriptionStatus]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -193,10 +193,10 @@ pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
             out,
             "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
             printable(&row.name),
-            printable(&row.lane),
+            row.lane.as_str(),
             row.position,
             row.lag,
-            printable(&row.status),
+            row.status.as_str(),
             row.attempts,
             printable(row.last_error.as_deref().unwrap_or("-"))
         );
@@ -283,7 +283,7 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         "Age of the oldest event a lane has not passed yet.",
         &lanes(false),
     );
-    let subs = |value: &dyn Fn(&super::status::SubscriptionLag) -> Option<f64>| {
+    let subs = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
         status
             .subscriptions
             .iter()
@@ -304,7 +304,7 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
     gauge(
         "ordo_subscription_position",
         "A subscription's checkpoint.",
-        &subs(&|s| Some(s.position as f64)),
+        &subs(&|s| Some(s.position.get() as f64)),
     );
     gauge(
         "ordo_subscription_lag",
@@ -319,7 +319,7 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
     gauge(
         "ordo_subscription_halted",
         "1 when a subscription is halted.",
-        &subs(&|s| Some(f64::from(u8::from(s.status == "halted")))),
+        &subs(&|s| Some(f64::from(u8::from(s.status == RunStatus::Halted)))),
     );
     let stalls: Vec<(String, f64)> = status
         .stalls
@@ -341,6 +341,12 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         &stalls,
     );
     out
+}
+
+/// Seconds left on `sub`'s lease when `status` was measured (negative once expired).
+fn lease_remaining(sub: &SubscriptionStatus, status: &OutboxStatus) -> Option<f64> {
+    sub.lease_expires_at
+        .map(|at| (at - status.measured_at).num_milliseconds() as f64 / 1e3)
 }
 
 /// Who holds a subscription's lease, for the tables: the runner's id (first 8 hex digits) and

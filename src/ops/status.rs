@@ -12,6 +12,8 @@ use super::sql;
 use crate::error::Result;
 use crate::insert_lane::rows::{initial_frontier, to_i64, to_u64};
 use crate::position::{CommitSequence, EventSequence};
+use crate::subscription::handle::{Position, read_lane};
+use crate::subscription::{SubscriptionState, SubscriptionStatus};
 
 /// Which clock the ages are measured on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -33,40 +35,6 @@ pub struct LaneLag {
     pub events: u64,
     /// The age of the oldest of them, in seconds, on [`OutboxStatus::lag_clock`].
     pub seconds: Option<f64>,
-}
-
-/// A durable subscription's progress.
-#[derive(Debug, Clone, Serialize)]
-#[non_exhaustive]
-pub struct SubscriptionLag {
-    /// The subscription's name.
-    pub name: String,
-    /// `insert` or `commit`.
-    pub lane: String,
-    /// Its checkpoint.
-    pub position: u64,
-    /// Positions between the checkpoint and the lane's head.
-    pub lag: u64,
-    /// Seconds since the first event it has not handled was committed (or recorded).
-    pub oldest_unprocessed_seconds: Option<f64>,
-    /// `active`, `paused` or `halted`.
-    pub status: String,
-    /// Failed attempts on its current event.
-    pub attempts: u32,
-    /// Its last handler error.
-    pub last_error: Option<String>,
-    /// The runner holding its lease (a random id per runner), if any holds it.
-    pub lease_owner: Option<uuid::Uuid>,
-    /// Seconds until that lease expires; negative once expired. An `active` subscription whose
-    /// lease is missing or expired is run by no process right now.
-    pub lease_remaining_seconds: Option<f64>,
-}
-
-impl SubscriptionLag {
-    /// Whether a runner holds the lease now (owner set, not expired).
-    pub fn is_leased(&self) -> bool {
-        self.lease_owner.is_some() && self.lease_remaining_seconds.is_some_and(|s| s > 0.0)
-    }
 }
 
 /// A database backend, as `pg_stat_activity` shows it.
@@ -147,8 +115,8 @@ pub struct OutboxStatus {
     pub insert_lane: LaneLag,
     /// Resolved real events the commit log does not hold yet.
     pub commit_lane: LaneLag,
-    /// Every durable subscription.
-    pub subscriptions: Vec<SubscriptionLag>,
+    /// Every durable subscription, with the age of its oldest unhandled event.
+    pub subscriptions: Vec<SubscriptionStatus>,
     /// What holds a lane back, with the transaction responsible where it can be named.
     pub stalls: Vec<Stall>,
     /// Rows above [`sequence_head`](Self::sequence_head) (the first ten): rows no publish
@@ -204,7 +172,14 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         events: to_u64(lag.try_get("events")?),
         seconds: seconds(&lag, "age")?,
     };
-    let subscriptions = subscriptions(pool, commit_head, committed_head, commit_timestamps).await?;
+    let subscriptions = subscriptions(
+        pool,
+        commit_head,
+        committed_head,
+        commit_timestamps,
+        measured_at,
+    )
+    .await?;
     let sequencer_idle_seconds =
         idle.map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
 
@@ -289,7 +264,8 @@ async fn subscriptions(
     commit_head: u64,
     committed_head: u64,
     commit_timestamps: bool,
-) -> Result<Vec<SubscriptionLag>> {
+    measured_at: DateTime<Utc>,
+) -> Result<Vec<SubscriptionStatus>> {
     let rows = sqlx::query(sql::SUBSCRIPTIONS)
         .bind(to_i64(commit_head))
         .bind(to_i64(committed_head))
@@ -298,17 +274,27 @@ async fn subscriptions(
         .await?;
     rows.iter()
         .map(|row| {
-            Ok(SubscriptionLag {
+            let lane = read_lane(row, "lane")?;
+            let status = row.try_get("status")?;
+            let lease_owner: Option<uuid::Uuid> = row.try_get("lease_owner")?;
+            let remaining = seconds(row, "lease_remaining")?;
+            let leased = lease_owner.is_some() && remaining.is_some_and(|s| s > 0.0);
+            Ok(SubscriptionStatus {
                 name: row.try_get("name")?,
-                lane: row.try_get("lane")?,
-                position: to_u64(row.try_get("position")?),
+                lane,
+                position: Position::read(row, "position", lane)?,
                 lag: to_u64(row.try_get("lag")?),
-                oldest_unprocessed_seconds: seconds(row, "oldest_unprocessed")?,
-                status: row.try_get("status")?,
+                state: SubscriptionState::stored(status, leased),
+                status,
                 attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
                 last_error: row.try_get("last_error")?,
-                lease_owner: row.try_get("lease_owner")?,
-                lease_remaining_seconds: seconds(row, "lease_remaining")?,
+                lease_owner,
+                // Against the clock the other figures were read on, so that the remaining
+                // time renders as the database measured it.
+                lease_expires_at: remaining
+                    .and_then(|s| chrono::Duration::try_milliseconds((s * 1e3) as i64))
+                    .map(|left| measured_at + left),
+                oldest_unprocessed_seconds: seconds(row, "oldest_unprocessed")?,
             })
         })
         .collect()

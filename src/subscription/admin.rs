@@ -2,17 +2,20 @@
 //! `ordo subscriptions` is a thin layer over these.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::handle::Position;
+use super::handle::{Position, read_lane};
+use super::sql::attempts_read;
+use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use crate::error::{Error, Result};
-use crate::insert_lane::rows::{to_i64, to_u64};
 
+/// `leased`: whether the lease is live, by the database's clock (the reader's may differ).
 const LIST: &str = r#"
 SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error, s.lease_owner,
-       s.lease_expires_at, s.updated_at,
+       s.lease_expires_at, s.updated_at, coalesce(s.lease_expires_at > now(), false) AS leased,
        GREATEST(CASE s.lane
            WHEN 'commit' THEN (SELECT last_commit_seq FROM ordo.sequencer_state)
            ELSE coalesce((SELECT max(sequence) FROM ordo.events), 0)
@@ -61,55 +64,99 @@ WITH target AS (
 SELECT free, lease_owner, lease_expires_at FROM target
 "#;
 
-/// One row of `ordo.subscriptions`, with its lag.
-#[derive(Debug, Clone, serde::Serialize)]
-#[non_exhaustive]
-pub struct SubscriptionRow {
-    /// The subscription's name.
-    pub name: String,
-    /// `insert` or `commit`.
-    pub lane: String,
-    /// Everything at or below it has been handled.
-    pub position: u64,
-    /// Positions between `position` and the lane's head (for the insert lane, the highest
-    /// stored sequence, placeholders included).
-    pub lag: u64,
-    /// `active`, `paused` or `halted`.
-    pub status: String,
-    /// Failed attempts on the current event.
-    pub attempts: u32,
-    /// The last handler error.
-    pub last_error: Option<String>,
-    /// The runner holding the lease, if any.
-    pub lease_owner: Option<Uuid>,
-    /// When that lease runs out.
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    /// The row's last change.
-    pub updated_at: DateTime<Utc>,
+/// [`LIST`], decoded. A row's state is told from its status and its lease, by the database's
+/// clock at the time of reading.
+async fn list(pool: &PgPool) -> Result<Vec<SubscriptionStatus>, sqlx::Error> {
+    let rows = sqlx::query(LIST).fetch_all(pool).await?;
+    rows.iter().map(read_listed).collect()
 }
 
-/// Every subscription, by name.
+fn read_listed(row: &PgRow) -> Result<SubscriptionStatus, sqlx::Error> {
+    let lane = read_lane(row, "lane")?;
+    let status = row.try_get("status")?;
+    let lease_owner: Option<Uuid> = row.try_get("lease_owner")?;
+    let lease_expires_at = row.try_get("lease_expires_at")?;
+    let leased = lease_owner.is_some() && row.try_get::<bool, _>("leased")?;
+    Ok(SubscriptionStatus {
+        name: row.try_get("name")?,
+        lane,
+        position: Position::read(row, "position", lane)?,
+        // A count, not a position; never negative (`GREATEST(.., 0)`).
+        lag: u64::try_from(row.try_get::<i64, _>("lag")?).unwrap_or(0),
+        state: SubscriptionState::stored(status, leased),
+        status,
+        attempts: attempts_read(row.try_get("attempts")?),
+        last_error: row.try_get("last_error")?,
+        lease_owner,
+        lease_expires_at,
+        oldest_unprocessed_seconds: None,
+    })
+}
+
+/// [`SET_STATUS`]; false if there is no such subscription.
+async fn store_status(pool: &PgPool, name: &str, status: RunStatus) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(SET_STATUS)
+        .bind(name)
+        .bind(status)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() != 0)
+}
+
+/// [`LANE_FOR_UPDATE`]: the stored lane, as text (`None`: no such subscription).
+async fn lane_for_update(tx: &mut PgConnection, name: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(LANE_FOR_UPDATE)
+        .bind(name)
+        .fetch_optional(tx)
+        .await
+}
+
+/// [`INSERT_HEAD`] or [`COMMIT_HEAD`]: the head of `lane` (the beginning when empty).
+async fn head(tx: &mut PgConnection, lane: Ordering) -> Result<Position, sqlx::Error> {
+    Ok(match lane {
+        Ordering::Insert => Position::Insert(
+            sqlx::query_scalar(INSERT_HEAD)
+                .fetch_optional(tx)
+                .await?
+                .unwrap_or_default(),
+        ),
+        Ordering::Commit => Position::Commit(
+            sqlx::query_scalar(COMMIT_HEAD)
+                .fetch_optional(tx)
+                .await?
+                .unwrap_or_default(),
+        ),
+    })
+}
+
+/// [`RESET`].
+async fn reset(tx: &mut PgConnection, name: &str, to: Position) -> Result<(), sqlx::Error> {
+    sqlx::query(RESET).bind(name).bind(to).execute(tx).await?;
+    Ok(())
+}
+
+/// [`DELETE`]: `None` for no such subscription, else whether it went and the lease that
+/// refused it.
+async fn delete(
+    pool: &PgPool,
+    name: &str,
+    force: bool,
+) -> Result<Option<(bool, Option<Uuid>, Option<DateTime<Utc>>)>, sqlx::Error> {
+    sqlx::query_as(DELETE)
+        .bind(name)
+        .bind(force)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Every subscription, by name, as the database stores it: each one's `state` says whether some
+/// runner holds a live lease (see [`SubscriptionStatus`]); `oldest_unprocessed_seconds` is
+/// `None` here ([`status`](crate::status) measures it).
 ///
 /// # Errors
 /// [`Error::Database`] if the table cannot be read.
-pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionRow>> {
-    let rows = sqlx::query(LIST).fetch_all(pool).await?;
-    rows.iter()
-        .map(|row| {
-            Ok(SubscriptionRow {
-                name: row.try_get("name")?,
-                lane: row.try_get("lane")?,
-                position: to_u64(row.try_get("position")?),
-                lag: to_u64(row.try_get("lag")?),
-                status: row.try_get("status")?,
-                attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
-                last_error: row.try_get("last_error")?,
-                lease_owner: row.try_get("lease_owner")?,
-                lease_expires_at: row.try_get("lease_expires_at")?,
-                updated_at: row.try_get("updated_at")?,
-            })
-        })
-        .collect()
+pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
+    Ok(list(pool).await?)
 }
 
 /// Pauses a subscription: its runner stops after the event in hand and waits.
@@ -117,7 +164,7 @@ pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionRow>> {
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription.
 pub async fn pause_subscription(pool: &PgPool, name: &str) -> Result<()> {
-    set_status(pool, name, "paused").await
+    set_status(pool, name, RunStatus::Paused).await
 }
 
 /// Resumes a paused or halted subscription, clearing its attempts and last error; a halted
@@ -126,7 +173,7 @@ pub async fn pause_subscription(pool: &PgPool, name: &str) -> Result<()> {
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription.
 pub async fn resume_subscription(pool: &PgPool, name: &str) -> Result<()> {
-    set_status(pool, name, "active").await
+    set_status(pool, name, RunStatus::Active).await
 }
 
 /// Moves a subscription's position to `to`: everything at or below it counts as handled, so a
@@ -150,19 +197,12 @@ pub async fn reset_subscription(
     force: bool,
 ) -> Result<()> {
     let mut tx = pool.begin().await?;
-    let lane: Option<String> = sqlx::query_scalar(LANE_FOR_UPDATE)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let Some(lane) = lane else {
+    let Some(lane) = lane_for_update(&mut tx, name).await? else {
         return Err(Error::UnknownSubscription {
             name: name.to_owned(),
         });
     };
-    let (given, head_query) = match to {
-        Position::Insert(_) => (Ordering::Insert, INSERT_HEAD),
-        Position::Commit(_) => (Ordering::Commit, COMMIT_HEAD),
-    };
+    let given = to.lane();
     if Ordering::parse(&lane) != Some(given) {
         let expected = match Ordering::parse(&lane) {
             Some(Ordering::Commit) => "Commit(CommitSequence)",
@@ -175,10 +215,7 @@ pub async fn reset_subscription(
             expected,
         });
     }
-    let head: Option<i64> = sqlx::query_scalar(head_query)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let head = to_u64(head.unwrap_or(0));
+    let head = head(&mut tx, given).await?.get();
     if to.get() > head && !force {
         return Err(Error::PastHead {
             subscription: name.to_owned(),
@@ -188,11 +225,7 @@ pub async fn reset_subscription(
             skipped: to.get() - head,
         });
     }
-    sqlx::query(RESET)
-        .bind(name)
-        .bind(to_i64(to.get()))
-        .execute(&mut *tx)
-        .await?;
+    reset(&mut tx, name, to).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -208,12 +241,7 @@ pub async fn reset_subscription(
 /// [`Error::SubscriptionLeased`] if a live lease is held and `force` is false;
 /// [`Error::Database`] if a statement fails.
 pub async fn delete_subscription(pool: &PgPool, name: &str, force: bool) -> Result<()> {
-    let target: Option<(bool, Option<Uuid>, Option<DateTime<Utc>>)> = sqlx::query_as(DELETE)
-        .bind(name)
-        .bind(force)
-        .fetch_optional(pool)
-        .await?;
-    match target {
+    match delete(pool, name, force).await? {
         None => Err(Error::UnknownSubscription {
             name: name.to_owned(),
         }),
@@ -226,23 +254,11 @@ pub async fn delete_subscription(pool: &PgPool, name: &str, force: bool) -> Resu
     }
 }
 
-async fn set_status(pool: &PgPool, name: &str, status: &str) -> Result<()> {
-    let done = sqlx::query(SET_STATUS)
-        .bind(name)
-        .bind(status)
-        .execute(pool)
-        .await?;
-    if done.rows_affected() == 0 {
+async fn set_status(pool: &PgPool, name: &str, status: RunStatus) -> Result<()> {
+    if !store_status(pool, name, status).await? {
         return Err(Error::UnknownSubscription {
             name: name.to_owned(),
         });
     }
     Ok(())
-}
-
-impl SubscriptionRow {
-    /// The row's lane as an [`Ordering`], if it is one ordo knows.
-    pub fn ordering(&self) -> Option<Ordering> {
-        Ordering::parse(&self.lane)
-    }
 }

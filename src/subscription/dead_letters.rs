@@ -16,17 +16,19 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::config::{Batch, JobConfig};
+use super::config::{Batch, JobConfig, Ordering};
 use super::delivery::Delivery;
-use super::handle::Position;
+use super::handle::{Position, read_lane};
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::error::{Error, Result};
 use crate::insert_lane::cache::SlotItem;
-use crate::insert_lane::rows::{decode_full, to_u64};
+use crate::insert_lane::rows::decode_full;
+use crate::position::EventSequence;
 
 const LIST: &str = r#"
 SELECT id, subscription, lane, position, sequence, event_id, payload, error, attempts, created_at,
@@ -48,6 +50,60 @@ WHERE ($1::text IS NULL OR subscription = $1)
   AND created_at <= now() - make_interval(secs => $2::float8 / 1000)
 "#;
 
+/// [`LIST`], decoded.
+async fn list(pool: &PgPool, subscription: Option<&str>) -> Result<Vec<DeadLetter>, sqlx::Error> {
+    let rows = sqlx::query(LIST).bind(subscription).fetch_all(pool).await?;
+    rows.iter().map(DeadLetter::read).collect()
+}
+
+impl DeadLetter {
+    fn read(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let lane = read_lane(row, "lane")?;
+        Ok(Self {
+            id: row.try_get("id")?,
+            subscription: row.try_get("subscription")?,
+            lane,
+            position: Position::read(row, "position", lane)?,
+            sequence: row.try_get("sequence")?,
+            event_id: row.try_get("event_id")?,
+            payload: row.try_get("payload")?,
+            error: row.try_get("error")?,
+            attempts: sql::attempts_read(row.try_get("attempts")?),
+            created_at: row.try_get("created_at")?,
+            retry_requested_at: row.try_get("retry_requested_at")?,
+        })
+    }
+}
+
+/// [`PURGE`]; how many rows went.
+async fn purge(
+    pool: &PgPool,
+    subscription: Option<&str>,
+    older_than: Duration,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(PURGE)
+        .bind(subscription)
+        .bind(older_than.as_secs_f64() * 1000.0)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// [`RETRY_ONE`]; 0 if there is no such row.
+async fn request_retry(pool: &PgPool, id: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(RETRY_ONE).bind(id).execute(pool).await?;
+    Ok(done.rows_affected())
+}
+
+/// [`RETRY_ALL`]; how many rows were marked.
+async fn request_retries(pool: &PgPool, subscription: &str) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(RETRY_ALL)
+        .bind(subscription)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// One row of `ordo.dead_letters`: an event a subscription gave up on, with the last error.
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
@@ -56,12 +112,13 @@ pub struct DeadLetter {
     pub id: i64,
     /// The subscription that gave up.
     pub subscription: String,
-    /// `insert` or `commit`: the lane `position` is in.
-    pub lane: String,
+    /// The lane `position` is in (printed `insert` or `commit`).
+    #[serde(serialize_with = "super::status::serialize_lane")]
+    pub lane: Ordering,
     /// The event's position in the subscription's lane.
-    pub position: u64,
+    pub position: Position,
     /// The event's insert sequence (`ordo.events.sequence`).
-    pub sequence: u64,
+    pub sequence: EventSequence,
     /// The event's id.
     pub event_id: Option<Uuid>,
     /// The payload as stored (it may not decode as the subscription's type).
@@ -84,24 +141,7 @@ pub async fn list_dead_letters(
     pool: &PgPool,
     subscription: Option<&str>,
 ) -> Result<Vec<DeadLetter>> {
-    let rows = sqlx::query(LIST).bind(subscription).fetch_all(pool).await?;
-    rows.iter()
-        .map(|row| {
-            Ok(DeadLetter {
-                id: row.try_get("id")?,
-                subscription: row.try_get("subscription")?,
-                lane: row.try_get("lane")?,
-                position: to_u64(row.try_get("position")?),
-                sequence: to_u64(row.try_get("sequence")?),
-                event_id: row.try_get("event_id")?,
-                payload: row.try_get("payload")?,
-                error: row.try_get("error")?,
-                attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
-                created_at: row.try_get("created_at")?,
-                retry_requested_at: row.try_get("retry_requested_at")?,
-            })
-        })
-        .collect()
+    Ok(list(pool, subscription).await?)
 }
 
 /// Deletes dead letters at least `older_than` old (`Duration::ZERO`: all of them), of one
@@ -115,12 +155,7 @@ pub async fn purge_dead_letters(
     subscription: Option<&str>,
     older_than: Duration,
 ) -> Result<u64> {
-    let done = sqlx::query(PURGE)
-        .bind(subscription)
-        .bind(older_than.as_secs_f64() * 1000.0)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
+    Ok(purge(pool, subscription, older_than).await?)
 }
 
 /// Asks the subscription's runner to hand dead letter `id`'s event to its handler again (see
@@ -130,8 +165,7 @@ pub async fn purge_dead_letters(
 /// [`Error::UnknownDeadLetter`] if there is no such row; [`Error::Database`] if the update
 /// fails.
 pub async fn retry_dead_letter(pool: &PgPool, id: i64) -> Result<()> {
-    let done = sqlx::query(RETRY_ONE).bind(id).execute(pool).await?;
-    if done.rows_affected() == 0 {
+    if request_retry(pool, id).await? == 0 {
         return Err(Error::UnknownDeadLetter { id });
     }
     Ok(())
@@ -142,11 +176,7 @@ pub async fn retry_dead_letter(pool: &PgPool, id: i64) -> Result<()> {
 /// # Errors
 /// [`Error::Database`] if the update fails.
 pub async fn retry_dead_letters(pool: &PgPool, subscription: &str) -> Result<u64> {
-    let done = sqlx::query(RETRY_ALL)
-        .bind(subscription)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
+    Ok(request_retries(pool, subscription).await?)
 }
 
 /// The runner's side: makes every requested retry of `config.name`'s dead letters, one try
@@ -161,42 +191,12 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
     S: Subscriber<P>,
 {
-    sqlx::query(sql::RETRY_ORPHANS)
-        .bind(&config.name)
-        .execute(pool)
-        .await?;
-    let rows = sqlx::query(sql::RETRIES)
-        .bind(&config.name)
-        .fetch_all(pool)
-        .await?;
+    sql::refuse_orphan_retries(pool, &config.name).await?;
+    let rows = sql::retries(pool, &config.name).await?;
     for row in &rows {
         let id: i64 = row.try_get("dead_letter")?;
-        let event = match decode_full::<P>(row) {
-            Ok(slot) => match slot.item {
-                SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(undecodable) => Err(format!(
-                    "the payload of ordo.events sequence {} does not decode: {}",
-                    slot.sequence, undecodable.error
-                )),
-                _ => Err(format!(
-                    "ordo.events sequence {} holds no event",
-                    slot.sequence
-                )),
-            },
-            Err(error) => Err(error.to_string()),
-        };
-        let outcome = match event {
-            Ok(event) => {
-                let attempts: i32 = row.try_get("attempts")?;
-                let delivery = Delivery::new(event)
-                    .with_position(Position::new(
-                        config.ordering,
-                        to_u64(row.try_get("position")?),
-                    ))
-                    .with_ends_group(row.try_get("group_last")?)
-                    .with_attempt(u32::try_from(attempts).unwrap_or(0).saturating_add(1));
-                redeliver_one(pool, config, owner, subscriber, id, delivery).await?
-            }
+        let outcome = match retried_delivery(row, config.ordering)? {
+            Ok(delivery) => redeliver_one(pool, config, owner, subscriber, id, delivery).await?,
             Err(message) => Retried::Failed(message),
         };
         match outcome {
@@ -206,15 +206,45 @@ where
             Retried::LeaseLost => return Ok(false),
             Retried::Failed(message) => {
                 tracing::warn!(subscription = %config.name, dead_letter = id, %message, "dead letter retry failed");
-                sqlx::query(sql::RETRY_FAILED)
-                    .bind(id)
-                    .bind(&message)
-                    .execute(pool)
-                    .await?;
+                sql::retry_failed(pool, id, &message).await?;
             }
         }
     }
     Ok(true)
+}
+
+/// A retry's row as the delivery its handler gets, or why there is none to make (the event
+/// does not decode, or the row holds no event).
+fn retried_delivery<P>(
+    row: &PgRow,
+    lane: Ordering,
+) -> Result<std::result::Result<Delivery<P>, String>, sqlx::Error>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    let event = match decode_full::<P>(row) {
+        Ok(slot) => match slot.item {
+            SlotItem::Event(event) => event,
+            SlotItem::Undecodable(undecodable) => {
+                return Ok(Err(format!(
+                    "the payload of ordo.events sequence {} does not decode: {}",
+                    slot.sequence, undecodable.error
+                )));
+            }
+            _ => {
+                return Ok(Err(format!(
+                    "ordo.events sequence {} holds no event",
+                    slot.sequence
+                )));
+            }
+        },
+        Err(error) => return Ok(Err(error.to_string())),
+    };
+    let attempts = sql::attempts_read(row.try_get("attempts")?);
+    Ok(Ok(Delivery::new(event)
+        .with_position(Position::read(row, "position", lane)?)
+        .with_ends_group(row.try_get("group_last")?)
+        .with_attempt(attempts.saturating_add(1))))
 }
 
 /// How one retry ended.
@@ -240,7 +270,6 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
     S: Subscriber<P>,
 {
-    let lease_ms = config.lease.as_secs_f64() * 1000.0;
     let mut tx = pool.begin_with(sql::begin_bounded(config.lease)).await?;
     let handled = AssertUnwindSafe(async {
         if matches!(config.batch, Batch::Groups) {
@@ -262,20 +291,11 @@ where
         let _ = tx.rollback().await;
         return Ok(Retried::Failed(message));
     }
-    let fenced = sqlx::query(sql::RETRY_FENCE)
-        .bind(&config.name)
-        .bind(owner)
-        .bind(lease_ms)
-        .execute(&mut *tx)
-        .await?;
-    if fenced.rows_affected() != 1 {
+    if !sql::retry_fence(&mut tx, &config.name, owner, config.lease).await? {
         let _ = tx.rollback().await;
         return Ok(Retried::LeaseLost);
     }
-    sqlx::query(sql::RETRY_DONE)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+    sql::retry_done(&mut tx, id).await?;
     tx.commit().await?;
     Ok(Retried::Done)
 }

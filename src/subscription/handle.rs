@@ -1,12 +1,15 @@
-//! [`SubscriptionHandle`] and the status it reports.
+//! [`SubscriptionHandle`] and [`Position`], a subscription's place on its lane.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::config::Ordering;
+use super::status::SubscriptionStatus;
 use crate::commit_lane::CommitShared;
 use crate::position::{CommitSequence, EventSequence};
 
@@ -35,45 +38,70 @@ impl Position {
             Self::Commit(position) => position.get(),
         }
     }
-}
 
-/// What a subscription's runner is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SubscriptionState {
-    /// Claiming the subscription.
-    Starting,
-    /// Holding the lease and handling events (or waiting for them).
-    Running,
-    /// Another process holds the lease; this runner takes over if it expires.
-    Standby,
-    /// An operator paused it (`ordo subscriptions pause`).
-    Paused,
-    /// Halted on an event that exhausted its attempts; resumable.
-    Halted,
-    /// Shut down.
-    Stopped,
-}
-
-/// A snapshot of a subscription as its runner sees it.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SubscriptionStatus {
-    /// The subscription's name.
-    pub name: String,
     /// Its lane.
-    pub ordering: Ordering,
-    /// Everything at or below this position has been handled and checkpointed.
-    pub position: Position,
-    /// What the runner is doing.
-    pub state: SubscriptionState,
-    /// Failed attempts on the current event.
-    pub attempts: u32,
-    /// The last handler error, if the current event has failed.
-    pub last_error: Option<String>,
-    /// Positions between the checkpoint and the lane's head in this process (for the insert
-    /// lane, placeholders count).
-    pub lag: u64,
+    pub fn lane(self) -> Ordering {
+        match self {
+            Self::Insert(_) => Ordering::Insert,
+            Self::Commit(_) => Ordering::Commit,
+        }
+    }
+
+    /// `column` of `row`, a position on `lane` (a bigint column: the lane is not stored with
+    /// each position, so the reader says which it is).
+    pub(crate) fn read(row: &PgRow, column: &str, lane: Ordering) -> Result<Self, sqlx::Error> {
+        Ok(match lane {
+            Ordering::Insert => Self::Insert(row.try_get(column)?),
+            Ordering::Commit => Self::Commit(row.try_get(column)?),
+        })
+    }
+}
+
+/// `column` of `row`, a lane's name, as an [`Ordering`]; text that names no lane fails to
+/// decode.
+pub(crate) fn read_lane(row: &PgRow, column: &str) -> Result<Ordering, sqlx::Error> {
+    let text: String = row.try_get(column)?;
+    Ordering::parse(&text).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: format!("lane {text:?} is neither insert nor commit").into(),
+    })
+}
+
+/// The raw number, as `ordo.subscriptions.position` stores it.
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+/// The raw number (the lane is a field of its own wherever a position is serialized).
+impl serde::Serialize for Position {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.get())
+    }
+}
+
+/// Bound as `bigint`, like the sequence it wraps.
+impl sqlx::Type<sqlx::Postgres> for Position {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <EventSequence as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for Position {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        match self {
+            Self::Insert(position) => sqlx::Encode::<sqlx::Postgres>::encode_by_ref(position, buf),
+            Self::Commit(position) => sqlx::Encode::<sqlx::Postgres>::encode_by_ref(position, buf),
+        }
+    }
+
+    fn size_hint(&self) -> usize {
+        std::mem::size_of::<i64>()
+    }
 }
 
 /// The handle returned by [`Outbox::subscribe`](crate::Outbox::subscribe).
@@ -112,8 +140,10 @@ pub(crate) struct Heads {
 }
 
 impl SubscriptionHandle {
-    /// The subscription's current status, with its lag against this process's view of the
-    /// lane head.
+    /// The subscription's current status as this process's runner sees it (no query), with
+    /// its lag against this process's view of the lane head. Its `state` is the runner's own;
+    /// [`list_subscriptions`](crate::list_subscriptions) reads the same status from the
+    /// database, for any process's runner.
     pub fn status(&self) -> SubscriptionStatus {
         self.with_lag(&self.status.borrow())
     }
@@ -121,7 +151,7 @@ impl SubscriptionHandle {
     /// `status` with its lag against this process's view of the lane head.
     fn with_lag(&self, status: &SubscriptionStatus) -> SubscriptionStatus {
         let mut status = status.clone();
-        let head = match status.ordering {
+        let head = match status.lane {
             Ordering::Insert => *self.heads.insert.borrow(),
             Ordering::Commit => self.heads.commit.head(),
         };

@@ -3,13 +3,16 @@
 //! stopped.
 
 pub(crate) mod admin;
+mod attempt;
 pub(crate) mod config;
 pub(crate) mod dead_letters;
 mod delivery;
 pub(crate) mod handle;
+mod lease;
 mod runner;
 mod source;
 pub(crate) mod sql;
+pub(crate) mod status;
 pub(crate) mod subscriber;
 
 use std::sync::{Arc, Mutex};
@@ -22,18 +25,18 @@ use uuid::Uuid;
 use crate::commit_lane::CommitShared;
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::rows::to_i64;
 use crate::task::StopSignal;
 pub use admin::{
-    SubscriptionRow, delete_subscription, list_subscriptions, pause_subscription,
-    reset_subscription, resume_subscription,
+    delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
+    resume_subscription,
 };
 pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
 pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
 };
 pub use delivery::Delivery;
-pub use handle::{Position, SubscriptionHandle, SubscriptionState, SubscriptionStatus};
+pub use handle::{Position, SubscriptionHandle};
+pub use status::{RunStatus, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
 
 use handle::Heads;
@@ -58,16 +61,9 @@ where
         (StartFrom::Now, Ordering::Insert) => lane.frontier(),
         (StartFrom::Now, Ordering::Commit) => commit.head(),
     };
-    sqlx::query(sql::CREATE)
-        .bind(&config.name)
-        .bind(config.ordering.as_str())
-        .bind(to_i64(start_at))
-        .execute(&pool)
-        .await?;
-    let stored: String = sqlx::query_scalar(sql::LANE)
-        .bind(&config.name)
-        .fetch_one(&pool)
-        .await?;
+    let start_at = Position::new(config.ordering, start_at);
+    sql::create(&pool, &config.name, start_at).await?;
+    let stored = sql::lane(&pool, &config.name).await?;
     if Ordering::parse(&stored) != Some(config.ordering) {
         return Err(Error::LaneMismatch {
             subscription: config.name.clone(),
@@ -88,12 +84,16 @@ where
     });
     let initial = SubscriptionStatus {
         name: config.name.clone(),
-        ordering: config.ordering,
-        position: Position::new(config.ordering, start_at),
+        lane: config.ordering,
+        position: start_at,
+        lag: 0,
         state: SubscriptionState::Starting,
+        status: RunStatus::Active,
         attempts: 0,
         last_error: None,
-        lag: 0,
+        lease_owner: None,
+        lease_expires_at: None,
+        oldest_unprocessed_seconds: None,
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {

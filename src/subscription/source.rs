@@ -15,14 +15,15 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::{SlotItem, Undecodable};
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
-use crate::subscription::config::Ordering;
+use crate::position::{CommitSequence, EventSequence};
+use crate::subscription::handle::Position;
 use crate::task::StopSignal;
 
 /// One event at one position.
 pub(crate) struct Item<P> {
     /// The subscription position after handling it.
-    pub(crate) position: u64,
-    pub(crate) sequence: u64,
+    pub(crate) position: Position,
+    pub(crate) sequence: EventSequence,
     /// Last event of its source transaction (always true on the insert lane).
     pub(crate) boundary: bool,
     pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
@@ -32,8 +33,8 @@ pub(crate) struct Item<P> {
 
 impl<P> Item<P> {
     fn new(
-        position: u64,
-        sequence: u64,
+        position: Position,
+        sequence: EventSequence,
         boundary: bool,
         event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
         filter: &TypeFilter,
@@ -67,26 +68,26 @@ impl<P> Source<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
+    /// Reads the lane of `after`, from the position after it.
     pub(crate) fn new(
-        ordering: Ordering,
         lane: &Arc<LaneShared<P>>,
         commit: &Arc<CommitShared>,
         stop: StopSignal,
-        after: u64,
+        after: Position,
         filter: TypeFilter,
     ) -> Self {
-        let reader = match ordering {
-            Ordering::Insert => Reader::Insert(LaneReader::new(
+        let reader = match after {
+            Position::Insert(after) => Reader::Insert(LaneReader::new(
                 Arc::clone(lane),
                 stop,
                 ReadMode::Full,
-                after,
+                after.get(),
             )),
-            Ordering::Commit => Reader::Commit(CommitReader::new(
+            Position::Commit(after) => Reader::Commit(CommitReader::new(
                 Arc::clone(lane),
                 Arc::clone(commit),
                 stop,
-                after,
+                after.get(),
             )),
         };
         Self {
@@ -129,9 +130,10 @@ where
                         };
                         // On the insert lane the position is the sequence, and every event
                         // is a boundary.
+                        let sequence = EventSequence::new(slot.sequence);
                         self.buffered.push_back(Item::new(
-                            slot.sequence,
-                            slot.sequence,
+                            Position::Insert(sequence),
+                            sequence,
                             true,
                             event,
                             &self.filter,
@@ -147,8 +149,8 @@ where
                     self.buffered.extend(items.into_iter().map(|item| {
                         let entry = item.entry;
                         Item::new(
-                            entry.commit_seq,
-                            entry.sequence,
+                            Position::Commit(CommitSequence::new(entry.commit_seq)),
+                            EventSequence::new(entry.sequence),
                             entry.group_last,
                             item.event,
                             filter,

@@ -1,6 +1,16 @@
-//! The subscription runner's statements.
+//! The subscription runner's statements, each behind a named, typed function (the constants
+//! stay public to the crate for `ops::plans`, which checks their plans).
 
 use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::config::Ordering;
+use super::handle::Position;
+use super::status::RunStatus;
+use crate::position::EventSequence;
 
 /// Creates the row if it is new; existing rows are left alone.
 pub(crate) const CREATE: &str = r#"
@@ -136,3 +146,227 @@ SET retry_requested_at = NULL,
 WHERE d.subscription = $1 AND d.retry_requested_at IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM ordo.events AS e WHERE e.sequence = d.sequence)
 "#;
+
+/// A subscription's row as a claim or renewal returns it.
+pub(crate) struct Stored {
+    pub(crate) position: Position,
+    pub(crate) status: RunStatus,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+}
+
+impl Stored {
+    fn read(row: &PgRow, lane: Ordering) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            position: Position::read(row, "position", lane)?,
+            status: row.try_get("status")?,
+            attempts: attempts_read(row.try_get("attempts")?),
+            last_error: row.try_get("last_error")?,
+        })
+    }
+}
+
+/// `attempts` is an `integer`; counts past it are stored as its maximum.
+fn attempts_bound(attempts: u32) -> i32 {
+    i32::try_from(attempts).unwrap_or(i32::MAX)
+}
+
+pub(crate) fn attempts_read(stored: i32) -> u32 {
+    u32::try_from(stored).unwrap_or(0)
+}
+
+/// Leases travel as milliseconds (`$n::float8 / 1000` in the statements).
+fn lease_ms(lease: Duration) -> f64 {
+    lease.as_secs_f64() * 1000.0
+}
+
+/// [`CREATE`]: the row for a new subscription starting after `start` (on `start`'s lane).
+pub(crate) async fn create(pool: &PgPool, name: &str, start: Position) -> Result<(), sqlx::Error> {
+    sqlx::query(CREATE)
+        .bind(name)
+        .bind(start.lane().as_str())
+        .bind(start)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// [`LANE`]: the stored lane, as text (a value ordo does not know is reported, not parsed).
+pub(crate) async fn lane(pool: &PgPool, name: &str) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(LANE).bind(name).fetch_one(pool).await
+}
+
+/// [`CLAIM`]: the row if `owner` now holds the lease, `None` if another runner does.
+pub(crate) async fn claim(
+    pool: &PgPool,
+    name: &str,
+    lane: Ordering,
+    owner: Uuid,
+    lease: Duration,
+) -> Result<Option<Stored>, sqlx::Error> {
+    lease_statement(CLAIM, pool, name, lane, owner, lease).await
+}
+
+/// [`RENEW`]: the row if `owner` still holds the lease, `None` if it lost it.
+pub(crate) async fn renew(
+    pool: &PgPool,
+    name: &str,
+    lane: Ordering,
+    owner: Uuid,
+    lease: Duration,
+) -> Result<Option<Stored>, sqlx::Error> {
+    lease_statement(RENEW, pool, name, lane, owner, lease).await
+}
+
+async fn lease_statement(
+    statement: &'static str,
+    pool: &PgPool,
+    name: &str,
+    lane: Ordering,
+    owner: Uuid,
+    lease: Duration,
+) -> Result<Option<Stored>, sqlx::Error> {
+    let row = sqlx::query(statement)
+        .bind(name)
+        .bind(owner)
+        .bind(lease_ms(lease))
+        .fetch_optional(pool)
+        .await?;
+    row.as_ref().map(|row| Stored::read(row, lane)).transpose()
+}
+
+/// [`CHECKPOINT`] in the handler's transaction: moves the position from `from` to `to`;
+/// false when the fence refuses (lease lost, position moved, not active).
+pub(crate) async fn checkpoint(
+    tx: &mut PgConnection,
+    name: &str,
+    owner: Uuid,
+    from: Position,
+    to: Position,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(CHECKPOINT)
+        .bind(name)
+        .bind(owner)
+        .bind(to)
+        .bind(from)
+        .bind(lease_ms(lease))
+        .execute(tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// [`FAILED`]: records `attempts` failed tries and the error; false if the lease was lost.
+pub(crate) async fn record_failure(
+    pool: &PgPool,
+    name: &str,
+    owner: Uuid,
+    attempts: u32,
+    message: &str,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(FAILED)
+        .bind(name)
+        .bind(owner)
+        .bind(attempts_bound(attempts))
+        .bind(message)
+        .bind(lease_ms(lease))
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// [`HALT`]: halts the subscription at `at` (fenced by the lease and the position).
+pub(crate) async fn halt(
+    pool: &PgPool,
+    name: &str,
+    owner: Uuid,
+    attempts: u32,
+    message: &str,
+    at: Position,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(HALT)
+        .bind(name)
+        .bind(owner)
+        .bind(attempts_bound(attempts))
+        .bind(message)
+        .bind(at)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// [`DEAD_LETTER`] in the dead-lettering transaction: the event `sequence` at `position`.
+pub(crate) async fn dead_letter(
+    tx: &mut PgConnection,
+    name: &str,
+    position: Position,
+    sequence: EventSequence,
+    message: &str,
+    attempts: u32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(DEAD_LETTER)
+        .bind(name)
+        .bind(position.lane().as_str())
+        .bind(position)
+        .bind(sequence)
+        .bind(message)
+        .bind(attempts_bound(attempts))
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// [`RELEASE`]: gives up `owner`'s lease, if it still holds it.
+pub(crate) async fn release(pool: &PgPool, name: &str, owner: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(RELEASE)
+        .bind(name)
+        .bind(owner)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// [`RETRY_ORPHANS`]: refuses the retries whose event retention dropped.
+pub(crate) async fn refuse_orphan_retries(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(RETRY_ORPHANS).bind(name).execute(pool).await?;
+    Ok(())
+}
+
+/// [`RETRIES`]: the requested retries with their events, as rows for
+/// `insert_lane::rows::decode_full` (plus `dead_letter`, `position`, `attempts`, `group_last`).
+pub(crate) async fn retries(pool: &PgPool, name: &str) -> Result<Vec<PgRow>, sqlx::Error> {
+    sqlx::query(RETRIES).bind(name).fetch_all(pool).await
+}
+
+/// [`RETRY_FENCE`] in the retry's transaction: false if `owner` lost the lease.
+pub(crate) async fn retry_fence(
+    tx: &mut PgConnection,
+    name: &str,
+    owner: Uuid,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RETRY_FENCE)
+        .bind(name)
+        .bind(owner)
+        .bind(lease_ms(lease))
+        .execute(tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// [`RETRY_DONE`] in the retry's transaction.
+pub(crate) async fn retry_done(tx: &mut PgConnection, id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(RETRY_DONE).bind(id).execute(tx).await?;
+    Ok(())
+}
+
+/// [`RETRY_FAILED`]: the dead letter `id` stays, with `message`.
+pub(crate) async fn retry_failed(pool: &PgPool, id: i64, message: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(RETRY_FAILED)
+        .bind(id)
+        .bind(message)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! [`SubscriptionStatus`]: where a subscription stands, whoever asks.
+//!
+//! **Why one type.** A subscription's progress is one set of facts, stored in its row of
+//! `ordo.subscriptions`: its lane and position, whether it may run ([`RunStatus`]), its failed
+//! attempts and last error, who holds its lease. Its runner, `ordo subscriptions` and
+//! `ordo status` each report those facts, so they report them as one [`SubscriptionStatus`]
+//! (a type per reader would name the lane, the position and the status three ways, and a user
+//! would learn three types for one thing). What differs between readers is where they stand,
+//! not what they describe: the runner knows what
+//! it is doing itself ([`SubscriptionState::Standby`], `Starting`), the database knows who
+//! holds the lease for every process, and only the status report measures the age of the
+//! oldest unhandled event. Facts only some readers have are `Option`s, documented with the
+//! reader that fills them.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::config::Ordering;
+use super::handle::Position;
+
+/// Whether a subscription may run: `ordo.subscriptions.status`, set by operators (pause,
+/// resume) and by a runner that exhausts an event's attempts (halt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// Runs (stored `active`).
+    #[default]
+    Active,
+    /// Paused by an operator (stored `paused`): no runner handles events until it is resumed.
+    Paused,
+    /// Halted on an event that exhausted its attempts (stored `halted`); resumable.
+    Halted,
+}
+
+impl RunStatus {
+    /// The text stored in `ordo.subscriptions.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Paused => "paused",
+            Self::Halted => "halted",
+        }
+    }
+
+    /// The stored text; `None` for a value ordo does not write.
+    pub(crate) fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "active" => Some(Self::Active),
+            "paused" => Some(Self::Paused),
+            "halted" => Some(Self::Halted),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Stored as `text` (`ordo.subscriptions.status`, whose CHECK admits these three); any other
+/// text fails to decode rather than pass for one of them.
+impl sqlx::Type<sqlx::Postgres> for RunStatus {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl sqlx::Decode<'_, sqlx::Postgres> for RunStatus {
+    fn decode(value: sqlx::postgres::PgValueRef<'_>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <&str as sqlx::Decode<'_, sqlx::Postgres>>::decode(value)?;
+        Self::parse(text).ok_or_else(|| {
+            format!("ordo.subscriptions.status {text:?} is none of active, paused, halted").into()
+        })
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for RunStatus {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<'_, sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
+    }
+}
+
+/// What is happening to a subscription, as its reader can tell: a
+/// [`SubscriptionHandle`](crate::SubscriptionHandle) tells what its own runner does; the
+/// database ([`list_subscriptions`](crate::list_subscriptions), [`status`](crate::status))
+/// tells `Running`, `Stopped`, `Paused` or `Halted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SubscriptionState {
+    /// Claiming the subscription (a handle's runner, before its first claim).
+    Starting,
+    /// Handling events (or waiting for them) under a live lease: a handle's own runner, or,
+    /// read from the database, some runner.
+    Running,
+    /// Another process holds the lease; this handle's runner takes over if it expires.
+    Standby,
+    /// An operator paused it (`ordo subscriptions pause`).
+    Paused,
+    /// Halted on an event that exhausted its attempts; resumable.
+    Halted,
+    /// No runner runs it: a handle's runner shut down or, read from the database, the
+    /// subscription is active and no process holds a live lease on it.
+    Stopped,
+}
+
+impl SubscriptionState {
+    /// The state the database tells: the stored switch, then whether a live lease is held.
+    pub(crate) fn stored(status: RunStatus, leased: bool) -> Self {
+        match status {
+            RunStatus::Paused => Self::Paused,
+            RunStatus::Halted => Self::Halted,
+            RunStatus::Active if leased => Self::Running,
+            RunStatus::Active => Self::Stopped,
+        }
+    }
+}
+
+/// A lane as its name (`insert`, `commit`), wherever one is serialized with a row.
+pub(crate) fn serialize_lane<S: serde::Serializer>(
+    lane: &Ordering,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(lane.as_str())
+}
+
+/// Where a subscription stands. Three readers report it:
+///
+/// - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
+///   live and free (no query); its lag is against this process's view of the lane head, its
+///   [`state`](Self::state) is what that runner does.
+/// - [`list_subscriptions`](crate::list_subscriptions) (`ordo subscriptions`): every
+///   subscription, from the database; the state says whether some runner holds a live lease.
+/// - [`status`](crate::status) (`ordo status`): the same, with
+///   [`oldest_unprocessed_seconds`](Self::oldest_unprocessed_seconds).
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct SubscriptionStatus {
+    /// The subscription's name.
+    pub name: String,
+    /// Its lane (printed `insert` or `commit`).
+    #[serde(serialize_with = "serialize_lane")]
+    pub lane: Ordering,
+    /// Everything at or below this position has been handled and checkpointed.
+    pub position: Position,
+    /// Positions between the checkpoint and the lane's head (for the insert lane, the highest
+    /// stored sequence; placeholders count). From a handle, against this process's view of the
+    /// head.
+    pub lag: u64,
+    /// What is happening to it.
+    pub state: SubscriptionState,
+    /// Whether it may run, as stored. From a handle, as of its runner's last claim or renewal.
+    pub status: RunStatus,
+    /// Failed attempts on the current event.
+    pub attempts: u32,
+    /// The last handler error, if the current event has failed.
+    pub last_error: Option<String>,
+    /// The runner holding the lease (a random id per runner), if any holds it; from a handle,
+    /// its own runner's id while it holds the lease.
+    pub lease_owner: Option<Uuid>,
+    /// When that lease runs out (past once expired). From a handle, as its runner last
+    /// extended it, by this machine's clock.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Seconds since the first event it has not handled was committed (or recorded). Only
+    /// [`status`](crate::status) measures it; `None` from the other readers, and when every
+    /// event is handled.
+    pub oldest_unprocessed_seconds: Option<f64>,
+}
+
+impl SubscriptionStatus {
+    /// Whether a runner holds the lease at `now` (owner set, not expired).
+    pub fn is_leased_at(&self, now: DateTime<Utc>) -> bool {
+        self.lease_owner.is_some() && self.lease_expires_at.is_some_and(|at| at > now)
+    }
+}
