@@ -148,6 +148,7 @@ mod insert_lane;
 mod listener;
 mod migrate;
 mod ops;
+mod outbox;
 mod position;
 mod subscription;
 mod task;
@@ -171,6 +172,7 @@ pub use ops::status::{
     Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, SubscriptionLag, status,
 };
 pub use ops::trace::TRACEPARENT;
+pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
@@ -180,7 +182,6 @@ pub use subscription::{
     retry_dead_letter, retry_dead_letters,
 };
 pub use write::in_doubt::CommitStatus;
-pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;
 
 /// The sqlx ordo was built with: its API takes `sqlx` types (`PgPool`, `PgConnection`,

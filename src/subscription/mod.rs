@@ -40,7 +40,7 @@ use handle::Heads;
 use runner::Runner;
 
 /// Creates the subscription's row if it is new, refuses a lane mismatch, and starts its runner.
-pub(crate) async fn start<P, S>(
+pub(crate) async fn spawn<P, S>(
     pool: PgPool,
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
