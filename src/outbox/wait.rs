@@ -7,6 +7,8 @@ use serde::de::DeserializeOwned;
 use super::Outbox;
 use crate::error::Result;
 use crate::position::{CommitSequence, EventSequence};
+#[cfg(doc)]
+use crate::{error::Error, write::transaction::OutboxTransaction};
 
 impl<P> Outbox<P>
 where
