@@ -107,7 +107,8 @@
 //!
 //! [`migrate`] once; [`Outbox::new`] starts the background tasks (the insert lane's frontier,
 //! the wake-up listener and notifier, the sequencer, the partition maintainer);
-//! [`Outbox::shutdown`] stops them in order and ends the listener streams and subscriptions.
+//! [`Outbox::shutdown`] stops the subscriptions first (each finishes the handler in hand, within
+//! its lease, and releases its lease), then the background tasks, and ends the listener streams.
 //! Dropping the last clone of an `Outbox` also stops them.
 //!
 //! ## Example

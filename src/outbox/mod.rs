@@ -1,10 +1,10 @@
 //! [`Outbox`]: the handle an application holds, and the hub that starts every part.
 //!
-//! Publishing is in `write/`, reading in [`read`](self) (listener streams) and
-//! [`wait`](self) (read-your-writes); each lane, the subscriptions and operations start
-//! themselves (`insert_lane::spawn`, `commit_lane::spawn`, `subscription::spawn`,
-//! `ops::spawn`). What is left here is what ties them together: construction and the ordered
-//! shutdown.
+//! Its methods are spread by concept: publishing here (the work is in `write/`), listener
+//! streams in `read.rs`, read-your-writes in `wait.rs`. Each part starts itself
+//! (`insert_lane::spawn`, `write::spawn`, `ops::spawn`, `commit_lane::spawn`,
+//! `subscription::spawn`); what is left here ties them together: construction, and the
+//! ordered shutdown.
 
 mod read;
 mod wait;
@@ -22,6 +22,7 @@ use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
 use crate::position::EventSequence;
+use crate::subscription::shutdown::Runners;
 use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
 use crate::task::Tasks;
 use crate::write::in_doubt::{self, CommitStatus};
@@ -29,13 +30,13 @@ use crate::write::publish_in::publish_in;
 use crate::write::sink::CommitSink;
 use crate::write::transaction::OutboxTransaction;
 
-/// How long [`Outbox::shutdown`] waits for each background task.
+/// How long [`Outbox::shutdown`] waits for each lane task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// An outbox of events of type `P` on one database.
 ///
 /// Cheap to clone: clones share the background tasks (the insert lane's frontier task, the
-/// wake-up listener and notifier, the sequencer). The tasks stop when
+/// wake-up listener and notifier, the sequencer) and the subscription runners. They stop when
 /// [`shutdown`](Self::shutdown) is called or the last clone is dropped.
 ///
 /// ```no_run
@@ -67,6 +68,9 @@ struct Inner<P> {
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
     sink: Arc<CommitSink<P>>,
+    /// Subscription runners: stopped before the lanes they read.
+    runners: Runners,
+    /// The lanes' and operations' tasks.
     tasks: Tasks,
 }
 
@@ -108,6 +112,7 @@ where
                 lane,
                 commit,
                 sink,
+                runners: Runners::new(),
                 tasks,
             }),
         })
@@ -212,7 +217,7 @@ where
             self.inner.pool.clone(),
             Arc::clone(&self.inner.lane),
             Arc::clone(&self.inner.commit),
-            self.inner.tasks.signal(),
+            &self.inner.runners,
             config,
             subscriber,
         )
@@ -229,9 +234,27 @@ where
         crate::status(&self.inner.pool).await
     }
 
-    /// Stops the background tasks, each after the step in hand, and ends every listener
-    /// stream. Idempotent; also started (without waiting) when the last clone is dropped.
+    /// Shuts the outbox down, in this order:
+    ///
+    /// 1. **Subscriptions**, all at once: each runner finishes the unit in hand (its handler's
+    ///    transaction commits with the checkpoint), waiting at most the subscription's
+    ///    [lease](JobConfig::lease); a handler still running then is aborted, which rolls its
+    ///    transaction back. Every lease this process holds is released before the next step,
+    ///    so a standby elsewhere takes over at its next claim rather than when the lease
+    ///    expires.
+    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher) and
+    ///    maintainer stop after the step in hand (each waited for up to 10 s, then aborted),
+    ///    and every listener stream ends. [`begin`](Self::begin) returns [`Error::Shutdown`]
+    ///    from here on.
+    ///
+    /// Subscriptions go first because they read the lanes: a runner must not find its lane
+    /// gone mid-unit.
+    ///
+    /// Idempotent: a second call, or a concurrent one, returns once the first is done.
+    /// Dropping the last clone of the outbox asks every task and runner to stop, without
+    /// waiting.
     pub async fn shutdown(&self) {
+        self.inner.runners.shutdown().await;
         self.inner.tasks.stop(SHUTDOWN_GRACE).await;
     }
 }
