@@ -70,7 +70,23 @@ SELECT coalesce(
     CASE WHEN EXISTS (SELECT 1 FROM ordo.events WHERE commit_xid = $1) THEN 'committed' END)
 "#;
 
+/// Runs [`COMMIT_STATUS`] for `xid`: `pg_xact_status`'s answer, or NULL when unknown.
+pub(crate) async fn commit_status(pool: &PgPool, xid: i64) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(COMMIT_STATUS)
+        .bind(xid)
+        .fetch_one(pool)
+        .await
+}
+
 /// Which of the given ids are stored as events (`ordo.events.id` is indexed, not unique).
 pub(crate) const PUBLISHED: &str = r#"
 SELECT DISTINCT id FROM ordo.events WHERE id = ANY($1::uuid[]) AND commit_xid IS NOT NULL
 "#;
+
+/// Runs [`PUBLISHED`]: which of `ids` are stored as committed events.
+pub(crate) async fn published(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(PUBLISHED)
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
