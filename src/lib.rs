@@ -107,7 +107,8 @@
 //!
 //! [`migrate`] once; [`Outbox::new`] starts the background tasks (the insert lane's frontier,
 //! the wake-up listener and notifier, the sequencer, the partition maintainer);
-//! [`Outbox::shutdown`] stops them in order and ends the listener streams and subscriptions.
+//! [`Outbox::shutdown`] stops the subscriptions first (each finishes the handler in hand, within
+//! its lease, and releases its lease), then the background tasks, and ends the listener streams.
 //! Dropping the last clone of an `Outbox` also stops them.
 //!
 //! ## Example
@@ -148,6 +149,7 @@ mod insert_lane;
 mod listener;
 mod migrate;
 mod ops;
+mod outbox;
 mod position;
 mod subscription;
 mod task;
@@ -171,6 +173,7 @@ pub use ops::status::{
     Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, status,
 };
 pub use ops::trace::TRACEPARENT;
+pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
@@ -180,7 +183,6 @@ pub use subscription::{
     retry_dead_letter, retry_dead_letters,
 };
 pub use write::in_doubt::CommitStatus;
-pub use write::outbox::Outbox;
 pub use write::transaction::OutboxTransaction;
 
 /// The sqlx ordo was built with: its API takes `sqlx` types (`PgPool`, `PgConnection`,

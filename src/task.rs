@@ -1,5 +1,6 @@
 //! The one supervised way ordo spawns background work: every task has a name, a tracing span,
-//! panic capture, and an owner ([`Tasks`]) that stops it in order.
+//! panic capture, and an owner that stops it: [`Tasks`] for an outbox's lanes, stopped together
+//! in order, and [`Supervised`] for a task stopped on its own as well (a subscription's runner).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -9,17 +10,13 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 /// A signal every background task of one outbox watches; set once, never cleared.
 #[derive(Clone, Debug)]
 pub(crate) struct StopSignal(watch::Receiver<bool>);
 
 impl StopSignal {
-    pub(crate) fn new(receiver: watch::Receiver<bool>) -> Self {
-        Self(receiver)
-    }
-
     /// Resolves once a stop is requested. Cancel safe.
     pub(crate) async fn stopped(&mut self) {
         // An error means the owner is gone, which is a stop as well.
@@ -50,25 +47,12 @@ impl Tasks {
         StopSignal(self.stop.subscribe())
     }
 
-    /// Spawns `work` under the span `ordo.<name>`; a panic is logged with the task's name
-    /// instead of vanishing with the task.
+    /// Spawns `work` under the span `ordo.<name>` (see [`supervise`]).
     pub(crate) fn spawn<F>(&self, name: &'static str, work: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let span = tracing::info_span!("ordo", task = name);
-        let supervised = async move {
-            if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic".to_owned());
-                tracing::error!(task = name, %message, "ordo background task panicked");
-            }
-        }
-        .instrument(span);
-        let handle = tokio::spawn(supervised);
+        let handle = supervise(name, tracing::info_span!("ordo", task = name), work);
         if let Ok(mut handles) = self.handles.lock() {
             handles.push((name, handle));
         }
@@ -100,5 +84,93 @@ impl Drop for Tasks {
     fn drop(&mut self) {
         // Tasks watch the signal and finish the step in hand; nothing is aborted here.
         self.request_stop();
+    }
+}
+
+/// Runs `work` in `span` on the runtime; a panic is logged with the task's name instead of
+/// vanishing with the task. Every background task of ordo starts here.
+fn supervise<F>(name: &'static str, span: Span, work: F) -> JoinHandle<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let supervised = async move {
+        if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".to_owned());
+            tracing::error!(task = name, %message, "ordo background task panicked");
+        }
+    }
+    .instrument(span);
+    tokio::spawn(supervised)
+}
+
+/// One supervised task with a stop signal of its own: stopped alone (its handle's shutdown) or
+/// with its outbox, whichever comes first.
+#[derive(Debug)]
+pub(crate) struct Supervised {
+    name: &'static str,
+    span: Span,
+    stop: watch::Sender<bool>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Supervised {
+    /// Spawns the future `work` makes from the task's stop signal, in `span` (see
+    /// [`supervise`]).
+    pub(crate) fn spawn<F>(
+        name: &'static str,
+        span: Span,
+        work: impl FnOnce(StopSignal) -> F,
+    ) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let stop = watch::Sender::new(false);
+        let handle = supervise(name, span.clone(), work(StopSignal(stop.subscribe())));
+        Self {
+            name,
+            span,
+            stop,
+            handle: Mutex::new(Some(handle)),
+        }
+    }
+
+    /// Asks the task to stop, without waiting. Idempotent.
+    pub(crate) fn request_stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Whether the task has ended, or a [`stop`](Self::stop) has taken it over (and returns
+    /// only once it has ended).
+    pub(crate) fn is_finished(&self) -> bool {
+        match self.handle.lock() {
+            Ok(handle) => handle.as_ref().is_none_or(JoinHandle::is_finished),
+            Err(_) => true,
+        }
+    }
+
+    /// Asks the task to stop and waits for it up to `grace`; a task still running then is
+    /// aborted (its future is dropped where it waits, so whatever it holds, a transaction
+    /// included, is dropped and rolled back) and named in the log. Returns once the task has
+    /// ended. Idempotent: a later call returns at once.
+    pub(crate) async fn stop(&self, grace: Duration) {
+        self.request_stop();
+        let handle = self.handle.lock().ok().and_then(|mut handle| handle.take());
+        let Some(mut handle) = handle else { return };
+        if tokio::time::timeout(grace, &mut handle).await.is_err() {
+            self.span.in_scope(|| {
+                tracing::warn!(
+                    task = self.name,
+                    ?grace,
+                    "ordo task did not stop in time; aborting it"
+                );
+            });
+            handle.abort();
+            // Resolves as soon as the abort has dropped the task's future.
+            let _ = handle.await;
+        }
     }
 }

@@ -15,9 +15,17 @@ pub(crate) mod wait;
 pub(crate) mod watcher;
 
 use std::collections::VecDeque;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
 use tokio::sync::watch;
+
+use crate::config::OutboxConfig;
+use crate::insert_lane::LaneShared;
+use crate::position::CommitSequence;
+use crate::task::Tasks;
+use sequencer::Sequencer;
 
 /// One row of the log: which event sits at a commit sequence, and whether it ends its group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +114,49 @@ impl CommitShared {
 }
 
 pub(crate) use sql::HEAD as HEAD_SQL;
+
+/// Starts the commit lane: reads the log head, then spawns this process's sequencer, or, with
+/// `config.sequencer` off, the watcher that follows another process's folding.
+pub(crate) async fn spawn<P>(
+    tasks: &Tasks,
+    pool: &PgPool,
+    config: &OutboxConfig,
+    lane: &Arc<LaneShared<P>>,
+) -> crate::error::Result<Arc<CommitShared>>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    let head = read_head(pool).await?;
+    let commit = Arc::new(CommitShared::new(head.get(), config.cache_capacity));
+    if config.sequencer {
+        let sequencer = Sequencer::new(
+            pool.clone(),
+            Arc::clone(lane),
+            Arc::clone(&commit),
+            tasks.signal(),
+            config.fold_batch,
+            config.fold_interval,
+        );
+        tasks.spawn("commit_lane.sequencer", sequencer.run());
+    } else {
+        tasks.spawn(
+            "commit_lane.watcher",
+            watcher::run(
+                pool.clone(),
+                Arc::clone(&commit),
+                lane.frontier.subscribe(),
+                config.resync_interval,
+                tasks.signal(),
+            ),
+        );
+    }
+    Ok(commit)
+}
+
+/// The log head as stored ([`sql::HEAD`]).
+async fn read_head(pool: &PgPool) -> Result<CommitSequence, sqlx::Error> {
+    sqlx::query_scalar(sql::HEAD).fetch_one(pool).await
+}
 
 /// Retention's part of the commit log, in its transaction, once the events below `events_from`
 /// are dropped: deletes their entries (a prefix of the log) and returns the new commit floor,

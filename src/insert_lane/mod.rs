@@ -16,12 +16,17 @@ pub(crate) mod wakeup;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
+use serde::de::DeserializeOwned;
 use sqlx::PgPool;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
+use crate::config::OutboxConfig;
+use crate::error::Result;
+use crate::task::Tasks;
 use cache::{Cache, Slot};
+use frontier::FrontierTask;
 
 /// State shared by the frontier task, the writers of this process and every listener.
 pub(crate) struct LaneShared<P> {
@@ -105,3 +110,39 @@ impl<P> LaneShared<P> {
 
 /// Committed events handed from this process's writers straight to the frontier task.
 pub(crate) type CommittedBatch<P> = Vec<Slot<P>>;
+
+/// Starts the insert lane: reads its frontier from the table, then spawns the frontier task and,
+/// when `config` wakes other processes, the wake-up listener. Returns the lane and the sender
+/// this process's commits hand their events to.
+pub(crate) async fn spawn<P>(
+    tasks: &Tasks,
+    pool: &PgPool,
+    config: &OutboxConfig,
+) -> Result<(Arc<LaneShared<P>>, mpsc::UnboundedSender<CommittedBatch<P>>)>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    let frontier = rows::initial_frontier(pool).await?;
+    let lane = Arc::new(LaneShared::new(
+        pool.clone(),
+        frontier,
+        config.cache_capacity,
+        config.cache_bytes,
+        config.page_size,
+    ));
+    let (handoff, committed) = mpsc::unbounded_channel();
+    let task = FrontierTask::new(Arc::clone(&lane), committed, tasks.signal(), config.clone());
+    tasks.spawn("insert_lane.frontier", task.run());
+    if config.cross_process_wakeups {
+        tasks.spawn(
+            "insert_lane.wakeup",
+            wakeup::run(
+                pool.clone(),
+                config.notify_channel.clone(),
+                Arc::clone(&lane),
+                tasks.signal(),
+            ),
+        );
+    }
+    Ok((lane, handoff))
+}

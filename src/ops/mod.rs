@@ -8,3 +8,22 @@ pub(crate) mod retention;
 pub(crate) mod sql;
 pub(crate) mod status;
 pub mod trace;
+
+use sqlx::PgPool;
+
+use crate::config::OutboxConfig;
+use crate::task::Tasks;
+
+/// Starts an outbox's operations work: the partition and retention maintainer.
+pub(crate) fn spawn(tasks: &Tasks, pool: &PgPool, config: &OutboxConfig) {
+    tasks.spawn(
+        "ops.retention",
+        retention::maintain(
+            pool.clone(),
+            config.retention.clone(),
+            config.maintenance_interval,
+            config.partition_maintenance,
+            tasks.signal(),
+        ),
+    );
+}

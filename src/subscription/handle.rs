@@ -1,14 +1,14 @@
 //! [`SubscriptionHandle`] and [`Position`], a subscription's place on its lane.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::config::Ordering;
+use super::shutdown::Running;
 use super::status::SubscriptionStatus;
 use crate::commit_lane::CommitShared;
 use crate::position::{CommitSequence, EventSequence};
@@ -126,8 +126,7 @@ impl sqlx::Encode<'_, sqlx::Postgres> for Position {
 /// ```
 #[must_use = "dropping a SubscriptionHandle stops its subscription: keep it, or call .detach() to run it until the Outbox shuts down"]
 pub struct SubscriptionHandle {
-    pub(crate) stop: watch::Sender<bool>,
-    pub(crate) task: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) running: Arc<Running>,
     pub(crate) status: watch::Receiver<SubscriptionStatus>,
     pub(crate) heads: Heads,
     pub(crate) detached: bool,
@@ -191,14 +190,16 @@ impl SubscriptionHandle {
         (self.status(), false)
     }
 
-    /// Stops the runner gracefully: the event in hand is finished and checkpointed, the lease
-    /// is released, and the runner exits. Idempotent.
+    /// Stops the runner gracefully: the unit in hand is finished and checkpointed, the lease
+    /// is released, and the runner exits. Returns once the lease is released. Idempotent.
+    ///
+    /// The wait for the handler in hand is bounded by the subscription's
+    /// [lease](crate::JobConfig::lease): past it another process may take the subscription
+    /// over anyway. A handler still running then is aborted (its transaction rolls back and the
+    /// unit is handled again by whoever runs the subscription next), and the lease is released
+    /// all the same.
     pub async fn shutdown(&self) {
-        self.stop.send_replace(true);
-        let task = self.task.lock().ok().and_then(|mut task| task.take());
-        if let Some(task) = task {
-            let _ = task.await;
-        }
+        self.running.shutdown().await;
     }
 }
 
@@ -229,7 +230,7 @@ impl SubscriptionHandle {
 impl Drop for SubscriptionHandle {
     fn drop(&mut self) {
         if !self.detached {
-            self.stop.send_replace(true);
+            self.running.request_stop();
         }
     }
 }

@@ -10,12 +10,13 @@ mod delivery;
 pub(crate) mod handle;
 mod lease;
 mod runner;
+pub(crate) mod shutdown;
 mod source;
 pub(crate) mod sql;
 pub(crate) mod status;
 pub(crate) mod subscriber;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -25,7 +26,7 @@ use uuid::Uuid;
 use crate::commit_lane::CommitShared;
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
-use crate::task::StopSignal;
+use crate::task::Supervised;
 pub use admin::{
     delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
     resume_subscription,
@@ -41,13 +42,15 @@ pub use subscriber::{HandlerError, Subscriber};
 
 use handle::Heads;
 use runner::Runner;
+use shutdown::{MarkStopped, Runners, Running};
 
-/// Creates the subscription's row if it is new, refuses a lane mismatch, and starts its runner.
-pub(crate) async fn start<P, S>(
+/// Creates the subscription's row if it is new, refuses a lane mismatch, and spawns its runner
+/// in the care of `runners` (the outbox's, which stops it on shutdown).
+pub(crate) async fn spawn<P, S>(
     pool: PgPool,
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
-    mut outbox_stop: StopSignal,
+    runners: &Runners,
     config: JobConfig,
     subscriber: S,
 ) -> Result<SubscriptionHandle>
@@ -72,16 +75,6 @@ where
         });
     }
 
-    let (stop, stop_rx) = watch::channel(false);
-    // The outbox's shutdown stops its subscriptions too.
-    let forward = stop.clone();
-    let mut own_stop = StopSignal::new(stop_rx.clone());
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = outbox_stop.stopped() => { forward.send_replace(true); }
-            _ = own_stop.stopped() => {}
-        }
-    });
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -101,20 +94,38 @@ where
         commit: Arc::clone(&commit),
     };
     let span = tracing::info_span!("ordo", task = "subscription", subscription = %config.name);
-    let runner = Runner {
+    let owner = Uuid::new_v4();
+    let name = config.name.clone();
+    let grace = config.lease;
+    let runner_pool = pool.clone();
+    let task = Supervised::spawn("subscription", span, |stop| {
+        let stopped = MarkStopped(status.clone());
+        let runner = Runner {
+            pool: runner_pool,
+            lane,
+            commit,
+            config,
+            subscriber: Arc::new(subscriber),
+            owner,
+            stop,
+            status,
+        };
+        async move {
+            let _stopped = stopped;
+            runner.run().await;
+        }
+    });
+    let running = Arc::new(Running {
+        task,
         pool,
-        lane,
-        commit,
-        config,
-        subscriber: Arc::new(subscriber),
-        owner: Uuid::new_v4(),
-        stop: StopSignal::new(stop_rx),
-        status,
-    };
-    let task = tokio::spawn(tracing::Instrument::instrument(runner.run(), span));
+        name,
+        owner,
+        grace,
+        stopped: tokio::sync::Mutex::new(false),
+    });
+    runners.add(&running);
     Ok(SubscriptionHandle {
-        stop,
-        task: Mutex::new(Some(task)),
+        running,
         status: status_rx,
         heads,
         detached: false,

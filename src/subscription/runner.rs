@@ -148,6 +148,11 @@ where
         let handled = metrics::counter!(m::SUBSCRIPTION_EVENTS, "subscription" => name.clone());
         let lag = metrics::gauge!(m::SUBSCRIPTION_LAG, "subscription" => name);
         loop {
+            // Events already buffered are not handled after a stop: shutdown waits for the
+            // unit in hand only.
+            if self.stop.is_stopped() {
+                return Flow::Stop;
+            }
             if Instant::now() >= retries_at {
                 retries_at = Instant::now() + self.renew_every();
                 if !self.redeliver().await {

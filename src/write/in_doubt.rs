@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::sql::{COMMIT_STATUS, PUBLISHED};
+use super::sql;
 use crate::error::Result;
 
 /// How long a failed commit keeps asking before it reports [`Error::CommitInDoubt`]. A backend
@@ -47,11 +47,7 @@ pub enum CommitStatus {
 
 /// Asks the server whether transaction `xid` committed.
 pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
-    let status: Option<String> = sqlx::query_scalar(COMMIT_STATUS)
-        .bind(xid)
-        .fetch_one(pool)
-        .await?;
-    Ok(match status.as_deref() {
+    Ok(match sql::commit_status(pool, xid).await?.as_deref() {
         Some("committed") => CommitStatus::Committed,
         Some("aborted") => CommitStatus::Aborted,
         Some("in progress") => CommitStatus::InProgress,
@@ -61,10 +57,7 @@ pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
 
 /// Which of `ids` are stored as events.
 pub(crate) async fn published(pool: &PgPool, ids: &[uuid::Uuid]) -> Result<Vec<uuid::Uuid>> {
-    Ok(sqlx::query_scalar(PUBLISHED)
-        .bind(ids)
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::published(pool, ids).await?)
 }
 
 /// After a `COMMIT` that failed without an answer from the server: whether transaction `xid`

@@ -17,14 +17,13 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use super::sql::INSERT_EVENTS;
+use super::sql;
 use crate::envelope::{Envelope, Headers};
 use crate::error::{Error, Result};
 use crate::insert_lane::cache::{Slot, SlotItem};
-use crate::insert_lane::rows::to_u64;
 use crate::position::EventSequence;
 
 /// Events per insert statement at most. Large enough that a statement's round trip is small
@@ -210,12 +209,12 @@ impl<P> Buffer<P> {
             .filter_map(|row| {
                 let typed = by_id.remove(&row.id)?;
                 Some(Slot {
-                    sequence: row.sequence,
+                    sequence: row.sequence.get(),
                     commit_xid: Some(row.commit_xid),
                     bytes: typed.bytes,
                     item: SlotItem::Event(Arc::new(Envelope {
                         id: row.id,
-                        sequence: EventSequence::new(row.sequence),
+                        sequence: row.sequence,
                         commit_xid: row.commit_xid,
                         payload: typed.payload,
                         headers: typed.headers,
@@ -238,7 +237,7 @@ impl<P> Buffer<P> {
 /// A row as the insert returned it.
 pub(crate) struct Inserted {
     id: Uuid,
-    sequence: u64,
+    sequence: EventSequence,
     commit_xid: i64,
     recorded_at: DateTime<Utc>,
 }
@@ -267,30 +266,29 @@ pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -
         // Every chunk is the same statement: the first one assigns the xid before its first
         // `nextval` (see INSERT_EVENTS); later ones run in a transaction that already has it,
         // and draw higher sequences, so insert order is sequence order across chunks.
-        let rows = sqlx::query(INSERT_EVENTS)
-            .bind(ids)
-            .bind(chunk.payloads.strs())
-            .bind(chunk.headers.strs())
-            .bind(&chunk.types)
-            .fetch_all(&mut *conn)
-            .await?;
+        let rows = sql::insert_events(
+            &mut *conn,
+            ids,
+            chunk.payloads.strs(),
+            chunk.headers.strs(),
+            &chunk.types,
+        )
+        .await?;
         if chunk.bytes() > SHRINK_AFTER_BYTES {
             // sqlx keeps the write buffer at the largest statement sent: give it back, or a
             // large payload pins its size in this pooled connection for good.
             conn.shrink_buffers();
         }
         drop(chunk);
-        for row in &rows {
+        for (id, sequence, commit_xid, recorded_at) in rows {
             let inserted = Inserted {
-                id: row.try_get("id")?,
-                sequence: to_u64(row.try_get("sequence")?),
-                commit_xid: row.try_get("commit_xid")?,
-                recorded_at: row.try_get("recorded_at")?,
+                id,
+                sequence,
+                commit_xid,
+                recorded_at,
             };
-            written.xid = inserted.commit_xid;
-            written
-                .sequences
-                .push(EventSequence::new(inserted.sequence));
+            written.xid = commit_xid;
+            written.sequences.push(sequence);
             if keep_rows {
                 written.rows.push(inserted);
             }

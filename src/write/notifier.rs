@@ -10,14 +10,15 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use super::sql::NOTIFY;
+use super::sql;
+use crate::position::EventSequence;
 use crate::task::StopSignal;
 
 pub(crate) async fn run(
     pool: PgPool,
     channel: String,
     debounce: Duration,
-    mut committed: watch::Receiver<u64>,
+    mut committed: watch::Receiver<EventSequence>,
     mut stop: StopSignal,
 ) {
     let mut sent = *committed.borrow_and_update();
@@ -31,12 +32,7 @@ pub(crate) async fn run(
         if latest <= sent {
             continue;
         }
-        let result = sqlx::query(NOTIFY)
-            .bind(&channel)
-            .bind(latest.to_string())
-            .execute(&pool)
-            .await;
-        match result {
+        match sql::notify(&pool, &channel, latest).await {
             Ok(_) => sent = latest,
             // Listeners also resync on a timer: a lost wake-up costs latency, not events.
             Err(error) => tracing::warn!(%error, "sending a wake-up failed"),

@@ -1,5 +1,11 @@
 //! The write side's statements.
 
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::position::EventSequence;
+
 /// Inserts a transaction's buffered events in one statement.
 ///
 /// It names only the columns a writer role may insert (`id`, `payload`, `headers`; see
@@ -17,8 +23,43 @@ ORDER BY e.ord
 RETURNING id, sequence, commit_xid, recorded_at
 "#;
 
+/// A row as [`INSERT_EVENTS`] returns it: (id, sequence, commit_xid, recorded_at).
+pub(crate) type InsertedRow = (Uuid, EventSequence, i64, DateTime<Utc>);
+
+/// Runs [`INSERT_EVENTS`] for one chunk: `ids[i]` with `payloads[i]`, `headers[i]` (JSON
+/// texts) and `types[i]`.
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    payloads: Vec<&str>,
+    headers: Vec<&str>,
+    types: &[Option<String>],
+) -> Result<Vec<InsertedRow>, sqlx::Error> {
+    sqlx::query_as(INSERT_EVENTS)
+        .bind(ids)
+        .bind(payloads)
+        .bind(headers)
+        .bind(types)
+        .fetch_all(conn)
+        .await
+}
+
 /// A cross-process wake-up: carries only the highest sequence this process has committed.
 pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+/// Sends [`NOTIFY`] on `channel` for `committed`, as the text listeners parse.
+pub(crate) async fn notify(
+    pool: &PgPool,
+    channel: &str,
+    committed: EventSequence,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(NOTIFY)
+        .bind(channel)
+        .bind(committed.to_string())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
 
 /// Whether a transaction committed. `commit_xid` is the full 64-bit transaction id
 /// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. When the server no longer
@@ -29,7 +70,23 @@ SELECT coalesce(
     CASE WHEN EXISTS (SELECT 1 FROM ordo.events WHERE commit_xid = $1) THEN 'committed' END)
 "#;
 
+/// Runs [`COMMIT_STATUS`] for `xid`: `pg_xact_status`'s answer, or NULL when unknown.
+pub(crate) async fn commit_status(pool: &PgPool, xid: i64) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(COMMIT_STATUS)
+        .bind(xid)
+        .fetch_one(pool)
+        .await
+}
+
 /// Which of the given ids are stored as events (`ordo.events.id` is indexed, not unique).
 pub(crate) const PUBLISHED: &str = r#"
 SELECT DISTINCT id FROM ordo.events WHERE id = ANY($1::uuid[]) AND commit_xid IS NOT NULL
 "#;
+
+/// Runs [`PUBLISHED`]: which of `ids` are stored as committed events.
+pub(crate) async fn published(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(PUBLISHED)
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}

@@ -1,6 +1,7 @@
 //! [`OutboxTransaction`]: a database transaction that also publishes events.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -9,15 +10,15 @@ use uuid::Uuid;
 
 use super::in_doubt::{self, CommitStatus};
 use super::insert::{self, Buffer};
-use super::outbox::Outbox;
+use super::sink::CommitSink;
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::position::EventSequence;
 
-/// A transaction opened by [`Outbox::begin`]. Domain writes go through it (it derefs to
-/// [`PgConnection`]); [`publish`](Self::publish) buffers events, and [`commit`](Self::commit)
-/// inserts them just before `COMMIT` (in one statement, or in bounded chunks for a very large
-/// transaction).
+/// A transaction opened by [`Outbox::begin`](crate::Outbox::begin). Domain writes go through
+/// it (it derefs to [`PgConnection`]); [`publish`](Self::publish) buffers events, and
+/// [`commit`](Self::commit) inserts them just before `COMMIT` (in one statement, or in bounded
+/// chunks for a very large transaction).
 ///
 /// Inserting at commit time puts every outbox insert after all of the transaction's reads,
 /// which is what makes the commit lane's order causal (see the crate docs).
@@ -26,18 +27,18 @@ use crate::position::EventSequence;
 pub struct OutboxTransaction<P> {
     tx: Transaction<'static, Postgres>,
     buffer: Buffer<P>,
-    outbox: Outbox<P>,
+    sink: Arc<CommitSink<P>>,
 }
 
 impl<P> OutboxTransaction<P>
 where
     P: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    pub(crate) fn new(tx: Transaction<'static, Postgres>, outbox: Outbox<P>) -> Self {
+    pub(crate) fn new(tx: Transaction<'static, Postgres>, sink: Arc<CommitSink<P>>) -> Self {
         Self {
             tx,
             buffer: Buffer::for_handoff(),
-            outbox,
+            sink,
         }
     }
 
@@ -67,8 +68,8 @@ where
     ///
     /// `ordo.events.id` is indexed but **not unique** (the table is partitioned by sequence), so
     /// the database does not refuse an id stored before: retry only after
-    /// [`Outbox::commit_status`] says the first attempt aborted, or check with
-    /// [`Outbox::published`].
+    /// [`Outbox::commit_status`](crate::Outbox::commit_status) says the first attempt aborted,
+    /// or check with [`Outbox::published`](crate::Outbox::published).
     ///
     /// # Errors
     /// [`Error::Encode`](crate::Error::Encode) if `event` or `headers` does not serialise.
@@ -128,8 +129,8 @@ where
     ///   and the domain writes may have committed.)
     /// - [`Error::CommitInDoubt`] if the connection broke during `COMMIT` and the outcome could
     ///   not be learned: the events may or may not be stored. Do **not** retry before
-    ///   [`Outbox::commit_status`] with the error's `xid` says `Aborted`; the variant's docs
-    ///   give the whole procedure.
+    ///   [`Outbox::commit_status`](crate::Outbox::commit_status) with the error's `xid` says
+    ///   `Aborted`; the variant's docs give the whole procedure.
     ///
     /// A retry that never publishes twice:
     ///
@@ -164,22 +165,26 @@ where
     /// # Cancel safety
     /// Not cancel safe: dropping the future while `COMMIT` is in flight leaves the outcome
     /// unknown and unreported. Keep [`event_ids`](Self::event_ids) before calling it if you
-    /// may cancel, and ask [`Outbox::published`] afterwards.
+    /// may cancel, and ask [`Outbox::published`](crate::Outbox::published) afterwards.
     pub async fn commit(mut self) -> Result<Vec<EventSequence>> {
         if self.buffer.is_empty() {
             self.tx.commit().await?;
             return Ok(Vec::new());
         }
         let written = insert::insert(&mut self.tx, &mut self.buffer).await?;
-        let last = written.sequences.last().map_or(0, |s| s.get());
+        let last = written
+            .sequences
+            .last()
+            .copied()
+            .unwrap_or(EventSequence::BEGIN);
         if let Err(error) = self.tx.commit().await {
-            settle(&self.outbox, written.xid, last, error, self.buffer.ids()).await?;
+            settle(&self.sink, written.xid, last, error, self.buffer.ids()).await?;
             // Committed after all: go on as on the normal path. The lane keeps one copy per
             // sequence, whether it has them from here or from the table.
         }
         let count = written.sequences.len();
         let slots = self.buffer.into_slots(written.rows);
-        self.outbox.committed(last, count, slots);
+        self.sink.committed(last, count, slots);
         Ok(written.sequences)
     }
 
@@ -215,21 +220,18 @@ impl<P> DerefMut for OutboxTransaction<P> {
 /// A `COMMIT` of transaction `xid` failed with `error`: `Ok` if it committed all the same,
 /// otherwise the error to report.
 async fn settle<P>(
-    outbox: &Outbox<P>,
+    sink: &CommitSink<P>,
     xid: i64,
-    last: u64,
+    last: EventSequence,
     error: sqlx::Error,
     event_ids: &[Uuid],
-) -> Result<()>
-where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
+) -> Result<()> {
     // The server answered: COMMIT failed (a deferred constraint, a serialization failure) and
     // the transaction rolled back.
     if let sqlx::Error::Database(_) = error {
         return Err(error.into());
     }
-    match in_doubt::resolve(outbox.pool(), xid).await {
+    match in_doubt::resolve(&sink.pool, xid).await {
         CommitStatus::Committed => {
             tracing::info!(xid, %error, "the answer to COMMIT was lost, but the transaction committed");
             Ok(())
@@ -237,7 +239,7 @@ where
         CommitStatus::Aborted => Err(error.into()),
         _ => {
             // If it did commit, the lane will find the rows: point it at them.
-            outbox.hint_written(last);
+            sink.hint_written(last);
             Err(Error::CommitInDoubt {
                 xid,
                 event_ids: event_ids.to_vec(),

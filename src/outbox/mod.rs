@@ -1,0 +1,276 @@
+//! [`Outbox`]: the handle an application holds, and the hub that starts every part.
+//!
+//! Its methods are spread by concept: publishing here (the work is in `write/`), listener
+//! streams in `read.rs`, read-your-writes in `wait.rs`. Each part starts itself
+//! (`insert_lane::spawn`, `write::spawn`, `ops::spawn`, `commit_lane::spawn`,
+//! `subscription::spawn`); what is left here ties them together: construction, and the
+//! ordered shutdown.
+
+mod read;
+mod wait;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::commit_lane::{self, CommitShared};
+use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
+use crate::error::{Error, Result};
+use crate::insert_lane::{self, LaneShared};
+use crate::position::EventSequence;
+use crate::subscription::shutdown::Runners;
+use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
+use crate::task::Tasks;
+use crate::write::in_doubt::{self, CommitStatus};
+use crate::write::publish_in::publish_in;
+use crate::write::sink::CommitSink;
+use crate::write::transaction::OutboxTransaction;
+
+/// How long [`Outbox::shutdown`] waits for each lane task.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// An outbox of events of type `P` on one database.
+///
+/// Cheap to clone: clones share the background tasks (the insert lane's frontier task, the
+/// wake-up listener and notifier, the sequencer) and the subscription runners. They stop when
+/// [`shutdown`](Self::shutdown) is called or the last clone is dropped.
+///
+/// ```no_run
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPlaced { id: u64 }
+/// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// use futures::StreamExt;
+/// use ordo::{Outbox, OutboxConfig, Start};
+///
+/// ordo::migrate(&pool).await?;
+/// let outbox = Outbox::<OrderPlaced>::new(pool, OutboxConfig::default()).await?;
+/// let mut events = outbox.listen_inserted(Start::Now);
+///
+/// let mut tx = outbox.begin().await?;
+/// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
+/// tx.publish(OrderPlaced { id: 42 })?;
+/// tx.commit().await?;
+///
+/// let event = events.next().await.expect("the outbox is running")?;
+/// assert_eq!(event.payload.id, 42);
+/// # Ok(()) }
+/// ```
+pub struct Outbox<P> {
+    inner: Arc<Inner<P>>,
+}
+
+struct Inner<P> {
+    pool: PgPool,
+    config: OutboxConfig,
+    lane: Arc<LaneShared<P>>,
+    commit: Arc<CommitShared>,
+    sink: Arc<CommitSink<P>>,
+    /// Subscription runners: stopped before the lanes they read.
+    runners: Runners,
+    /// The lanes' and operations' tasks.
+    tasks: Tasks,
+}
+
+impl<P> Clone for Outbox<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<P> Outbox<P>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Starts an outbox on `pool`: finds the insert lane's frontier in the table, then spawns
+    /// the background tasks. The schema must exist ([`migrate`](crate::migrate)).
+    ///
+    /// The pool must allow at least [`MIN_POOL_CONNECTIONS`] connections.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a contradictory `config`, or a pool whose `max_connections`
+    /// is below [`MIN_POOL_CONNECTIONS`]; [`Error::NotMigrated`] if the schema does not exist;
+    /// [`Error::SchemaTooNew`] if a newer ordo migrated it; [`Error::Database`] if the table
+    /// cannot be read.
+    pub async fn new(pool: PgPool, config: OutboxConfig) -> Result<Self> {
+        config.validate()?;
+        check_pool(&pool)?;
+        crate::migrate::check_schema_version(&pool).await?;
+        let tasks = Tasks::new();
+        let (lane, handoff) = insert_lane::spawn(&tasks, &pool, &config).await?;
+        let sink = crate::write::spawn(&tasks, &pool, &config, &lane, handoff);
+        crate::ops::spawn(&tasks, &pool, &config);
+        let commit = commit_lane::spawn(&tasks, &pool, &config, &lane).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                lane,
+                commit,
+                sink,
+                runners: Runners::new(),
+                tasks,
+            }),
+        })
+    }
+
+    /// The pool this outbox writes and reads with.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The configuration this outbox runs with.
+    pub fn config(&self) -> &OutboxConfig {
+        &self.inner.config
+    }
+
+    /// Opens a transaction to write domain rows and publish events in.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if no connection can be had; [`Error::Shutdown`] after
+    /// [`shutdown`](Self::shutdown).
+    pub async fn begin(&self) -> Result<OutboxTransaction<P>> {
+        if self.inner.tasks.signal().is_stopped() {
+            return Err(Error::Shutdown);
+        }
+        let tx = self.inner.pool.begin().await?;
+        Ok(OutboxTransaction::new(tx, Arc::clone(&self.inner.sink)))
+    }
+
+    /// Inserts `events` into `ordo.events` now, inside a transaction the caller owns and will
+    /// commit (or roll back) itself. Returns their sequences.
+    ///
+    /// Because ordo does not see that commit, this process's listeners find the events through
+    /// the table (the lane polls quickly, having been told their sequences), and other
+    /// processes on their next wake-up or resync. Every event is serialised before the first
+    /// insert (an encoding error inserts nothing); a large batch is then inserted in bounded
+    /// chunks, so memory stays near the batch's JSON size.
+    ///
+    /// **Causal order caveat.** The commit lane orders transactions by their lowest sequence,
+    /// which is causal only if a transaction inserts its events *after* every read it makes.
+    /// Call `publish_in` last, right before committing, as [`OutboxTransaction::commit`] does.
+    ///
+    /// **If your commit fails without an answer** (the connection broke during `COMMIT`), the
+    /// transaction may have committed. Take its id before committing
+    /// (`SELECT pg_current_xact_id()::text::bigint` in the same transaction, after
+    /// `publish_in`), and on such a failure ask [`commit_status`](Self::commit_status) with it
+    /// until it says committed (do not retry) or aborted (retry); see
+    /// [`Error::CommitInDoubt`] for the procedure `OutboxTransaction::commit` follows.
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if an event does not serialise; [`Error::Database`] if the insert
+    /// fails (the caller's transaction is then aborted, as with any failed statement).
+    pub async fn publish_in(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        events: impl IntoIterator<Item = P>,
+    ) -> Result<Vec<EventSequence>> {
+        publish_in(&self.inner.sink, tx, events).await
+    }
+
+    /// Whether transaction `xid` committed: the question to ask after
+    /// [`Error::CommitInDoubt`] (whose `xid` it takes), or after a caller-owned transaction
+    /// that used [`publish_in`](Self::publish_in) lost its `COMMIT`'s answer. `xid` is the
+    /// 64-bit id in `ordo.events.commit_xid` and [`Envelope::commit_xid`](crate::Envelope).
+    ///
+    /// `InProgress` means the transaction can still commit: ask again later, and do not
+    /// publish its events again meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the server cannot be asked (or `xid` is in the future, that is,
+    /// not a transaction id of this server).
+    pub async fn commit_status(&self, xid: i64) -> Result<CommitStatus> {
+        in_doubt::status(&self.inner.pool, xid).await
+    }
+
+    /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost
+    /// the transaction id of an in-doubt commit but kept its event ids
+    /// ([`OutboxTransaction::event_ids`]): an id found was published; an id not found was not
+    /// published *yet*, which is final only once the transaction that wrote it can no longer
+    /// be in progress (its connection is gone and the server has noticed). Prefer
+    /// [`commit_status`](Self::commit_status) when you have the xid.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the query fails.
+    pub async fn published(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        in_doubt::published(&self.inner.pool, ids).await
+    }
+
+    /// Starts a durable subscription: `subscriber` handles every event of the configured lane,
+    /// from the stored position (or the configured start for a new subscription), each in a
+    /// transaction that also checkpoints the position. One process runs a given subscription at
+    /// a time; others with the same name wait on standby and take over when its lease expires.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::LaneMismatch`] when the
+    /// stored subscription follows the other lane; [`Error::Database`] if its row cannot be
+    /// read or created.
+    pub async fn subscribe<S>(&self, config: JobConfig, subscriber: S) -> Result<SubscriptionHandle>
+    where
+        S: Subscriber<P>,
+    {
+        subscription::spawn(
+            self.inner.pool.clone(),
+            Arc::clone(&self.inner.lane),
+            Arc::clone(&self.inner.commit),
+            &self.inner.runners,
+            config,
+            subscriber,
+        )
+        .await
+    }
+
+    /// The outbox's state as the database shows it: positions, lag of each lane and each
+    /// subscription, and stalls with the transaction holding them. Same as
+    /// [`status`](crate::status) on this outbox's pool; made for health endpoints.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if a query fails.
+    pub async fn status(&self) -> Result<crate::OutboxStatus> {
+        crate::status(&self.inner.pool).await
+    }
+
+    /// Shuts the outbox down, in this order:
+    ///
+    /// 1. **Subscriptions**, all at once: each runner finishes the unit in hand (its handler's
+    ///    transaction commits with the checkpoint), waiting at most the subscription's
+    ///    [lease](JobConfig::lease); a handler still running then is aborted, which rolls its
+    ///    transaction back. Every lease this process holds is released before the next step,
+    ///    so a standby elsewhere takes over at its next claim rather than when the lease
+    ///    expires.
+    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher) and
+    ///    maintainer stop after the step in hand (each waited for up to 10 s, then aborted),
+    ///    and every listener stream ends. [`begin`](Self::begin) returns [`Error::Shutdown`]
+    ///    from here on.
+    ///
+    /// Subscriptions go first because they read the lanes: a runner must not find its lane
+    /// gone mid-unit.
+    ///
+    /// Idempotent: a second call, or a concurrent one, returns once the first is done.
+    /// Dropping the last clone of the outbox asks every task and runner to stop, without
+    /// waiting.
+    pub async fn shutdown(&self) {
+        self.inner.runners.shutdown().await;
+        self.inner.tasks.stop(SHUTDOWN_GRACE).await;
+    }
+}
+
+/// Refuses a pool too small to run an outbox.
+fn check_pool(pool: &PgPool) -> Result<()> {
+    let connections = pool.options().get_max_connections();
+    if connections < MIN_POOL_CONNECTIONS {
+        return Err(Error::InvalidConfig {
+            setting: "pool max_connections",
+            reason: format!(
+                "the pool allows {connections} connection(s); an Outbox needs at least \
+                 {MIN_POOL_CONNECTIONS}: one for the application's transactions and one for its \
+                 background work. Build the pool with PgPoolOptions::new().max_connections({MIN_POOL_CONNECTIONS}) or more"
+            ),
+        });
+    }
+    Ok(())
+}

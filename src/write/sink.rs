@@ -1,0 +1,73 @@
+//! [`CommitSink`]: where a transaction's committed events go in this process.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch};
+
+use crate::insert_lane::cache::Slot;
+use crate::insert_lane::{CommittedBatch, LaneShared};
+use crate::ops::metrics as m;
+use crate::position::EventSequence;
+
+/// What a commit needs from its outbox, and nothing more: the lane to hand events to or point
+/// at, the wake-up notifier's watch, and the pool to ask about an in-doubt commit on.
+pub(crate) struct CommitSink<P> {
+    pub(crate) pool: PgPool,
+    lane: Arc<LaneShared<P>>,
+    /// Committed events handed straight to the insert lane's frontier task.
+    handoff: mpsc::UnboundedSender<CommittedBatch<P>>,
+    /// The highest sequence committed by this process, for the wake-up notifier.
+    committed: watch::Sender<EventSequence>,
+}
+
+impl<P> CommitSink<P> {
+    pub(crate) fn new(
+        pool: PgPool,
+        lane: Arc<LaneShared<P>>,
+        handoff: mpsc::UnboundedSender<CommittedBatch<P>>,
+    ) -> Self {
+        Self {
+            pool,
+            lane,
+            handoff,
+            committed: watch::Sender::new(EventSequence::BEGIN),
+        }
+    }
+
+    /// What the wake-up notifier watches.
+    pub(crate) fn watch_committed(&self) -> watch::Receiver<EventSequence> {
+        self.committed.subscribe()
+    }
+
+    /// Hands `count` events this process just committed, up to `last`, to its own lane
+    /// (`slots`, or `None` to have the lane read them from the table), and wakes other
+    /// processes.
+    pub(crate) fn committed(&self, last: EventSequence, count: usize, slots: Option<Vec<Slot<P>>>) {
+        if count == 0 {
+            return;
+        }
+        metrics::counter!(m::EVENTS_PUBLISHED).increment(count as u64);
+        match slots {
+            // A send error means the frontier task has stopped; the table still has the events.
+            Some(slots) => {
+                let _ = self.handoff.send(slots);
+            }
+            None => self.lane.hint_head(last.get()),
+        }
+        self.committed.send_if_modified(|sent| {
+            let newer = last > *sent;
+            if newer {
+                *sent = last;
+            }
+            newer
+        });
+    }
+
+    /// Points the lane at sequences up to `last`, written by a transaction whose outcome this
+    /// process does not see (in doubt, or the caller's own), so that it reads them soon if they
+    /// commit.
+    pub(crate) fn hint_written(&self, last: EventSequence) {
+        self.lane.hint_head(last.get());
+    }
+}
