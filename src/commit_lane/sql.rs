@@ -178,8 +178,3 @@ CROSS JOIN LATERAL unnest(c.sequences) WITH ORDINALITY AS u(sequence, ord)
 WHERE c.max_sequence >= (SELECT min(s) FROM unnest($1::bigint[]) AS s)
   AND u.sequence = ANY ($1::bigint[])
 "#;
-
-/// A subscription's lane, position and status, for waits from any process.
-pub(crate) const SUBSCRIPTION_PROGRESS: &str = r#"
-SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $1
-"#;

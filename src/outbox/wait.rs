@@ -73,7 +73,7 @@ where
         sequences: &[EventSequence],
         limit: std::time::Duration,
     ) -> Result<()> {
-        crate::commit_lane::wait::subscription_reached(
+        crate::subscription::wait::subscription_reached(
             &self.inner.pool,
             self.inner.commit.head.subscribe(),
             name,

@@ -15,6 +15,7 @@ mod source;
 pub(crate) mod sql;
 pub(crate) mod status;
 pub(crate) mod subscriber;
+pub(crate) mod wait;
 
 use std::sync::Arc;
 

@@ -18,8 +18,8 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::status::{SubscriptionState, SubscriptionStatus};
 use super::sql;
+use super::status::{SubscriptionState, SubscriptionStatus};
 use crate::task::Supervised;
 
 /// A subscription's runner, held by its [`SubscriptionHandle`](super::SubscriptionHandle) and

@@ -370,3 +370,8 @@ pub(crate) async fn retry_failed(pool: &PgPool, id: i64, message: &str) -> Resul
         .await?;
     Ok(())
 }
+
+/// A subscription's lane, position and status, for waits from any process.
+pub(crate) const PROGRESS: &str = r#"
+SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $1
+"#;
