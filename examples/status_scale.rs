@@ -1,4 +1,4 @@
-//! How long `ordo::status` takes on a large outbox: loads N events (default 10,000,000, in
+//! How long `ordo::admin::status` takes on a large outbox: loads N events (default 10,000,000, in
 //! transactions of 10) and their commit log into a scratch database, with a sequencer state
 //! that is caught up, then times `status()` against a `SELECT 1` round trip in the same run.
 //!
@@ -46,7 +46,7 @@ async fn run(url: &str, events: i64) -> Result<()> {
     ordo::migrate(&pool).await?;
     let started = Instant::now();
     // Partitions of 1,000,000 ahead of the load, then events in groups of ten, by chunks.
-    ordo::run_retention(
+    ordo::admin::run_retention(
         &pool,
         &ordo::RetentionConfig::new().ahead((events / 1_000_000 + 2) as u32),
     )
@@ -112,7 +112,7 @@ async fn run(url: &str, events: i64) -> Result<()> {
         sqlx::query("SELECT 1").execute(&pool).await?;
         baseline.push(t.elapsed());
         let t = Instant::now();
-        let status = ordo::status(&pool).await?;
+        let status = ordo::admin::status(&pool).await?;
         timings.push(t.elapsed());
         anyhow::ensure!(
             status.insert_frontier.get() == events as u64,
@@ -124,12 +124,12 @@ async fn run(url: &str, events: i64) -> Result<()> {
     timings.sort();
     baseline.sort();
     println!(
-        "ordo::status on {events} events: median {:.1} ms, max {:.1} ms (20 runs); SELECT 1 median {:.2} ms",
+        "ordo::admin::status on {events} events: median {:.1} ms, max {:.1} ms (20 runs); SELECT 1 median {:.2} ms",
         ms(&timings[10]),
         ms(&timings[19]),
         ms(&baseline[10])
     );
-    let status = ordo::status(&pool).await?;
-    print!("{}", ordo::status_table(&status));
+    let status = ordo::admin::status(&pool).await?;
+    print!("{}", ordo::admin::status_table(&status));
     Ok(())
 }

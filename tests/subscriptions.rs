@@ -397,8 +397,8 @@ async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
             requested,
         }) => {
             assert_eq!(
-                (subscription.as_str(), stored.as_str(), requested),
-                ("orders", "insert", "commit")
+                (subscription.as_str(), stored, requested),
+                ("orders", Ordering::Insert, Ordering::Commit)
             );
         }
         Err(other) => panic!("expected a lane mismatch, got {other}"),

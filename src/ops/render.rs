@@ -3,8 +3,9 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
+use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall};
-use crate::subscription::SubscriptionRow;
+use crate::subscription::{DeadLetter, SubscriptionRow};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
 /// the bidirectional overrides that reorder what a line appears to say are shown as escapes
@@ -88,24 +89,28 @@ pub fn status_table(status: &OutboxStatus) -> String {
     if status.subscriptions.is_empty() {
         let _ = writeln!(out, "no subscriptions");
     } else {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  LAST ERROR",
-            "SUBSCRIPTION", "LANE", "POSITION", "LAG", "OLDEST", "STATUS", "RUN BY"
-        );
+        let columns = [
+            Column("SUBSCRIPTION", 24, Left),
+            Column("LANE", 6, Left),
+            Column("POSITION", 10, Right),
+            Column("LAG", 8, Right),
+            Column("OLDEST", 10, Right),
+            Column("STATUS", 7, Left),
+            Column("RUN BY", 22, Left),
+        ];
+        heading(&mut out, &columns, "LAST ERROR");
         for sub in &status.subscriptions {
-            let _ = writeln!(
-                out,
-                "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  {}",
-                printable(&sub.name),
-                printable(&sub.lane),
-                sub.position,
-                sub.lag,
+            let cells = [
+                printable(&sub.name).into_owned(),
+                printable(&sub.lane).into_owned(),
+                sub.position.to_string(),
+                sub.lag.to_string(),
                 age(sub.oldest_unprocessed_seconds),
-                printable(&sub.status),
+                printable(&sub.status).into_owned(),
                 run_by(sub.lease_owner, sub.lease_remaining_seconds),
-                printable(sub.last_error.as_deref().unwrap_or("-"))
-            );
+            ];
+            let last_error = sub.last_error.as_deref().unwrap_or("-");
+            row(&mut out, &columns, &cells, &printable(last_error));
         }
     }
     if let Some(first) = status.rows_above_head.first() {
@@ -183,25 +188,136 @@ fn write_stall(out: &mut String, stall: &Stall) {
 /// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
 pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  LAST ERROR",
-        "NAME", "LANE", "POSITION", "LAG", "STATUS", "ATTEMPTS"
-    );
-    for row in rows {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
-            printable(&row.name),
-            printable(&row.lane),
-            row.position,
-            row.lag,
-            printable(&row.status),
-            row.attempts,
-            printable(row.last_error.as_deref().unwrap_or("-"))
-        );
+    let columns = [
+        Column("NAME", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("LAG", 8, Right),
+        Column("STATUS", 7, Left),
+        Column("ATTEMPTS", 8, Right),
+    ];
+    heading(&mut out, &columns, "LAST ERROR");
+    for sub in rows {
+        let cells = [
+            printable(&sub.name).into_owned(),
+            printable(&sub.lane).into_owned(),
+            sub.position.to_string(),
+            sub.lag.to_string(),
+            printable(&sub.status).into_owned(),
+            sub.attempts.to_string(),
+        ];
+        let last_error = sub.last_error.as_deref().unwrap_or("-");
+        row(&mut out, &columns, &cells, &printable(last_error));
     }
     out
+}
+
+/// The dead letters as `ordo dead-letters list` prints them: one line each, oldest first, safe
+/// for a terminal.
+pub fn dead_letters_table(rows: &[DeadLetter]) -> String {
+    let mut out = String::new();
+    let columns = [
+        Column("ID", 8, Right),
+        Column("SUBSCRIPTION", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("SEQUENCE", 10, Right),
+        Column("ATTEMPTS", 8, Right),
+    ];
+    heading(&mut out, &columns, "ERROR");
+    for letter in rows {
+        let cells = [
+            letter.id.to_string(),
+            printable(&letter.subscription).into_owned(),
+            letter.lane.to_string(),
+            letter.position.to_string(),
+            letter.sequence.to_string(),
+            letter.attempts.to_string(),
+        ];
+        row(&mut out, &columns, &cells, &printable(&letter.error));
+    }
+    out
+}
+
+/// A retention report as `ordo retention` prints it: the positions that bound it, each
+/// partition with its verdict, and what was created or folded. `applied`: the report is of a
+/// run ([`run_retention`](crate::admin::run_retention)), not a plan.
+pub fn retention_table(report: &RetentionReport, applied: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
+        report.partition_size,
+        report.events_floor,
+        report.needed_from,
+        printable(&report.needed_by)
+    );
+    let _ = writeln!(
+        out,
+        "head {}; {} partition(s) ahead of it; range partitions end before {}; {} event(s) in the default partition",
+        report.head, report.partitions_ahead, report.covered_until, report.default_rows
+    );
+    if let Some(warning) = &report.warning {
+        let _ = writeln!(out, "WARNING: {warning}");
+    }
+    let columns = [
+        Column("PARTITION", 28, Left),
+        Column("FROM", 14, Right),
+        Column("TO", 14, Right),
+    ];
+    heading(&mut out, &columns, "VERDICT");
+    for partition in &report.partitions {
+        let verdict = match (partition.drop, applied) {
+            (true, true) if report.dropped.contains(&partition.name) => "dropped".to_owned(),
+            (true, true) => "kept: no longer droppable when its turn came".to_owned(),
+            (true, false) => "would drop (past retention)".to_owned(),
+            (false, _) => format!("kept: {}", printable(&partition.reason)),
+        };
+        let from = partition
+            .from
+            .map_or("MINVALUE".to_owned(), |f| f.to_string());
+        let cells = [partition.name.clone(), from, partition.to.to_string()];
+        row(&mut out, &columns, &cells, &verdict);
+    }
+    for folded in &report.folded {
+        let _ = writeln!(out, "folded the default partition into {folded}");
+    }
+    for created in &report.created {
+        let _ = writeln!(out, "created {created}");
+    }
+    if !applied {
+        let _ = writeln!(out, "(a plan: run with --apply to create, fold and drop)");
+    }
+    out
+}
+
+/// A column of a table: its heading, its width, and which side its cells keep to.
+struct Column(&'static str, usize, Align);
+
+/// Numbers keep to the right, words to the left.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+use Align::{Left, Right};
+
+/// One line of a table: each cell padded to its column, then `last`, which takes what width
+/// it needs (an error, a verdict).
+fn row(out: &mut String, columns: &[Column], cells: &[String], last: &str) {
+    for (Column(_, width, align), cell) in columns.iter().zip(cells) {
+        let _ = match align {
+            Left => write!(out, "{cell:<width$} "),
+            Right => write!(out, "{cell:>width$} "),
+        };
+    }
+    let _ = writeln!(out, " {last}");
+}
+
+/// A table's heading line.
+fn heading(out: &mut String, columns: &[Column], last: &str) {
+    let names: Vec<String> = columns.iter().map(|c| c.0.to_owned()).collect();
+    row(out, columns, &names, last);
 }
 
 fn escape(label: &str) -> String {
@@ -231,32 +347,36 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
             let _ = writeln!(out, "{name}{labels} {value}");
         }
     };
-    let plain = |value: f64| vec![(String::new(), value)];
-    gauge(
-        "ordo_sequence_head",
-        "Highest sequence drawn, committed or not.",
-        &plain(status.sequence_head.get() as f64),
-    );
-    gauge(
-        "ordo_committed_head",
-        "Highest committed sequence.",
-        &plain(status.committed_head.get() as f64),
-    );
-    gauge(
-        "ordo_insert_frontier",
-        "Every sequence at or below it is resolved.",
-        &plain(status.insert_frontier.get() as f64),
-    );
-    gauge(
-        "ordo_commit_head",
-        "Rows in the commit log.",
-        &plain(status.commit_head.get() as f64),
-    );
-    gauge(
-        "ordo_logged_through_sequence",
-        "Every real event at or below it is logged.",
-        &plain(status.logged_through_sequence.get() as f64),
-    );
+    let positions = [
+        (
+            "ordo_sequence_head",
+            "Highest sequence drawn, committed or not.",
+            status.sequence_head.get(),
+        ),
+        (
+            "ordo_committed_head",
+            "Highest committed sequence.",
+            status.committed_head.get(),
+        ),
+        (
+            "ordo_insert_frontier",
+            "Every sequence at or below it is resolved.",
+            status.insert_frontier.get(),
+        ),
+        (
+            "ordo_commit_head",
+            "Rows in the commit log.",
+            status.commit_head.get(),
+        ),
+        (
+            "ordo_logged_through_sequence",
+            "Every real event at or below it is logged.",
+            status.logged_through_sequence.get(),
+        ),
+    ];
+    for (name, help, position) in positions {
+        gauge(name, help, &[(String::new(), position as f64)]);
+    }
     let lanes = |events: bool| {
         [
             ("insert", &status.insert_lane),

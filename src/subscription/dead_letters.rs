@@ -25,7 +25,6 @@ use super::handle::Position;
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::error::{Error, Result};
-use crate::insert_lane::cache::SlotItem;
 use crate::insert_lane::rows::{decode_full, to_u64};
 
 const LIST: &str = r#"
@@ -172,13 +171,13 @@ where
     for row in &rows {
         let id: i64 = row.try_get("dead_letter")?;
         let event = match decode_full::<P>(row) {
-            Ok(slot) => match slot.item {
-                SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(undecodable) => Err(format!(
+            Ok(slot) => match slot.item.into_event() {
+                Some(Ok(event)) => Ok(event),
+                Some(Err(undecodable)) => Err(format!(
                     "the payload of ordo.events sequence {} does not decode: {}",
                     slot.sequence, undecodable.error
                 )),
-                _ => Err(format!(
+                None => Err(format!(
                     "ordo.events sequence {} holds no event",
                     slot.sequence
                 )),

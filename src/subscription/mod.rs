@@ -68,12 +68,16 @@ where
         .bind(&config.name)
         .fetch_one(&pool)
         .await?;
-    if Ordering::parse(&stored) != Some(config.ordering) {
-        return Err(Error::LaneMismatch {
-            subscription: config.name.clone(),
-            stored,
-            requested: config.ordering.as_str(),
-        });
+    match Ordering::parse(&stored) {
+        Some(stored) if stored == config.ordering => {}
+        // The table's CHECK admits only the two lanes: the stored one is the other.
+        stored => {
+            return Err(Error::LaneMismatch {
+                subscription: config.name.clone(),
+                stored: stored.unwrap_or(Ordering::Insert),
+                requested: config.ordering,
+            });
+        }
     }
 
     let (stop, stop_rx) = watch::channel(false);
