@@ -8,44 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use common::subscribers::{
+    PATIENCE, Poisoned, assert_exactly_once, fast_retries, project, projection_table, publish,
+};
 use common::{Note, TestDb, eventually};
 use ordo::{
     CommitSequence, Delivery, Error, EventSequence, HandlerError, JobConfig, Ordering, Outbox,
-    OutboxConfig, Position, RetryPolicy, Subscriber, SubscriptionState,
+    OutboxConfig, Position, Subscriber, SubscriptionState,
 };
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::Notify;
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-async fn projection_table(pool: &PgPool) {
-    sqlx::query("CREATE TABLE projection (sequence BIGINT NOT NULL)")
-        .execute(pool)
-        .await
-        .expect("projection table");
-}
-
-async fn publish(outbox: &Outbox<Note>, count: u32) {
-    for n in 0..count {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish(Note { writer: n, n: 0 }).expect("publish");
-        tx.commit().await.expect("commit");
-    }
-}
-
-/// Every real event projected exactly once.
-async fn assert_exactly_once(pool: &PgPool) {
-    let (events, rows, distinct): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL),
-                (SELECT count(*) FROM projection),
-                (SELECT count(DISTINCT sequence) FROM projection)",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("projection counts");
-    assert_eq!(rows, distinct, "an event was applied twice");
-    assert_eq!(rows, events, "every event applied");
-}
 
 /// Projects each event. On `stall_on`, once, it also locks the subscription's row (as the
 /// runner's checkpoint does) and then stalls until released: an owner frozen between its
@@ -63,10 +35,7 @@ impl Subscriber<Note> for FreezesHoldingTheRow {
         tx: &mut PgConnection,
         event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
-            .bind(event.sequence.get() as i64)
-            .execute(&mut *tx)
-            .await?;
+        project(tx, event).await?;
         if event.payload.writer == self.stall_on && !self.stalled.load(AtomicOrdering::SeqCst) {
             sqlx::query("UPDATE ordo.subscriptions SET updated_at = now() WHERE name = $1")
                 .bind(self.subscription)
@@ -87,14 +56,10 @@ async fn a_standby_takes_over_from_an_owner_stalled_holding_the_row_lock() {
     let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
         .await
         .expect("outbox");
-    publish(&outbox, 20).await;
+    publish(&outbox, 20, 1).await;
     let config = JobConfig::new("frozen")
         .lease(Duration::from_millis(400))
-        .retry(RetryPolicy {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(10),
-        });
+        .retry(fast_retries(5));
     let stalled = Arc::new(AtomicBool::new(false));
     let release = Arc::new(Notify::new());
     let owner = outbox
@@ -464,28 +429,6 @@ mod cli {
     }
 }
 
-/// Projects each event, but fails on writer 3 while `broken`.
-struct Poisoned {
-    broken: Arc<AtomicBool>,
-}
-
-impl Subscriber<Note> for Poisoned {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
-            return Err("poison".into());
-        }
-        sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
-            .bind(event.sequence.get() as i64)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_stays() {
     let db = TestDb::new().await;
@@ -493,15 +436,11 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
     let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
         .await
         .expect("outbox");
-    publish(&outbox, 6).await;
+    publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
     let config = JobConfig::new("retrying")
         .lease(Duration::from_millis(300))
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(10),
-        })
+        .retry(fast_retries(2))
         .on_exhaustion(ordo::OnExhaustion::DeadLetter);
     let handle = outbox
         .subscribe(

@@ -8,102 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use common::subscribers::{
+    PATIENCE, Poisoned, Project, assert_exactly_once, fast_retries, project, projection_table,
+    publish, wait_projected,
+};
 use common::{Note, TestDb, eventually};
 use ordo::{
-    Batch, Delivery, Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox,
-    OutboxConfig, RetryPolicy, Subscriber, SubscriptionState,
+    Batch, Delivery, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
+    Subscriber, SubscriptionState,
 };
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-fn fast_retries(max_attempts: u32) -> RetryPolicy {
-    RetryPolicy {
-        max_attempts,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(10),
-    }
-}
-
-async fn projection_table(pool: &PgPool) {
-    sqlx::query(
-        "CREATE TABLE projection (sequence BIGINT NOT NULL, writer INT NOT NULL, n INT NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .expect("projection table");
-}
-
-/// The projection write every test handler makes: one row per event.
-async fn project(tx: &mut PgConnection, event: &Envelope<Note>) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
-        .bind(event.sequence.get() as i64)
-        .bind(event.payload.writer as i32)
-        .bind(event.payload.n as i32)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-/// Inserts a projection row per event; fails (after writing) with probability `fail_rate`.
-struct Project {
-    fail_rate: f64,
-}
-
-impl Subscriber<Note> for Project {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        project(tx, event).await?;
-        if self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate) {
-            return Err("injected failure after writing".into());
-        }
-        Ok(())
-    }
-}
-
-async fn publish(outbox: &Outbox<Note>, transactions: u32, per_transaction: u32) {
-    for n in 0..transactions {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..per_transaction).map(|k| Note { writer: n, n: k }))
-            .expect("publish");
-        tx.commit().await.expect("commit");
-    }
-}
-
-/// Every real event projected exactly once.
-async fn assert_exactly_once(pool: &PgPool) {
-    let (events, rows, distinct, missing): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL),
-                (SELECT count(*) FROM projection),
-                (SELECT count(DISTINCT sequence) FROM projection),
-                (SELECT count(*) FROM ordo.events e WHERE e.payload IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM projection p WHERE p.sequence = e.sequence))",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("projection counts");
-    assert_eq!(
-        rows, distinct,
-        "an event was applied twice ({rows} rows, {distinct} events)"
-    );
-    assert_eq!(missing, 0, "{missing} events were never applied");
-    assert_eq!(rows, events);
-}
-
-async fn wait_projected(pool: &PgPool, count: i64) -> bool {
-    eventually(PATIENCE, || async {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
-            .fetch_one(pool)
-            .await
-            .unwrap_or(0);
-        rows >= count
-    })
-    .await
-}
 
 async fn handler_failures_and_retries_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
@@ -411,24 +326,6 @@ async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
         )
         .await;
     assert!(matches!(groups_on_insert, Err(Error::InvalidConfig { .. })));
-}
-
-/// Fails every time on events of writer 3 while `broken` is set.
-struct Poisoned {
-    broken: Arc<AtomicBool>,
-}
-
-impl Subscriber<Note> for Poisoned {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
-            return Err("writer 3 is poison".into());
-        }
-        Project { fail_rate: 0.0 }.handle(tx, event).await
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
