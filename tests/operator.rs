@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use common::subscribers::{
-    PATIENCE, Poisoned, assert_exactly_once, fast_retries, project, projection_table, publish,
+    PATIENCE, Poisoned, assert_exactly_once, fast_retries, project, projected_outbox, publish,
 };
 use common::{Note, TestDb, eventually};
 use ordo::{
@@ -52,10 +52,7 @@ impl Subscriber<Note> for FreezesHoldingTheRow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_from_an_owner_stalled_holding_the_row_lock() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 20, 1).await;
     let config = JobConfig::new("frozen")
         .lease(Duration::from_millis(400))
@@ -432,10 +429,7 @@ mod cli {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_stays() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
     let config = JobConfig::new("retrying")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use common::subscribers::{
-    PATIENCE, Poisoned, Project, assert_exactly_once, fast_retries, project, projection_table,
+    PATIENCE, Poisoned, Project, assert_exactly_once, fast_retries, project, projected_outbox,
     publish, wait_projected,
 };
 use common::{Note, TestDb, eventually};
@@ -22,10 +22,7 @@ use sqlx::{PgConnection, PgPool};
 
 async fn handler_failures_and_retries_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let config = JobConfig::new("flaky")
         .ordering(ordering)
         .retry(fast_retries(100));
@@ -84,10 +81,7 @@ fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
 
 async fn killed_runners_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 60, 2).await;
     for _ in 0..8 {
         let lifetime = Duration::from_millis(rand::rng().random_range(20..250));
@@ -142,10 +136,7 @@ impl Subscriber<Note> for Stalls {
 
 async fn zombie_that_lost_its_lease_cannot_commit(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 20, 1).await;
     let lease = Duration::from_millis(300);
     let config = JobConfig::new("contested")
@@ -248,10 +239,7 @@ impl Subscriber<Note> for Groups {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handle_group_sees_whole_source_transactions_only() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let calls = Arc::new(AtomicU32::new(0));
     let config = JobConfig::new("groups")
         .ordering(Ordering::Commit)
@@ -290,10 +278,7 @@ async fn handle_group_sees_whole_source_transactions_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let handle = outbox
         .subscribe(JobConfig::new("orders"), Project { fail_rate: 0.0 })
         .await
@@ -331,10 +316,7 @@ async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
     let config = JobConfig::new("halting")
@@ -393,10 +375,7 @@ async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_undecodable_ones() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 5, 1).await;
     sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"not": "a note"}')"#)
         .execute(&db.pool)
@@ -449,10 +428,7 @@ async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_und
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_under_load_finishes_the_event_in_hand_and_checkpoints_it() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let writing = tokio::spawn({
         let outbox = outbox.clone();
         async move { publish(&outbox, 300, 1).await }

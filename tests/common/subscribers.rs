@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ordo::{Delivery, Envelope, HandlerError, Outbox, RetryPolicy, Subscriber};
+use ordo::{Delivery, Envelope, HandlerError, Outbox, OutboxConfig, RetryPolicy, Subscriber};
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
 
-use super::{Note, eventually};
+use super::{Note, TestDb, eventually};
 
 /// How long a test waits for a subscription to get somewhere.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -32,6 +32,14 @@ pub async fn projection_table(pool: &PgPool) {
     .execute(pool)
     .await
     .expect("projection table");
+}
+
+/// The `projection` table in `db`, and an outbox on it with the default configuration.
+pub async fn projected_outbox(db: &TestDb) -> Outbox<Note> {
+    projection_table(&db.pool).await;
+    Outbox::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox")
 }
 
 /// The projection write every test handler makes: one row per event.
