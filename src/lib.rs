@@ -187,11 +187,13 @@ pub mod admin {
     /// The outbox's positions, lag and stalls, naming the transactions that hold a lane.
     pub use crate::ops::status::status;
 
-    /// [`OutboxStatus`](crate::OutboxStatus) as a table, as Prometheus text, and text made safe
-    /// for a terminal; the subscriptions, dead letters and a retention report as tables.
+    /// [`OutboxStatus`](crate::OutboxStatus) as Prometheus text.
+    pub use crate::ops::prometheus::prometheus_text;
+
+    /// The status, the subscriptions, dead letters and a retention report as tables, and any
+    /// text made safe for a terminal.
     pub use crate::ops::render::{
-        dead_letters_table, printable, prometheus_text, retention_table, status_table,
-        subscriptions_table,
+        dead_letters_table, printable, retention_table, status_table, subscriptions_table,
     };
 
     /// Partitions: what retention would do, and doing it.

@@ -1,10 +1,11 @@
-//! [`OutboxStatus`] for people (a table) and for Prometheus (text exposition format).
+//! What operators read: [`OutboxStatus`], the subscriptions, dead letters and a retention
+//! report as tables, and any text made safe for a terminal.
 
 use std::borrow::Cow;
 use std::fmt::Write;
 
 use super::retention::RetentionReport;
-use super::status::{LagClock, OutboxStatus, Stall};
+use super::status::{LagClock, OutboxStatus, Stall, SubscriptionLag};
 use crate::subscription::{DeadLetter, SubscriptionRow};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
@@ -31,7 +32,7 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-fn needs_escape(c: char) -> bool {
+pub(super) fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
@@ -86,33 +87,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
         age(status.sequencer_idle_seconds)
     );
     let _ = writeln!(out);
-    if status.subscriptions.is_empty() {
-        let _ = writeln!(out, "no subscriptions");
-    } else {
-        let columns = [
-            Column("SUBSCRIPTION", 24, Left),
-            Column("LANE", 6, Left),
-            Column("POSITION", 10, Right),
-            Column("LAG", 8, Right),
-            Column("OLDEST", 10, Right),
-            Column("STATUS", 7, Left),
-            Column("RUN BY", 22, Left),
-        ];
-        heading(&mut out, &columns, "LAST ERROR");
-        for sub in &status.subscriptions {
-            let cells = [
-                printable(&sub.name).into_owned(),
-                printable(&sub.lane).into_owned(),
-                sub.position.to_string(),
-                sub.lag.to_string(),
-                age(sub.oldest_unprocessed_seconds),
-                printable(&sub.status).into_owned(),
-                run_by(sub.lease_owner, sub.lease_remaining_seconds),
-            ];
-            let last_error = sub.last_error.as_deref().unwrap_or("-");
-            row(&mut out, &columns, &cells, &printable(last_error));
-        }
-    }
+    write_subscriptions(&mut out, &status.subscriptions);
     if let Some(first) = status.rows_above_head.first() {
         let _ = writeln!(
             out,
@@ -129,6 +104,37 @@ pub fn status_table(status: &OutboxStatus) -> String {
         write_stall(&mut out, stall);
     }
     out
+}
+
+/// The subscriptions section of [`status_table`].
+fn write_subscriptions(out: &mut String, subscriptions: &[SubscriptionLag]) {
+    if subscriptions.is_empty() {
+        let _ = writeln!(out, "no subscriptions");
+        return;
+    }
+    let columns = [
+        Column("SUBSCRIPTION", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("LAG", 8, Right),
+        Column("OLDEST", 10, Right),
+        Column("STATUS", 7, Left),
+        Column("RUN BY", 22, Left),
+    ];
+    heading(out, &columns, "LAST ERROR");
+    for sub in subscriptions {
+        let cells = [
+            printable(&sub.name).into_owned(),
+            printable(&sub.lane).into_owned(),
+            sub.position.to_string(),
+            sub.lag.to_string(),
+            age(sub.oldest_unprocessed_seconds),
+            printable(&sub.status).into_owned(),
+            run_by(sub.lease_owner, sub.lease_remaining_seconds),
+        ];
+        let last_error = sub.last_error.as_deref().unwrap_or("-");
+        row(out, &columns, &cells, &printable(last_error));
+    }
 }
 
 fn write_stall(out: &mut String, stall: &Stall) {
@@ -318,149 +324,6 @@ fn row(out: &mut String, columns: &[Column], cells: &[String], last: &str) {
 fn heading(out: &mut String, columns: &[Column], last: &str) {
     let names: Vec<String> = columns.iter().map(|c| c.0.to_owned()).collect();
     row(out, columns, &names, last);
-}
-
-fn escape(label: &str) -> String {
-    let mut out = String::with_capacity(label.len());
-    for c in label.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            // The exposition format has no escape for these; a terminal reading the output
-            // must not act on them either.
-            c if needs_escape(c) => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `status` in Prometheus text exposition format (gauges), as `ordo status --prometheus`
-/// prints it.
-pub fn prometheus_text(status: &OutboxStatus) -> String {
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, samples: &[(String, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    let positions = [
-        (
-            "ordo_sequence_head",
-            "Highest sequence drawn, committed or not.",
-            status.sequence_head.get(),
-        ),
-        (
-            "ordo_committed_head",
-            "Highest committed sequence.",
-            status.committed_head.get(),
-        ),
-        (
-            "ordo_insert_frontier",
-            "Every sequence at or below it is resolved.",
-            status.insert_frontier.get(),
-        ),
-        (
-            "ordo_commit_head",
-            "Rows in the commit log.",
-            status.commit_head.get(),
-        ),
-        (
-            "ordo_logged_through_sequence",
-            "Every real event at or below it is logged.",
-            status.logged_through_sequence.get(),
-        ),
-    ];
-    for (name, help, position) in positions {
-        gauge(name, help, &[(String::new(), position as f64)]);
-    }
-    let lanes = |events: bool| {
-        [
-            ("insert", &status.insert_lane),
-            ("commit", &status.commit_lane),
-        ]
-        .iter()
-        .filter_map(|(lane, lag)| {
-            let value = if events {
-                Some(lag.events as f64)
-            } else {
-                lag.seconds
-            };
-            value.map(|v| (format!("{{lane=\"{lane}\"}}"), v))
-        })
-        .collect::<Vec<_>>()
-    };
-    gauge(
-        "ordo_lane_lag_events",
-        "Committed events a lane has not passed yet.",
-        &lanes(true),
-    );
-    gauge(
-        "ordo_lane_lag_seconds",
-        "Age of the oldest event a lane has not passed yet.",
-        &lanes(false),
-    );
-    let subs = |value: &dyn Fn(&super::status::SubscriptionLag) -> Option<f64>| {
-        status
-            .subscriptions
-            .iter()
-            .filter_map(|s| {
-                value(s).map(|v| {
-                    (
-                        format!(
-                            "{{subscription=\"{}\",lane=\"{}\"}}",
-                            escape(&s.name),
-                            s.lane
-                        ),
-                        v,
-                    )
-                })
-            })
-            .collect::<Vec<_>>()
-    };
-    gauge(
-        "ordo_subscription_position",
-        "A subscription's checkpoint.",
-        &subs(&|s| Some(s.position as f64)),
-    );
-    gauge(
-        "ordo_subscription_lag",
-        "Positions between a subscription's checkpoint and its lane's head.",
-        &subs(&|s| Some(s.lag as f64)),
-    );
-    gauge(
-        "ordo_subscription_oldest_unprocessed_seconds",
-        "Age of the first event a subscription has not handled.",
-        &subs(&|s| s.oldest_unprocessed_seconds),
-    );
-    gauge(
-        "ordo_subscription_halted",
-        "1 when a subscription is halted.",
-        &subs(&|s| Some(f64::from(u8::from(s.status == "halted")))),
-    );
-    let stalls: Vec<(String, f64)> = status
-        .stalls
-        .iter()
-        .map(|s| {
-            let holder = s
-                .holder
-                .as_ref()
-                .map_or(String::new(), |b| b.pid.to_string());
-            (
-                format!("{{lane=\"{}\",holder_pid=\"{holder}\"}}", s.lane),
-                s.seconds.unwrap_or(0.0),
-            )
-        })
-        .collect();
-    gauge(
-        "ordo_stall_seconds",
-        "How long a lane has been held back, by lane and holder.",
-        &stalls,
-    );
-    out
 }
 
 /// Who holds a subscription's lease, for the tables: the runner's id (first 8 hex digits) and
