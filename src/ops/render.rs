@@ -121,8 +121,7 @@ fn write_subscriptions(out: &mut String, subscriptions: &[SubscriptionLag]) {
         Column("STATUS", 7, Left),
         Column("RUN BY", 22, Left),
     ];
-    heading(out, &columns, "LAST ERROR");
-    for sub in subscriptions {
+    let rows = subscriptions.iter().map(|sub| {
         let cells = [
             printable(&sub.name).into_owned(),
             printable(&sub.lane).into_owned(),
@@ -132,9 +131,9 @@ fn write_subscriptions(out: &mut String, subscriptions: &[SubscriptionLag]) {
             printable(&sub.status).into_owned(),
             run_by(sub.lease_owner, sub.lease_remaining_seconds),
         ];
-        let last_error = sub.last_error.as_deref().unwrap_or("-");
-        row(out, &columns, &cells, &printable(last_error));
-    }
+        (cells, last_error(sub.last_error.as_deref()))
+    });
+    table(out, &columns, "LAST ERROR", rows);
 }
 
 fn write_stall(out: &mut String, stall: &Stall) {
@@ -192,7 +191,7 @@ fn write_stall(out: &mut String, stall: &Stall) {
 }
 
 /// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
-pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
+pub fn subscriptions_table(subscriptions: &[SubscriptionRow]) -> String {
     let mut out = String::new();
     let columns = [
         Column("NAME", 24, Left),
@@ -202,8 +201,7 @@ pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
         Column("STATUS", 7, Left),
         Column("ATTEMPTS", 8, Right),
     ];
-    heading(&mut out, &columns, "LAST ERROR");
-    for sub in rows {
+    let rows = subscriptions.iter().map(|sub| {
         let cells = [
             printable(&sub.name).into_owned(),
             printable(&sub.lane).into_owned(),
@@ -212,15 +210,15 @@ pub fn subscriptions_table(rows: &[SubscriptionRow]) -> String {
             printable(&sub.status).into_owned(),
             sub.attempts.to_string(),
         ];
-        let last_error = sub.last_error.as_deref().unwrap_or("-");
-        row(&mut out, &columns, &cells, &printable(last_error));
-    }
+        (cells, last_error(sub.last_error.as_deref()))
+    });
+    table(&mut out, &columns, "LAST ERROR", rows);
     out
 }
 
 /// The dead letters as `ordo dead-letters list` prints them: one line each, oldest first, safe
 /// for a terminal.
-pub fn dead_letters_table(rows: &[DeadLetter]) -> String {
+pub fn dead_letters_table(letters: &[DeadLetter]) -> String {
     let mut out = String::new();
     let columns = [
         Column("ID", 8, Right),
@@ -230,8 +228,7 @@ pub fn dead_letters_table(rows: &[DeadLetter]) -> String {
         Column("SEQUENCE", 10, Right),
         Column("ATTEMPTS", 8, Right),
     ];
-    heading(&mut out, &columns, "ERROR");
-    for letter in rows {
+    let rows = letters.iter().map(|letter| {
         let cells = [
             letter.id.to_string(),
             printable(&letter.subscription).into_owned(),
@@ -240,8 +237,9 @@ pub fn dead_letters_table(rows: &[DeadLetter]) -> String {
             letter.sequence.to_string(),
             letter.attempts.to_string(),
         ];
-        row(&mut out, &columns, &cells, &printable(&letter.error));
-    }
+        (cells, printable(&letter.error).into_owned())
+    });
+    table(&mut out, &columns, "ERROR", rows);
     out
 }
 
@@ -271,8 +269,7 @@ pub fn retention_table(report: &RetentionReport, applied: bool) -> String {
         Column("FROM", 14, Right),
         Column("TO", 14, Right),
     ];
-    heading(&mut out, &columns, "VERDICT");
-    for partition in &report.partitions {
+    let rows = report.partitions.iter().map(|partition| {
         let verdict = match (partition.drop, applied) {
             (true, true) if report.dropped.contains(&partition.name) => "dropped".to_owned(),
             (true, true) => "kept: no longer droppable when its turn came".to_owned(),
@@ -282,9 +279,12 @@ pub fn retention_table(report: &RetentionReport, applied: bool) -> String {
         let from = partition
             .from
             .map_or("MINVALUE".to_owned(), |f| f.to_string());
-        let cells = [partition.name.clone(), from, partition.to.to_string()];
-        row(&mut out, &columns, &cells, &verdict);
-    }
+        (
+            [partition.name.clone(), from, partition.to.to_string()],
+            verdict,
+        )
+    });
+    table(&mut out, &columns, "VERDICT", rows);
     for folded in &report.folded {
         let _ = writeln!(out, "folded the default partition into {folded}");
     }
@@ -308,9 +308,26 @@ enum Align {
 }
 use Align::{Left, Right};
 
-/// One line of a table: each cell padded to its column, then `last`, which takes what width
-/// it needs (an error, a verdict).
-fn row(out: &mut String, columns: &[Column], cells: &[String], last: &str) {
+/// Writes a table: a heading line, then a line per row, each cell padded to its column, and
+/// last the row's free-width cell (an error, a verdict) under `last`.
+fn table<const N: usize>(
+    out: &mut String,
+    columns: &[Column; N],
+    last: &str,
+    rows: impl IntoIterator<Item = ([String; N], String)>,
+) {
+    line(
+        out,
+        columns,
+        &columns.each_ref().map(|c| c.0.to_owned()),
+        last,
+    );
+    for (cells, free) in rows {
+        line(out, columns, &cells, &free);
+    }
+}
+
+fn line<const N: usize>(out: &mut String, columns: &[Column; N], cells: &[String; N], last: &str) {
     for (Column(_, width, align), cell) in columns.iter().zip(cells) {
         let _ = match align {
             Left => write!(out, "{cell:<width$} "),
@@ -320,10 +337,9 @@ fn row(out: &mut String, columns: &[Column], cells: &[String], last: &str) {
     let _ = writeln!(out, " {last}");
 }
 
-/// A table's heading line.
-fn heading(out: &mut String, columns: &[Column], last: &str) {
-    let names: Vec<String> = columns.iter().map(|c| c.0.to_owned()).collect();
-    row(out, columns, &names, last);
+/// A handler's last error for a table cell: `-` when there is none.
+fn last_error(error: Option<&str>) -> String {
+    printable(error.unwrap_or("-")).into_owned()
 }
 
 /// Who holds a subscription's lease, for the tables: the runner's id (first 8 hex digits) and
