@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::event_type::TypeFilter;
 use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
-use crate::position::EventSequence;
+use crate::position::{EventSequence, Ordering};
 use crate::task::StopSignal;
 
 /// The stream returned by [`Outbox::listen_inserted`](crate::Outbox::listen_inserted).
@@ -71,7 +71,7 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     // One handle per stream, not a registry lookup per event.
-    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert");
+    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => Ordering::Insert.as_str());
     retrying_stream(reader, move |slot| match slot.item.into_event()? {
         Ok(event) if filter.admits(event.event_type.as_deref()) => {
             latency.record(m::since(event.recorded_at));

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::render::needs_escape;
 use super::status::{OutboxStatus, SubscriptionLag};
+use crate::position::Ordering;
 
 /// A gauge: its name, its help text, and its samples (a label set, `{lane="insert"}` or empty,
 /// and a value each).
@@ -62,8 +63,8 @@ fn positions(status: &OutboxStatus) -> [Gauge; 5] {
 
 fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
     let lanes = [
-        ("insert", &status.insert_lane),
-        ("commit", &status.commit_lane),
+        (Ordering::Insert, &status.insert_lane),
+        (Ordering::Commit, &status.commit_lane),
     ];
     let samples = |events: bool| {
         lanes

@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall, SubscriptionLag};
+use crate::position::Ordering;
 use crate::subscription::{DeadLetter, SubscriptionRow};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
@@ -69,7 +70,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
     let _ = writeln!(
         out,
         "{:<14} {:>12} {:>12} {:>10}   (head {}, highest committed {})",
-        "insert",
+        Ordering::Insert.as_str(),
         status.insert_frontier,
         status.insert_lane.events,
         age(status.insert_lane.seconds),
@@ -79,7 +80,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
     let _ = writeln!(
         out,
         "{:<14} {:>12} {:>12} {:>10}   (logged through sequence {}, last append {} ago)",
-        "commit",
+        Ordering::Commit.as_str(),
         status.commit_head,
         status.commit_lane.events,
         age(status.commit_lane.seconds),
