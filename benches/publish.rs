@@ -7,8 +7,9 @@
 //! cargo bench --bench publish
 //! ```
 //!
-//! Every benchmark runs on its own fresh database (`ordo_bench_<random>`, migrated, dropped
-//! `WITH (FORCE)` at the end), so none inherits another's table or index bloat.
+//! Every benchmark runs on its own fresh database (`ordo_load_<random>`, made by
+//! `examples/support/scratch.rs`: migrated, dropped `WITH (FORCE)` at the end), so none inherits
+//! another's table or index bloat.
 //!
 //! Two parts:
 //! 1. **criterion**: `raw` against `ordo` (default configuration) in three groups,

@@ -12,7 +12,8 @@
 //! 50,000), `--rounds N` (catch-up repetitions, default 3), `--no-diagnostics` (skip the
 //! diagnostic phases).
 //!
-//! Phases, all on one fresh database (`ordo_bench_<random>`, dropped `WITH (FORCE)` at exit):
+//! Phases, all on one fresh database (`ordo_load_<random>`, made by `examples/support/scratch.rs`,
+//! dropped `WITH (FORCE)` at exit):
 //! 1. Baselines: `SELECT 1` round trips; a raw `pg_notify` → `LISTEN` hop at the same pace.
 //! 2. Catch-up: `--events` events are inserted by ordo in transactions of 100. Then, for each
 //!    round, a raw paged `SELECT sequence, payload::text ... ORDER BY sequence` read of them

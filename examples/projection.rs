@@ -100,7 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{account:>8}: {cents} cents");
     }
     subscription.shutdown().await;
-    ordo::delete_subscription(&pool, &name, false).await?;
+    ordo::admin::delete_subscription(&pool, &name, false).await?;
     outbox.shutdown().await;
     Ok(())
 }

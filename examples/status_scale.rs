@@ -1,5 +1,5 @@
-//! How long `ordo::status` takes on a large outbox: loads N events (default 10,000,000, in
-//! transactions of 10) and their commit log into a scratch database, with a sequencer state
+//! How long `ordo::admin::status` takes on a large outbox: loads N events (default 10,000,000, in
+//! transactions of 10) and their commit log into a scratch database (`examples/support/scratch.rs`), with a sequencer state
 //! that is caught up, then times `status()` against a `SELECT 1` round trip in the same run.
 //!
 //! ```sh
@@ -11,8 +11,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use sqlx::PgPool;
+
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::Scratch;
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -20,33 +24,17 @@ async fn main() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let name = format!("ordo_scale_{}", uuid::Uuid::new_v4().simple());
-    let admin = PgPool::connect(&server)
-        .await
-        .context("connect to DATABASE_URL")?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&admin)
-        .await?;
-    let (base, _) = server
-        .rsplit_once('/')
-        .context("a URL with a database name")?;
-    let result = run(&format!("{base}/{name}"), events).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await?;
+    let scratch = Scratch::create(&scratch::server_url()).await?;
+    let result = run(scratch.url(), events).await;
+    scratch.drop_db().await?;
     result
 }
 
 async fn run(url: &str, events: i64) -> Result<()> {
     let pool = PgPool::connect(url).await?;
-    ordo::migrate(&pool).await?;
     let started = Instant::now();
     // Partitions of 1,000,000 ahead of the load, then events in groups of ten, by chunks.
-    ordo::run_retention(
+    ordo::admin::run_retention(
         &pool,
         &ordo::RetentionConfig::new().ahead((events / 1_000_000 + 2) as u32),
     )
@@ -112,7 +100,7 @@ async fn run(url: &str, events: i64) -> Result<()> {
         sqlx::query("SELECT 1").execute(&pool).await?;
         baseline.push(t.elapsed());
         let t = Instant::now();
-        let status = ordo::status(&pool).await?;
+        let status = ordo::admin::status(&pool).await?;
         timings.push(t.elapsed());
         anyhow::ensure!(
             status.insert_frontier.get() == events as u64,
@@ -124,12 +112,12 @@ async fn run(url: &str, events: i64) -> Result<()> {
     timings.sort();
     baseline.sort();
     println!(
-        "ordo::status on {events} events: median {:.1} ms, max {:.1} ms (20 runs); SELECT 1 median {:.2} ms",
+        "ordo::admin::status on {events} events: median {:.1} ms, max {:.1} ms (20 runs); SELECT 1 median {:.2} ms",
         ms(&timings[10]),
         ms(&timings[19]),
         ms(&baseline[10])
     );
-    let status = ordo::status(&pool).await?;
-    print!("{}", ordo::status_table(&status));
+    let status = ordo::admin::status(&pool).await?;
+    print!("{}", ordo::admin::status_table(&status));
     Ok(())
 }

@@ -193,7 +193,7 @@ impl OutboxConfig {
 
     /// Whether this outbox's maintainer creates, folds and drops partitions. Turn it off for an
     /// application role that may not create tables (it does not own `ordo.events`); an operator
-    /// role must then run `ordo retention --apply` (or [`run_retention`](crate::run_retention))
+    /// role must then run `ordo retention --apply` (or [`run_retention`](crate::admin::run_retention))
     /// regularly. When off, the maintainer still watches and logs a warning when fewer than
     /// [`RetentionConfig::warn_below`](crate::RetentionConfig::warn_below) partitions remain
     /// ahead of the head; writes never fail for want of a partition (they land in the default

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::position::EventSequence;
+use crate::position::{EventSequence, Ordering};
 
 /// Everything that can go wrong in ordo.
 ///
@@ -70,9 +70,9 @@ pub enum Error {
         /// The subscription's name.
         subscription: String,
         /// The lane in `ordo.subscriptions`.
-        stored: String,
+        stored: Ordering,
         /// The lane in the [`JobConfig`](crate::JobConfig).
-        requested: &'static str,
+        requested: Ordering,
     },
 
     /// No subscription of that name exists in `ordo.subscriptions`.
@@ -87,12 +87,25 @@ pub enum Error {
         "the {lane} lane was read from position {requested}, below the retention floor {floor}: retention dropped those events"
     )]
     BelowRetentionFloor {
-        /// `insert` or `commit`.
-        lane: &'static str,
+        /// The lane read.
+        lane: Ordering,
         /// The position asked for.
         requested: u64,
         /// The lowest position still readable.
         floor: u64,
+    },
+
+    /// A partition of `ordo.events` has a bound that is not a range of sequences (one ordo
+    /// did not make), so retention cannot tell which events it holds and stops rather than
+    /// guess. What to do: detach or drop that partition, or attach it with a range bound.
+    #[error(
+        "partition ordo.{partition} of ordo.events has a bound ordo does not understand: {bound}; ordo partitions by ranges of sequence (FROM (a) TO (b)): detach it or attach it with such a range"
+    )]
+    UnreadablePartitionBound {
+        /// The partition's name.
+        partition: String,
+        /// Its bound, as `pg_get_expr` prints it.
+        bound: String,
     },
 
     /// The outbox was shut down; its listeners end and new work is refused.
@@ -180,7 +193,7 @@ pub enum Error {
         last_error: Option<String>,
     },
 
-    /// [`grant`](crate::grant) refused a role: it does not exist, privileges cannot restrict
+    /// [`grant`](crate::admin::grant) refused a role: it does not exist, privileges cannot restrict
     /// it (a superuser, or the owner of ordo's tables), or ordo's owner is a superuser (an
     /// operator would become one). The database's message and hint are in `reason`.
     #[error("cannot make role {role:?} an ordo {kind}: {reason}")]
@@ -204,7 +217,7 @@ pub enum Error {
         /// The first commit sequence that could not be read.
         missing: crate::position::CommitSequence,
         /// `last_commit_seq` in `ordo.sequencer_state` now.
-        durable: u64,
+        durable: crate::position::CommitSequence,
     },
 
     /// A reset was given a position of the other lane than the subscription's.
@@ -215,9 +228,9 @@ pub enum Error {
         /// The subscription's name.
         subscription: String,
         /// The lane stored in `ordo.subscriptions`.
-        lane: String,
+        lane: Ordering,
         /// The lane of the position given.
-        given: &'static str,
+        given: Ordering,
         /// The position type the lane takes, e.g. `Insert(EventSequence)`.
         expected: &'static str,
     },
@@ -230,8 +243,8 @@ pub enum Error {
     PastHead {
         /// The subscription's name.
         subscription: String,
-        /// `insert` or `commit`.
-        lane: String,
+        /// The subscription's lane.
+        lane: Ordering,
         /// The position asked for.
         to: u64,
         /// The lane's head when the reset was refused.

@@ -126,6 +126,34 @@ macro_rules! untyped_scalars {
     };
 }
 
+/// Methods that mean "this variant's name is the type", for both probes.
+macro_rules! variant_names {
+    ($($method:ident($($arg:ty),*) -> $ret:ty;)*) => {
+        $(fn $method(
+            self,
+            _: &'static str,
+            _: u32,
+            variant: &'static str,
+            $(_: $arg),*
+        ) -> Result<$ret, Stop> {
+            Err(Stop::Found(variant.to_owned()))
+        })*
+    };
+}
+
+/// A newtype wrapper (`struct Event(Inner)`) is as typed as what it wraps, for both probes.
+macro_rules! transparent_newtypes {
+    () => {
+        fn serialize_newtype_struct<T: Serialize + ?Sized>(
+            self,
+            _: &'static str,
+            value: &T,
+        ) -> Result<(), Stop> {
+            value.serialize(self)
+        }
+    };
+}
+
 /// The top-level probe: a variant name, or an object's `type` field.
 struct Probe;
 
@@ -142,15 +170,12 @@ impl Serializer for Probe {
 
     untyped_scalars!();
     untyped! { serialize_str(&str) -> (); }
-
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-    ) -> Result<(), Stop> {
-        Err(Stop::Found(variant.to_owned()))
+    variant_names! {
+        serialize_unit_variant() -> ();
+        serialize_tuple_variant(usize) -> Self::SerializeTupleVariant;
+        serialize_struct_variant(usize) -> Self::SerializeStructVariant;
     }
+    transparent_newtypes!();
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
@@ -160,35 +185,6 @@ impl Serializer for Probe {
         _: &T,
     ) -> Result<(), Stop> {
         Err(Stop::Found(variant.to_owned()))
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, Stop> {
-        Err(Stop::Found(variant.to_owned()))
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, Stop> {
-        Err(Stop::Found(variant.to_owned()))
-    }
-
-    /// A newtype wrapper (`struct Event(Inner)`) is as typed as what it wraps.
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        value: &T,
-    ) -> Result<(), Stop> {
-        value.serialize(self)
     }
 
     fn serialize_map(self, _: Option<usize>) -> Result<ObjectProbe, Stop> {
@@ -279,17 +275,11 @@ impl Serializer for StrProbe {
         serialize_struct_variant(&'static str, u32, &'static str, usize) -> Impossible<(), Stop>;
     }
 
+    variant_names! { serialize_unit_variant() -> (); }
+    transparent_newtypes!();
+
     fn serialize_str(self, value: &str) -> Result<(), Stop> {
         Err(Stop::Found(value.to_owned()))
-    }
-
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-    ) -> Result<(), Stop> {
-        Err(Stop::Found(variant.to_owned()))
     }
 
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -300,14 +290,6 @@ impl Serializer for StrProbe {
         _: &T,
     ) -> Result<(), Stop> {
         Err(Stop::Untyped)
-    }
-
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        value: &T,
-    ) -> Result<(), Stop> {
-        value.serialize(self)
     }
 }
 

@@ -49,11 +49,13 @@
 //!   subscription at a time under a lease; a runner that lost its lease cannot commit. Failures
 //!   are retried ([`RetryPolicy`]) and then halt the subscription or dead-letter the event
 //!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start.
-//! - **Operations**: [`status`] names what holds a lane (the transaction, by pid) and how far
-//!   behind each consumer is; [`metrics`] lists the metrics emitted through the `metrics`
-//!   facade; [`run_retention`] drops old partitions of events with their log entries. The `ordo` CLI
-//!   (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a figure is bad.
-//! - **Roles**: [`grant`] gives an application role only what it needs ([`Grants::writer`]:
+//! - **Operations** ([`admin`]): [`admin::status`] names what holds a lane (the transaction,
+//!   by pid) and how far behind each consumer is; [`metrics`] lists the metrics emitted through
+//!   the `metrics` facade; [`admin::run_retention`] drops old partitions of events with their
+//!   log entries; the subscription and dead-letter functions list and steer consumers. The
+//!   `ordo` CLI (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a
+//!   figure is bad.
+//! - **Roles**: [`admin::grant`] gives an application role only what it needs ([`Grants::writer`]:
 //!   it cannot write `sequence` or `commit_xid`, nor create partitions), a read-only role
 //!   ([`Grants::reader`]) and an operator ([`Grants::operator`], partitions and retention).
 //!
@@ -161,29 +163,56 @@ pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
-pub use ops::grants::{Grants, RoleKind, grant};
+pub use ops::grants::{Grants, RoleKind};
 pub use ops::metrics;
 #[doc(hidden)]
 pub use ops::plans::{HotStatement, hot_path_statements};
-pub use ops::render::{printable, prometheus_text, status_table, subscriptions_table};
-pub use ops::retention::{
-    MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport, plan_retention, run_retention,
-};
-pub use ops::status::{
-    Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall, status,
-};
+pub use ops::retention::{MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport};
+pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
 pub use ops::trace::TRACEPARENT;
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
     RetryPolicy, RunStatus, StartFrom, Subscriber, SubscriptionHandle, SubscriptionState,
-    SubscriptionStatus, delete_subscription, list_dead_letters, list_subscriptions,
-    pause_subscription, purge_dead_letters, reset_subscription, resume_subscription,
-    retry_dead_letter, retry_dead_letters,
+    SubscriptionStatus,
 };
 pub use write::in_doubt::CommitStatus;
 pub use write::transaction::OutboxTransaction;
+
+/// The operator's functions: what the `ordo` CLI runs, for your own tools and endpoints. Each
+/// takes a pool on the database holding the `ordo` schema; none needs a running
+/// [`Outbox`].
+pub mod admin {
+    /// The outbox's positions, lag and stalls, naming the transactions that hold a lane.
+    pub use crate::ops::status::status;
+
+    /// [`OutboxStatus`](crate::OutboxStatus) as Prometheus text.
+    pub use crate::ops::prometheus::prometheus_text;
+
+    /// The status, the subscriptions, dead letters and a retention report as tables, and any
+    /// text made safe for a terminal.
+    pub use crate::ops::render::{
+        dead_letters_table, printable, retention_table, status_table, subscriptions_table,
+    };
+
+    /// Partitions: what retention would do, and doing it.
+    pub use crate::ops::retention::{plan_retention, run_retention};
+
+    /// Least-privilege roles for writers, readers and operators.
+    pub use crate::ops::grants::grant;
+
+    /// Durable subscriptions: list, pause, resume, move and delete them.
+    pub use crate::subscription::{
+        delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
+        resume_subscription,
+    };
+
+    /// Dead letters: list, hand back to the subscription's runner, purge.
+    pub use crate::subscription::{
+        list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
+    };
+}
 
 /// The sqlx ordo was built with: its API takes `sqlx` types (`PgPool`, `PgConnection`,
 /// `Transaction`), so build yours from this one and the versions cannot drift apart.

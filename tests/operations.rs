@@ -54,7 +54,7 @@ async fn status_names_the_writer_holding_a_gap_with_its_pid_and_age() {
     let stall = status
         .stalls
         .iter()
-        .find(|s| s.lane == "insert")
+        .find(|s| s.lane == ordo::Ordering::Insert)
         .expect("an insert-lane stall");
     assert_eq!(stall.waiting_on.map(|s| s.get()), Some(1));
     let holder = stall.holder.as_ref().expect("the holder is named");
@@ -71,12 +71,12 @@ async fn status_names_the_writer_holding_a_gap_with_its_pid_and_age() {
         holder.query
     );
 
-    let table = ordo::status_table(&status);
+    let table = ordo::admin::status_table(&status);
     assert!(
         table.contains(&format!("holder: pid {held_pid}")),
         "{table}"
     );
-    let text = ordo::prometheus_text(&status);
+    let text = ordo::admin::prometheus_text(&status);
     assert!(
         text.contains(&format!(
             "ordo_stall_seconds{{lane=\"insert\",holder_pid=\"{held_pid}\"}}"
@@ -269,8 +269,11 @@ async fn commit_plain_event(pool: &sqlx::PgPool) {
 }
 
 async fn insert_stall(pool: &sqlx::PgPool) -> Option<ordo::Stall> {
-    let status = ordo::status(pool).await.expect("status");
-    status.stalls.into_iter().find(|s| s.lane == "insert")
+    let status = ordo::admin::status(pool).await.expect("status");
+    status
+        .stalls
+        .into_iter()
+        .find(|s| s.lane == ordo::Ordering::Insert)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,8 +305,8 @@ async fn status_names_an_idle_transaction_holding_a_drawn_sequence_even_for_a_re
             "{stall:?}"
         );
     }
-    let status = ordo::status(&monitor).await.expect("status");
-    let table = ordo::status_table(&status);
+    let status = ordo::admin::status(&monitor).await.expect("status");
+    let table = ordo::admin::status_table(&status);
     assert!(
         table.contains(&format!(
             "holder: pid {held_pid} application \"drew-not-written\""
@@ -431,20 +434,23 @@ async fn status_names_a_prepared_transaction_holding_a_sequence() {
     // Nothing may panic while the transaction is prepared: it would outlive the test (and
     // keep its database from being dropped).
     let stalled = eventually(Duration::from_secs(10), || async {
-        ordo::status(&db.pool)
+        ordo::admin::status(&db.pool)
             .await
             .map(|s| !s.stalls.is_empty())
             .unwrap_or(true)
     })
     .await;
-    let status = ordo::status(&db.pool).await;
+    let status = ordo::admin::status(&db.pool).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("ROLLBACK PREPARED '{gid}'")))
         .execute(&db.pool)
         .await
         .expect("rollback prepared");
     let status = status.expect("status");
-    let table = ordo::status_table(&status);
-    let stall = status.stalls.into_iter().find(|s| s.lane == "insert");
+    let table = ordo::admin::status_table(&status);
+    let stall = status
+        .stalls
+        .into_iter()
+        .find(|s| s.lane == ordo::Ordering::Insert);
     assert!(stalled, "a stall is reported");
     let stall = stall.expect("a stall");
     assert_eq!(
@@ -477,11 +483,13 @@ async fn tables_show_control_characters_escaped_never_raw() {
     .execute(&db.pool)
     .await
     .expect("a subscription row");
-    let status = ordo::status(&db.pool).await.expect("status");
-    let rows = ordo::list_subscriptions(&db.pool).await.expect("list");
+    let status = ordo::admin::status(&db.pool).await.expect("status");
+    let rows = ordo::admin::list_subscriptions(&db.pool)
+        .await
+        .expect("list");
     for table in [
-        ordo::status_table(&status),
-        ordo::subscriptions_table(&rows),
+        ordo::admin::status_table(&status),
+        ordo::admin::subscriptions_table(&rows),
     ] {
         assert!(
             !table
@@ -498,7 +506,7 @@ async fn tables_show_control_characters_escaped_never_raw() {
             "{table}"
         );
     }
-    let text = ordo::prometheus_text(&status);
+    let text = ordo::admin::prometheus_text(&status);
     assert!(
         !text.contains('\u{1b}') && !text.contains('\u{9b}'),
         "{text:?}"
@@ -513,7 +521,7 @@ async fn an_unmigrated_database_says_to_run_ordo_migrate() {
         .await
         .expect("drop the schema");
     let errors = [
-        ordo::status(&db.pool).await.expect_err("status"),
+        ordo::admin::status(&db.pool).await.expect_err("status"),
         Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
             .await
             .err()
@@ -530,7 +538,9 @@ async fn an_unmigrated_database_says_to_run_ordo_migrate() {
         assert!(!message.contains(" at line "), "{message}");
     }
     ordo::migrate(&db.pool).await.expect("migrate");
-    ordo::status(&db.pool).await.expect("status once migrated");
+    ordo::admin::status(&db.pool)
+        .await
+        .expect("status once migrated");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

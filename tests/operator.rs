@@ -8,44 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use common::subscribers::{
+    PATIENCE, Poisoned, assert_exactly_once, fast_retries, project, projected_outbox, publish,
+};
 use common::{Note, TestDb, eventually};
 use ordo::{
-    CommitSequence, Delivery, Error, EventSequence, HandlerError, JobConfig, Outbox, OutboxConfig,
-    Position, RetryPolicy, Subscriber, SubscriptionState,
+    CommitSequence, Delivery, Error, EventSequence, HandlerError, JobConfig, Ordering, Outbox,
+    OutboxConfig, Position, Subscriber, SubscriptionState,
 };
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::Notify;
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-async fn projection_table(pool: &PgPool) {
-    sqlx::query("CREATE TABLE projection (sequence BIGINT NOT NULL)")
-        .execute(pool)
-        .await
-        .expect("projection table");
-}
-
-async fn publish(outbox: &Outbox<Note>, count: u32) {
-    for n in 0..count {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish(Note { writer: n, n: 0 }).expect("publish");
-        tx.commit().await.expect("commit");
-    }
-}
-
-/// Every real event projected exactly once.
-async fn assert_exactly_once(pool: &PgPool) {
-    let (events, rows, distinct): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL),
-                (SELECT count(*) FROM projection),
-                (SELECT count(DISTINCT sequence) FROM projection)",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("projection counts");
-    assert_eq!(rows, distinct, "an event was applied twice");
-    assert_eq!(rows, events, "every event applied");
-}
 
 /// Projects each event. On `stall_on`, once, it also locks the subscription's row (as the
 /// runner's checkpoint does) and then stalls until released: an owner frozen between its
@@ -63,10 +35,7 @@ impl Subscriber<Note> for FreezesHoldingTheRow {
         tx: &mut PgConnection,
         event: &Delivery<Note>,
     ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
-            .bind(event.sequence.get() as i64)
-            .execute(&mut *tx)
-            .await?;
+        project(tx, event).await?;
         if event.payload.writer == self.stall_on && !self.stalled.load(AtomicOrdering::SeqCst) {
             sqlx::query("UPDATE ordo.subscriptions SET updated_at = now() WHERE name = $1")
                 .bind(self.subscription)
@@ -83,18 +52,11 @@ impl Subscriber<Note> for FreezesHoldingTheRow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_from_an_owner_stalled_holding_the_row_lock() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    publish(&outbox, 20).await;
+    let outbox = projected_outbox(&db).await;
+    publish(&outbox, 20, 1).await;
     let config = JobConfig::new("frozen")
         .lease(Duration::from_millis(400))
-        .retry(RetryPolicy {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(10),
-        });
+        .retry(fast_retries(5));
     let stalled = Arc::new(AtomicBool::new(false));
     let release = Arc::new(Notify::new());
     let owner = outbox
@@ -176,7 +138,7 @@ async fn position_of(pool: &PgPool, name: &str) -> i64 {
 async fn a_reset_past_the_head_is_refused_unless_forced() {
     let db = TestDb::new().await;
     idle_subscriptions(&db.pool).await;
-    let refused = ordo::reset_subscription(
+    let refused = ordo::admin::reset_subscription(
         &db.pool,
         "ins",
         Position::Insert(EventSequence::new(999)),
@@ -187,9 +149,9 @@ async fn a_reset_past_the_head_is_refused_unless_forced() {
         Err(Error::PastHead {
             head: 3,
             skipped: 996,
-            ref lane,
+            lane: Ordering::Insert,
             ..
-        }) if lane == "insert" => {
+        }) => {
             let message = refused.unwrap_err().to_string();
             assert!(message.contains("--force"), "says what to do: {message}");
         }
@@ -197,7 +159,7 @@ async fn a_reset_past_the_head_is_refused_unless_forced() {
     }
     assert_eq!(position_of(&db.pool, "ins").await, 0, "nothing moved");
 
-    ordo::reset_subscription(
+    ordo::admin::reset_subscription(
         &db.pool,
         "ins",
         Position::Insert(EventSequence::new(3)),
@@ -206,7 +168,7 @@ async fn a_reset_past_the_head_is_refused_unless_forced() {
     .await
     .expect("up to the head is fine");
     assert_eq!(position_of(&db.pool, "ins").await, 3);
-    ordo::reset_subscription(
+    ordo::admin::reset_subscription(
         &db.pool,
         "ins",
         Position::Insert(EventSequence::new(999)),
@@ -217,7 +179,7 @@ async fn a_reset_past_the_head_is_refused_unless_forced() {
     assert_eq!(position_of(&db.pool, "ins").await, 999);
 
     // The commit lane's head is the log's (nothing folded yet: 0), not the events'.
-    let refused = ordo::reset_subscription(
+    let refused = ordo::admin::reset_subscription(
         &db.pool,
         "com",
         Position::Commit(CommitSequence::new(2)),
@@ -235,7 +197,7 @@ async fn a_reset_past_the_head_is_refused_unless_forced() {
 async fn a_reset_with_a_position_of_the_other_lane_is_refused_naming_the_lane() {
     let db = TestDb::new().await;
     idle_subscriptions(&db.pool).await;
-    let refused = ordo::reset_subscription(
+    let refused = ordo::admin::reset_subscription(
         &db.pool,
         "com",
         Position::Insert(EventSequence::new(1)),
@@ -244,7 +206,7 @@ async fn a_reset_with_a_position_of_the_other_lane_is_refused_naming_the_lane() 
     .await;
     match &refused {
         Err(error @ Error::PositionLaneMismatch { lane, given, .. }) => {
-            assert_eq!((lane.as_str(), *given), ("commit", "insert"));
+            assert_eq!((*lane, *given), (Ordering::Commit, Ordering::Insert));
             assert!(
                 error.to_string().contains("Commit(CommitSequence)"),
                 "{error}"
@@ -252,7 +214,7 @@ async fn a_reset_with_a_position_of_the_other_lane_is_refused_naming_the_lane() 
         }
         other => panic!("expected PositionLaneMismatch, got {other:?}"),
     }
-    let unknown = ordo::reset_subscription(
+    let unknown = ordo::admin::reset_subscription(
         &db.pool,
         "nope",
         Position::Insert(EventSequence::new(1)),
@@ -282,7 +244,7 @@ async fn delete_is_refused_while_a_live_lease_is_held_unless_forced() {
     .await
     .expect("an expired lease");
 
-    let refused = ordo::delete_subscription(&db.pool, "ins", false).await;
+    let refused = ordo::admin::delete_subscription(&db.pool, "ins", false).await;
     match &refused {
         Err(error @ Error::SubscriptionLeased { name, .. }) => {
             assert_eq!(name, "ins");
@@ -290,10 +252,10 @@ async fn delete_is_refused_while_a_live_lease_is_held_unless_forced() {
         }
         other => panic!("expected SubscriptionLeased, got {other:?}"),
     }
-    ordo::delete_subscription(&db.pool, "com", false)
+    ordo::admin::delete_subscription(&db.pool, "com", false)
         .await
         .expect("an expired lease does not protect the row");
-    ordo::delete_subscription(&db.pool, "ins", true)
+    ordo::admin::delete_subscription(&db.pool, "ins", true)
         .await
         .expect("forced");
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.subscriptions")
@@ -301,7 +263,7 @@ async fn delete_is_refused_while_a_live_lease_is_held_unless_forced() {
         .await
         .expect("count");
     assert_eq!(left, 0);
-    let again = ordo::delete_subscription(&db.pool, "ins", true).await;
+    let again = ordo::admin::delete_subscription(&db.pool, "ins", true).await;
     assert!(
         matches!(again, Err(Error::UnknownSubscription { .. })),
         "{again:?}"
@@ -324,25 +286,27 @@ async fn some_dead_letters(pool: &PgPool) {
 async fn dead_letters_are_listed_and_purged_by_subscription_and_age() {
     let db = TestDb::new().await;
     some_dead_letters(&db.pool).await;
-    let all = ordo::list_dead_letters(&db.pool, None).await.expect("list");
+    let all = ordo::admin::list_dead_letters(&db.pool, None)
+        .await
+        .expect("list");
     assert_eq!(all.len(), 3);
-    let of_a = ordo::list_dead_letters(&db.pool, Some("a"))
+    let of_a = ordo::admin::list_dead_letters(&db.pool, Some("a"))
         .await
         .expect("list a");
     assert_eq!(
         of_a.iter().map(|d| d.error.as_str()).collect::<Vec<_>>(),
         ["old failure", "new failure"]
     );
-    let purged = ordo::purge_dead_letters(&db.pool, Some("a"), Duration::from_secs(86_400))
+    let purged = ordo::admin::purge_dead_letters(&db.pool, Some("a"), Duration::from_secs(86_400))
         .await
         .expect("purge old");
     assert_eq!(purged, 1, "only a's letter older than a day");
-    let purged = ordo::purge_dead_letters(&db.pool, None, Duration::ZERO)
+    let purged = ordo::admin::purge_dead_letters(&db.pool, None, Duration::ZERO)
         .await
         .expect("purge all");
     assert_eq!(purged, 2);
     assert!(
-        ordo::list_dead_letters(&db.pool, None)
+        ordo::admin::list_dead_letters(&db.pool, None)
             .await
             .expect("list")
             .is_empty()
@@ -442,7 +406,7 @@ mod cli {
             String::from_utf8_lossy(&purged.stderr)
         );
         assert_eq!(
-            ordo::list_dead_letters(&db.pool, None)
+            ordo::admin::list_dead_letters(&db.pool, None)
                 .await
                 .expect("list")
                 .len(),
@@ -454,7 +418,7 @@ mod cli {
                 .success()
         );
         assert!(
-            ordo::list_dead_letters(&db.pool, None)
+            ordo::admin::list_dead_letters(&db.pool, None)
                 .await
                 .expect("list")
                 .is_empty()
@@ -462,44 +426,15 @@ mod cli {
     }
 }
 
-/// Projects each event, but fails on writer 3 while `broken`.
-struct Poisoned {
-    broken: Arc<AtomicBool>,
-}
-
-impl Subscriber<Note> for Poisoned {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
-            return Err("poison".into());
-        }
-        sqlx::query("INSERT INTO projection (sequence) VALUES ($1)")
-            .bind(event.sequence.get() as i64)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_stays() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    publish(&outbox, 6).await;
+    let outbox = projected_outbox(&db).await;
+    publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
     let config = JobConfig::new("retrying")
         .lease(Duration::from_millis(300))
-        .retry(RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(10),
-        })
+        .retry(fast_retries(2))
         .on_exhaustion(ordo::OnExhaustion::DeadLetter);
     let handle = outbox
         .subscribe(
@@ -512,7 +447,7 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
         .expect("subscribe");
     let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 6).await;
     assert!(done, "moved past the poisoned event: {status:?}");
-    let letters = ordo::list_dead_letters(&db.pool, Some("retrying"))
+    let letters = ordo::admin::list_dead_letters(&db.pool, Some("retrying"))
         .await
         .expect("list");
     assert_eq!(letters.len(), 1, "{letters:?}");
@@ -520,11 +455,11 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
     assert_eq!((letter.sequence.get(), letter.attempts), (4, 2));
 
     // Still broken: the retry is one more attempt, and the row stays with the request cleared.
-    ordo::retry_dead_letter(&db.pool, letter.id)
+    ordo::admin::retry_dead_letter(&db.pool, letter.id)
         .await
         .expect("retry one");
     let failed_again = eventually(PATIENCE, || async {
-        let rows = ordo::list_dead_letters(&db.pool, Some("retrying"))
+        let rows = ordo::admin::list_dead_letters(&db.pool, Some("retrying"))
             .await
             .unwrap_or_default();
         rows.len() == 1 && rows[0].retry_requested_at.is_none() && rows[0].attempts == 3
@@ -537,12 +472,12 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
 
     // Fixed: the runner hands it to the handler again, once, and the dead letter goes.
     broken.store(false, AtomicOrdering::SeqCst);
-    let marked = ordo::retry_dead_letters(&db.pool, "retrying")
+    let marked = ordo::admin::retry_dead_letters(&db.pool, "retrying")
         .await
         .expect("retry all");
     assert_eq!(marked, 1);
     let retried = eventually(PATIENCE, || async {
-        ordo::list_dead_letters(&db.pool, Some("retrying"))
+        ordo::admin::list_dead_letters(&db.pool, Some("retrying"))
             .await
             .map(|rows| rows.is_empty())
             .unwrap_or(false)
@@ -557,7 +492,7 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
     handle.shutdown().await;
     assert_exactly_once(&db.pool).await;
 
-    let unknown = ordo::retry_dead_letter(&db.pool, 999).await;
+    let unknown = ordo::admin::retry_dead_letter(&db.pool, 999).await;
     assert!(
         matches!(unknown, Err(Error::UnknownDeadLetter { id: 999 })),
         "{unknown:?}"

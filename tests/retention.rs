@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
+use ordo::admin::run_retention;
 use ordo::{
     Delivery, Error, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
-    run_retention,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -174,7 +174,7 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
         matches!(
             first,
             Err(Error::BelowRetentionFloor {
-                lane: "insert",
+                lane: ordo::Ordering::Insert,
                 requested: 1,
                 floor: 101
             })
@@ -189,7 +189,10 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
     assert!(
         matches!(
             first,
-            Err(Error::BelowRetentionFloor { lane: "commit", .. })
+            Err(Error::BelowRetentionFloor {
+                lane: ordo::Ordering::Commit,
+                ..
+            })
         ),
         "{first:?}"
     );
@@ -531,7 +534,7 @@ async fn an_outbox_on_the_smallest_pool_publishes_and_delivers_on_both_lanes() {
         }
         assert!(
             eventually(Duration::from_secs(30), || async {
-                ordo::list_subscriptions(&pool)
+                ordo::admin::list_subscriptions(&pool)
                     .await
                     .is_ok_and(|rows| rows.iter().any(|r| r.position.get() == EVENTS as u64))
             })
@@ -575,7 +578,7 @@ async fn writes_never_fail_for_want_of_a_partition_and_retention_folds_the_overf
         .await
         .expect("a plain-SQL write past the partitions succeeds");
     }
-    let plan = ordo::plan_retention(&db.pool, &RetentionConfig::new())
+    let plan = ordo::admin::plan_retention(&db.pool, &RetentionConfig::new())
         .await
         .expect("plan");
     assert_eq!(
@@ -801,7 +804,7 @@ async fn an_outbox_whose_role_may_not_create_partitions_says_so_once_and_keeps_d
         "the maintainer goes on trying at its interval"
     );
     assert_eq!(log.warnings.load(Relaxed), 1);
-    let report = ordo::plan_retention(&app_pool, &RetentionConfig::new())
+    let report = ordo::admin::plan_retention(&app_pool, &RetentionConfig::new())
         .await
         .expect("plan");
     assert_eq!(report.default_rows, 100, "{report:#?}");

@@ -24,7 +24,7 @@ use sqlx::{PgConnection, PgPool};
 const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A database owned by a dedicated owner role (which ran the migrations, as in production),
-/// and a writer, a reader and an operator role granted through `ordo::grant`. Roles are
+/// and a writer, a reader and an operator role granted through `ordo::admin::grant`. Roles are
 /// cluster-wide: their names are unique, and `Drop` removes the database and then the roles,
 /// whether the test passed or not.
 struct Roles {
@@ -131,7 +131,9 @@ impl Roles {
         let grants = Grants::writer(&roles.writer)
             .and(Grants::reader(&roles.reader))
             .and(Grants::operator(&roles.operator));
-        ordo::grant(&roles.admin, &grants).await.expect("grant");
+        ordo::admin::grant(&roles.admin, &grants)
+            .await
+            .expect("grant");
         roles
     }
 
@@ -299,7 +301,7 @@ async fn a_writer_runs_the_whole_outbox_on_partitions_an_operator_made() {
     // the operator's partitions.
     let roles = Roles::new(10).await;
     let operator = roles.pool_as(&roles.operator, 2).await;
-    let report = ordo::run_retention(&operator, &RetentionConfig::new().ahead(15))
+    let report = ordo::admin::run_retention(&operator, &RetentionConfig::new().ahead(15))
         .await
         .expect("an operator makes partitions");
     assert!(report.covered_until > 120, "{report:?}");
@@ -433,7 +435,7 @@ async fn a_reader_runs_status_and_listens_with_the_sequencer_off_but_cannot_publ
             .expect("an event");
         assert_eq!(item.commit_sequence.get(), position);
     }
-    let status = ordo::status(&reader_pool)
+    let status = ordo::admin::status(&reader_pool)
         .await
         .expect("a reader reads status");
     assert_eq!(status.commit_head.get(), 10);
@@ -469,9 +471,12 @@ async fn a_readers_status_reports_a_stall_it_may_not_probe() {
     // Status never writes (a reader may not): it names the only transaction that has drawn an
     // event sequence and not ended.
     let stalled = eventually(PATIENCE, || async {
-        let status = ordo::status(&reader).await.expect("a reader reads status");
+        let status = ordo::admin::status(&reader)
+            .await
+            .expect("a reader reads status");
         status.stalls.iter().any(|stall| {
-            stall.lane == "insert" && stall.holder.as_ref().is_some_and(|h| h.pid == holder_pid)
+            stall.lane == ordo::Ordering::Insert
+                && stall.holder.as_ref().is_some_and(|h| h.pid == holder_pid)
         })
     })
     .await;
@@ -485,13 +490,15 @@ async fn a_readers_status_reports_a_stall_it_may_not_probe() {
 async fn grants_are_idempotent_bind_odd_names_and_refuse_unrestrictable_roles() {
     let mut roles = Roles::new(1_000_000).await;
     let grants = Grants::writer(&roles.writer).and(Grants::reader(&roles.reader));
-    ordo::grant(&roles.admin, &grants).await.expect("again");
+    ordo::admin::grant(&roles.admin, &grants)
+        .await
+        .expect("again");
 
     // A name that would break a statement built by string formatting.
     let odd = format!("{} \"x\"; DROP TABLE ordo.events; --", roles.writer);
     roles.adopt(&odd);
     exec(&roles.admin, &format!("CREATE ROLE {} LOGIN", quote(&odd))).await;
-    ordo::grant(&roles.admin, &Grants::writer(&odd))
+    ordo::admin::grant(&roles.admin, &Grants::writer(&odd))
         .await
         .expect("grant to an odd name");
     let (payload, sequence, xid): (bool, bool, bool) = sqlx::query_as(
@@ -511,7 +518,7 @@ async fn grants_are_idempotent_bind_odd_names_and_refuse_unrestrictable_roles() 
         &format!("GRANT INSERT ON ordo.events TO {}", quote(&odd)),
     )
     .await;
-    ordo::grant(&roles.admin, &Grants::writer(&odd))
+    ordo::admin::grant(&roles.admin, &Grants::writer(&odd))
         .await
         .expect("grant again");
     let sequence: bool =
@@ -530,7 +537,7 @@ async fn grants_are_idempotent_bind_odd_names_and_refuse_unrestrictable_roles() 
             format!("{}_missing", roles.writer),
         ),
     ] {
-        match ordo::grant(&roles.admin, &grants).await {
+        match ordo::admin::grant(&roles.admin, &grants).await {
             Err(Error::Grant { role: named, .. }) => assert_eq!(named, role),
             other => panic!("granting to {role} was not refused: {other:?}"),
         }
@@ -549,7 +556,7 @@ async fn grants_are_idempotent_bind_odd_names_and_refuse_unrestrictable_roles() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_is_refused_while_a_superuser_owns_the_schema() {
     let db = TestDb::new().await;
-    match ordo::grant(&db.pool, &Grants::operator("postgres")).await {
+    match ordo::admin::grant(&db.pool, &Grants::operator("postgres")).await {
         Err(Error::Grant { kind, reason, .. }) => {
             assert_eq!(kind, "operator");
             assert!(reason.contains("superuser"), "{reason}");
@@ -674,7 +681,7 @@ async fn a_forged_row_above_the_head_is_reported_not_filled_up_to() {
             .collect::<Vec<_>>(),
         vec![forged]
     );
-    assert!(ordo::status_table(&status).contains("rows above the sequence head"));
+    assert!(ordo::admin::status_table(&status).contains("rows above the sequence head"));
 
     // The operator deletes the row and writers draw past its sequence: the real event there is
     // delivered, not the forged row the lane once read.

@@ -8,109 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+use common::subscribers::{
+    PATIENCE, Poisoned, Project, assert_exactly_once, fast_retries, project, projected_outbox,
+    publish, wait_projected,
+};
 use common::{Note, TestDb, eventually};
 use ordo::{
-    Batch, Delivery, Envelope, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox,
-    OutboxConfig, RetryPolicy, Subscriber, SubscriptionState,
+    Batch, Delivery, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
+    Subscriber, SubscriptionState,
 };
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
 
-const PATIENCE: Duration = Duration::from_secs(30);
-
-fn fast_retries(max_attempts: u32) -> RetryPolicy {
-    RetryPolicy {
-        max_attempts,
-        initial_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(10),
-    }
-}
-
-async fn projection_table(pool: &PgPool) {
-    sqlx::query(
-        "CREATE TABLE projection (sequence BIGINT NOT NULL, writer INT NOT NULL, n INT NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .expect("projection table");
-}
-
-/// The projection write every test handler makes: one row per event.
-async fn project(tx: &mut PgConnection, event: &Envelope<Note>) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO projection (sequence, writer, n) VALUES ($1, $2, $3)")
-        .bind(event.sequence.get() as i64)
-        .bind(event.payload.writer as i32)
-        .bind(event.payload.n as i32)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-/// Inserts a projection row per event; fails (after writing) with probability `fail_rate`.
-struct Project {
-    fail_rate: f64,
-}
-
-impl Subscriber<Note> for Project {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        project(tx, event).await?;
-        if self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate) {
-            return Err("injected failure after writing".into());
-        }
-        Ok(())
-    }
-}
-
-async fn publish(outbox: &Outbox<Note>, transactions: u32, per_transaction: u32) {
-    for n in 0..transactions {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..per_transaction).map(|k| Note { writer: n, n: k }))
-            .expect("publish");
-        tx.commit().await.expect("commit");
-    }
-}
-
-/// Every real event projected exactly once.
-async fn assert_exactly_once(pool: &PgPool) {
-    let (events, rows, distinct, missing): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM ordo.events WHERE payload IS NOT NULL),
-                (SELECT count(*) FROM projection),
-                (SELECT count(DISTINCT sequence) FROM projection),
-                (SELECT count(*) FROM ordo.events e WHERE e.payload IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM projection p WHERE p.sequence = e.sequence))",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("projection counts");
-    assert_eq!(
-        rows, distinct,
-        "an event was applied twice ({rows} rows, {distinct} events)"
-    );
-    assert_eq!(missing, 0, "{missing} events were never applied");
-    assert_eq!(rows, events);
-}
-
-async fn wait_projected(pool: &PgPool, count: i64) -> bool {
-    eventually(PATIENCE, || async {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
-            .fetch_one(pool)
-            .await
-            .unwrap_or(0);
-        rows >= count
-    })
-    .await
-}
-
 async fn handler_failures_and_retries_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let config = JobConfig::new("flaky")
         .ordering(ordering)
         .retry(fast_retries(100));
@@ -169,10 +81,7 @@ fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
 
 async fn killed_runners_apply_each_event_once(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 60, 2).await;
     for _ in 0..8 {
         let lifetime = Duration::from_millis(rand::rng().random_range(20..250));
@@ -227,10 +136,7 @@ impl Subscriber<Note> for Stalls {
 
 async fn zombie_that_lost_its_lease_cannot_commit(ordering: Ordering) {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 20, 1).await;
     let lease = Duration::from_millis(300);
     let config = JobConfig::new("contested")
@@ -333,10 +239,7 @@ impl Subscriber<Note> for Groups {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handle_group_sees_whole_source_transactions_only() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let calls = Arc::new(AtomicU32::new(0));
     let config = JobConfig::new("groups")
         .ordering(Ordering::Commit)
@@ -375,10 +278,7 @@ async fn handle_group_sees_whole_source_transactions_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let handle = outbox
         .subscribe(JobConfig::new("orders"), Project { fail_rate: 0.0 })
         .await
@@ -397,8 +297,8 @@ async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
             requested,
         }) => {
             assert_eq!(
-                (subscription.as_str(), stored.as_str(), requested),
-                ("orders", "insert", "commit")
+                (subscription.as_str(), stored, requested),
+                ("orders", Ordering::Insert, Ordering::Commit)
             );
         }
         Err(other) => panic!("expected a lane mismatch, got {other}"),
@@ -413,31 +313,10 @@ async fn a_stored_lane_that_differs_from_the_configured_one_is_refused() {
     assert!(matches!(groups_on_insert, Err(Error::InvalidConfig { .. })));
 }
 
-/// Fails every time on events of writer 3 while `broken` is set.
-struct Poisoned {
-    broken: Arc<AtomicBool>,
-}
-
-impl Subscriber<Note> for Poisoned {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if event.payload.writer == 3 && self.broken.load(AtomicOrdering::SeqCst) {
-            return Err("writer 3 is poison".into());
-        }
-        Project { fail_rate: 0.0 }.handle(tx, event).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 6, 1).await;
     let broken = Arc::new(AtomicBool::new(true));
     let config = JobConfig::new("halting")
@@ -496,10 +375,7 @@ async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_undecodable_ones() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     publish(&outbox, 5, 1).await;
     sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"not": "a note"}')"#)
         .execute(&db.pool)
@@ -552,10 +428,7 @@ async fn dead_letter_records_the_event_with_its_error_and_moves_on_including_und
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_under_load_finishes_the_event_in_hand_and_checkpoints_it() {
     let db = TestDb::new().await;
-    projection_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
+    let outbox = projected_outbox(&db).await;
     let writing = tokio::spawn({
         let outbox = outbox.clone();
         async move { publish(&outbox, 300, 1).await }

@@ -7,6 +7,10 @@ use anyhow::{Context, Result};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+#[path = "../../tests/common/databases.rs"]
+mod databases;
+use databases::{create_database, drop_database, drop_database_from_drop, with_database};
+
 /// The server the tools run against.
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL")
@@ -24,13 +28,9 @@ impl Scratch {
     /// Creates `ordo_load_<random>` and runs ordo's migrations in it.
     pub async fn create(server: &str) -> Result<Self> {
         let name = format!("ordo_load_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server)
+        create_database(server, &name)
             .await
-            .context("connect to DATABASE_URL (a role that may CREATE DATABASE)")?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+            .context("create a database on DATABASE_URL (a role that may CREATE DATABASE)")?;
         let scratch = Self {
             url: with_database(server, &name),
             server: server.to_owned(),
@@ -60,7 +60,7 @@ impl Scratch {
 
     pub async fn drop_db(mut self) -> Result<()> {
         self.dropped = true;
-        drop_database(&self.server, &self.name).await
+        Ok(drop_database(&self.server, &self.name).await?)
     }
 }
 
@@ -69,42 +69,7 @@ impl Drop for Scratch {
         if self.dropped {
             return;
         }
-        // Reached when a tool failed or panicked: drop the database from a thread of its own.
-        let (server, name) = (self.server.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                let _ = runtime.block_on(drop_database(&server, &name));
-            }
-        })
-        .join();
-    }
-}
-
-async fn drop_database(server: &str, name: &str) -> Result<()> {
-    let admin = PgPool::connect(server).await?;
-    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .execute(&admin)
-        .await?;
-    admin.close().await;
-    Ok(())
-}
-
-/// `url` with its database name replaced by `name` (a query string is kept).
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host}/{name}?{query}"),
-        None => format!("{host}/{name}"),
+        // Reached when a tool failed or panicked.
+        drop_database_from_drop(self.server.clone(), self.name.clone());
     }
 }

@@ -21,9 +21,12 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use futures::StreamExt;
-use ordo::{CommitSequence, EventSequence, Outbox, OutboxConfig, Start};
+use ordo::{
+    CommitOrderedEnvelope, CommitSequence, Envelope, EventSequence, Ordering, Outbox, OutboxConfig,
+    Start, admin,
+};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -248,8 +251,8 @@ enum DeadLetterAction {
 #[derive(clap::Args)]
 struct TailArgs {
     /// Which lane to read.
-    #[arg(long, value_enum, default_value = "insert")]
-    lane: Lane,
+    #[arg(long, default_value = "insert", value_parser = lane_parser())]
+    lane: Ordering,
     /// Start after this position (an insert sequence or a commit sequence, by lane); default
     /// the beginning.
     #[arg(long, value_parser = parse_position)]
@@ -269,10 +272,16 @@ struct FoldArgs {
     progress: u64,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Lane {
-    Insert,
-    Commit,
+/// `--lane`: the lane's name, as ordo prints and stores it.
+fn lane_parser() -> impl clap::builder::TypedValueParser<Value = Ordering> {
+    use clap::builder::TypedValueParser;
+    let lanes = [Ordering::Insert, Ordering::Commit];
+    clap::builder::PossibleValuesParser::new(lanes.map(Ordering::as_str)).map(move |name| {
+        lanes
+            .into_iter()
+            .find(|lane| lane.as_str() == name)
+            .unwrap_or_default()
+    })
 }
 
 #[tokio::main]
@@ -290,7 +299,7 @@ async fn main() -> ExitCode {
         Err(error) => {
             // Errors can quote subscription names, handler errors and payload text: nothing
             // in them may drive the terminal.
-            eprintln!("ordo: {}", ordo::printable(&error.to_string()));
+            eprintln!("ordo: {}", admin::printable(&error.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -356,7 +365,7 @@ async fn grant(pool: PgPool, args: GrantArgs) -> CliResult {
         .chain(args.reader.iter().map(ordo::Grants::reader))
         .chain(args.operator.iter().map(ordo::Grants::operator))
         .fold(ordo::Grants::default(), ordo::Grants::and);
-    ordo::grant(&pool, &grants).await?;
+    admin::grant(&pool, &grants).await?;
     for (kind, role) in grants.roles() {
         eprintln!("ordo: {role} is an ordo {}", kind.as_str());
     }
@@ -367,78 +376,105 @@ async fn tail(pool: PgPool, args: TailArgs) -> CliResult {
     // A tail only reads; folding is left to the application's processes or `ordo fold`.
     let config = OutboxConfig::default().sequencer(false);
     let outbox = Outbox::<Value>::new(pool, config).await?;
-    let limit = args.limit.unwrap_or(u64::MAX);
-    let mut printed = 0u64;
-    let mut out = io::BufWriter::new(io::stdout().lock());
-    match args.lane {
-        Lane::Insert => {
-            let end = outbox.insert_frontier().get();
-            let start = args.after.map_or(Start::Beginning, |after| {
-                Start::After(EventSequence::new(after))
-            });
-            let mut events = outbox.listen_inserted(start);
-            while printed < limit {
-                if !args.follow && args.after.unwrap_or(0) >= end {
-                    break;
-                }
-                let Some(event) = next_or_interrupt(&mut events).await else {
-                    break;
-                };
-                let event = event?;
-                let line = InsertLine {
-                    lane: "insert",
-                    sequence: event.sequence,
-                    id: event.id,
-                    commit_xid: event.commit_xid,
-                    recorded_at: event.recorded_at,
-                    event_type: event.event_type.as_deref(),
-                    payload: &event.payload,
-                };
-                if !emit(&mut out, &line, args.follow)? {
-                    break;
-                }
-                printed += 1;
-                if !args.follow && event.sequence.get() >= end {
-                    break;
-                }
-            }
-        }
-        Lane::Commit => {
+    let printed = match args.lane {
+        Ordering::Commit => {
             let end = outbox.commit_head().get();
             let start = args.after.map_or(Start::Beginning, |after| {
                 Start::After(CommitSequence::new(after))
             });
-            let mut events = outbox.listen_committed(start);
-            while printed < limit {
-                if !args.follow && args.after.unwrap_or(0) >= end {
-                    break;
-                }
-                let Some(item) = next_or_interrupt(&mut events).await else {
-                    break;
-                };
-                let item = item?;
-                let line = CommitLine {
-                    lane: "commit",
-                    commit_sequence: item.commit_sequence,
-                    sequence: item.event.sequence,
-                    boundary: item.boundary,
-                    commit_xid: item.event.commit_xid,
-                    event_type: item.event.event_type.as_deref(),
-                    payload: &item.event.payload,
-                };
-                if !emit(&mut out, &line, args.follow)? {
-                    break;
-                }
-                printed += 1;
-                if !args.follow && item.commit_sequence.get() >= end {
-                    break;
-                }
-            }
+            print_lane(outbox.listen_committed(start), end, &args).await
+        }
+        _ => {
+            let end = outbox.insert_frontier().get();
+            let start = args.after.map_or(Start::Beginning, |after| {
+                Start::After(EventSequence::new(after))
+            });
+            print_lane(outbox.listen_inserted(start), end, &args).await
+        }
+    };
+    outbox.shutdown().await;
+    printed
+}
+
+/// Prints a lane's events as JSON lines, up to `--limit`, and without `--follow` up to `end`
+/// (the lane's position when the tail started).
+async fn print_lane<S, T>(mut events: S, end: u64, args: &TailArgs) -> CliResult
+where
+    S: futures::Stream<Item = Result<T, ordo::Error>> + Unpin,
+    T: TailItem,
+{
+    let limit = args.limit.unwrap_or(u64::MAX);
+    let mut printed = 0u64;
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    while printed < limit {
+        if !args.follow && args.after.unwrap_or(0) >= end {
+            break;
+        }
+        let Some(item) = next_or_interrupt(&mut events).await else {
+            break;
+        };
+        let item = item?;
+        if !emit(&mut out, &item.line(), args.follow)? {
+            break;
+        }
+        printed += 1;
+        if !args.follow && item.position() >= end {
+            break;
         }
     }
     let _ = out.flush();
-    outbox.shutdown().await;
     Ok(())
+}
+
+/// An item of either lane, as `tail` prints it.
+trait TailItem {
+    /// Its position in its lane.
+    fn position(&self) -> u64;
+    fn line(&self) -> TailLine<'_>;
+}
+
+impl TailItem for std::sync::Arc<Envelope<Value>> {
+    fn position(&self) -> u64 {
+        self.sequence.get()
+    }
+
+    fn line(&self) -> TailLine<'_> {
+        TailLine::Insert(InsertLine {
+            lane: Ordering::Insert.as_str(),
+            sequence: self.sequence,
+            id: self.id,
+            commit_xid: self.commit_xid,
+            recorded_at: self.recorded_at,
+            event_type: self.event_type.as_deref(),
+            payload: &self.payload,
+        })
+    }
+}
+
+impl TailItem for CommitOrderedEnvelope<Value> {
+    fn position(&self) -> u64 {
+        self.commit_sequence.get()
+    }
+
+    fn line(&self) -> TailLine<'_> {
+        TailLine::Commit(CommitLine {
+            lane: Ordering::Commit.as_str(),
+            commit_sequence: self.commit_sequence,
+            sequence: self.event.sequence,
+            boundary: self.boundary,
+            commit_xid: self.event.commit_xid,
+            event_type: self.event.event_type.as_deref(),
+            payload: &self.event.payload,
+        })
+    }
+}
+
+/// One line of `tail`, its fields those of its lane.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TailLine<'a> {
+    Insert(InsertLine<'a>),
+    Commit(CommitLine<'a>),
 }
 
 /// The next stream item, or `None` on end of stream, SIGINT or SIGTERM.
@@ -545,7 +581,7 @@ async fn fold(pool: PgPool, args: FoldArgs) -> CliResult {
 async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
     match args.action.unwrap_or(SubscriptionAction::List) {
         SubscriptionAction::List => {
-            let rows = ordo::list_subscriptions(&pool).await?;
+            let rows = admin::list_subscriptions(&pool).await?;
             let mut out = io::stdout().lock();
             if args.json {
                 for row in &rows {
@@ -553,22 +589,22 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
                 }
                 return Ok(());
             }
-            write!(out, "{}", ordo::subscriptions_table(&rows))?;
+            write!(out, "{}", admin::subscriptions_table(&rows))?;
             Ok(())
         }
         SubscriptionAction::Resume { name } => {
-            ordo::resume_subscription(&pool, &name).await?;
+            admin::resume_subscription(&pool, &name).await?;
             eprintln!("ordo: subscription {name:?} resumed");
             Ok(())
         }
         SubscriptionAction::Pause { name } => {
-            ordo::pause_subscription(&pool, &name).await?;
+            admin::pause_subscription(&pool, &name).await?;
             eprintln!("ordo: subscription {name:?} paused");
             Ok(())
         }
         SubscriptionAction::Reset { name, to, force } => reset(&pool, &name, to, force).await,
         SubscriptionAction::Delete { name, force } => {
-            ordo::delete_subscription(&pool, &name, force).await?;
+            admin::delete_subscription(&pool, &name, force).await?;
             eprintln!("ordo: subscription {name:?} deleted");
             Ok(())
         }
@@ -577,7 +613,7 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
 
 /// The raw `--to` becomes a position of the subscription's own lane.
 async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
-    let rows = ordo::list_subscriptions(pool).await?;
+    let rows = admin::list_subscriptions(pool).await?;
     let Some(row) = rows.iter().find(|row| row.name == name) else {
         return Err(ordo::Error::UnknownSubscription {
             name: name.to_owned(),
@@ -585,10 +621,10 @@ async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
         .into());
     };
     let position = match row.lane {
-        ordo::Ordering::Commit => ordo::Position::Commit(CommitSequence::new(to)),
+        Ordering::Commit => ordo::Position::Commit(CommitSequence::new(to)),
         _ => ordo::Position::Insert(EventSequence::new(to)),
     };
-    ordo::reset_subscription(pool, name, position, force).await?;
+    admin::reset_subscription(pool, name, position, force).await?;
     eprintln!(
         "ordo: subscription {name:?} reset to {} position {to}",
         row.lane
@@ -599,7 +635,7 @@ async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
 async fn dead_letters(pool: PgPool, args: DeadLettersArgs) -> CliResult {
     match args.action {
         DeadLetterAction::List { subscription, json } => {
-            let rows = ordo::list_dead_letters(&pool, subscription.as_deref()).await?;
+            let rows = admin::list_dead_letters(&pool, subscription.as_deref()).await?;
             let mut out = io::stdout().lock();
             if json {
                 for row in &rows {
@@ -607,36 +643,19 @@ async fn dead_letters(pool: PgPool, args: DeadLettersArgs) -> CliResult {
                 }
                 return Ok(());
             }
-            writeln!(
-                out,
-                "{:>8} {:<24} {:<6} {:>10} {:>10} {:>8}  ERROR",
-                "ID", "SUBSCRIPTION", "LANE", "POSITION", "SEQUENCE", "ATTEMPTS"
-            )?;
-            for row in &rows {
-                writeln!(
-                    out,
-                    "{:>8} {:<24} {:<6} {:>10} {:>10} {:>8}  {}",
-                    row.id,
-                    row.subscription,
-                    row.lane,
-                    row.position,
-                    row.sequence,
-                    row.attempts,
-                    row.error
-                )?;
-            }
+            write!(out, "{}", admin::dead_letters_table(&rows))?;
             Ok(())
         }
         DeadLetterAction::Retry { id, subscription } => {
             match (id, subscription) {
                 (Some(id), _) => {
-                    ordo::retry_dead_letter(&pool, id).await?;
+                    admin::retry_dead_letter(&pool, id).await?;
                     eprintln!(
                         "ordo: dead letter {id} marked for retry by its subscription's runner"
                     );
                 }
                 (None, Some(name)) => {
-                    let marked = ordo::retry_dead_letters(&pool, &name).await?;
+                    let marked = admin::retry_dead_letters(&pool, &name).await?;
                     eprintln!(
                         "ordo: {marked} dead letters of {name:?} marked for retry by its runner"
                     );
@@ -652,7 +671,7 @@ async fn dead_letters(pool: PgPool, args: DeadLettersArgs) -> CliResult {
         } => {
             let older_than = older_than.unwrap_or(Duration::ZERO);
             let purged =
-                ordo::purge_dead_letters(&pool, subscription.as_deref(), older_than).await?;
+                admin::purge_dead_letters(&pool, subscription.as_deref(), older_than).await?;
             eprintln!("ordo: {purged} dead letters purged");
             Ok(())
         }
@@ -670,13 +689,13 @@ async fn status(pool: PgPool, args: StatusArgs) -> CliResult {
         ),
     };
     loop {
-        let status = ordo::status(&pool).await?;
+        let status = admin::status(&pool).await?;
         let text = if args.json {
             format!("{}\n", json_line(&status)?)
         } else if args.prometheus {
-            ordo::prometheus_text(&status)
+            admin::prometheus_text(&status)
         } else {
-            ordo::status_table(&status)
+            admin::status_table(&status)
         };
         let mut out = io::stdout().lock();
         if args.watch.is_some() && !args.json && !args.prometheus {
@@ -705,9 +724,9 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
         config = config.keep(keep);
     }
     let report = if args.apply {
-        ordo::run_retention(&pool, &config).await?
+        admin::run_retention(&pool, &config).await?
     } else {
-        ordo::plan_retention(&pool, &config).await?
+        admin::plan_retention(&pool, &config).await?
     };
     if let Some(warning) = &report.warning {
         // On stderr too, so that a cron job's mail carries it.
@@ -718,58 +737,7 @@ async fn retention(pool: PgPool, args: RetentionArgs) -> CliResult {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
-    retention_table(&mut out, &report, args.apply)?;
-    Ok(())
-}
-
-fn retention_table(
-    out: &mut impl Write,
-    report: &ordo::RetentionReport,
-    applied: bool,
-) -> io::Result<()> {
-    writeln!(
-        out,
-        "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
-        report.partition_size, report.events_floor, report.needed_from, report.needed_by
-    )?;
-    writeln!(
-        out,
-        "head {}; {} partition(s) ahead of it; range partitions end before {}; {} event(s) in the default partition",
-        report.head, report.partitions_ahead, report.covered_until, report.default_rows
-    )?;
-    if let Some(warning) = &report.warning {
-        writeln!(out, "WARNING: {warning}")?;
-    }
-    writeln!(
-        out,
-        "{:<28} {:>14} {:>14}  VERDICT",
-        "PARTITION", "FROM", "TO"
-    )?;
-    for partition in &report.partitions {
-        let verdict = match (partition.drop, applied) {
-            (true, true) if report.dropped.contains(&partition.name) => "dropped".to_owned(),
-            (true, true) => "kept: no longer droppable when its turn came".to_owned(),
-            (true, false) => "would drop (past retention)".to_owned(),
-            (false, _) => format!("kept: {}", partition.reason),
-        };
-        let from = partition
-            .from
-            .map_or("MINVALUE".to_owned(), |f| f.to_string());
-        writeln!(
-            out,
-            "{:<28} {:>14} {:>14}  {verdict}",
-            partition.name, from, partition.to
-        )?;
-    }
-    for folded in &report.folded {
-        writeln!(out, "folded the default partition into {folded}")?;
-    }
-    for created in &report.created {
-        writeln!(out, "created {created}")?;
-    }
-    if !applied {
-        writeln!(out, "(a plan: run with --apply to create, fold and drop)")?;
-    }
+    write!(out, "{}", admin::retention_table(&report, args.apply))?;
     Ok(())
 }
 

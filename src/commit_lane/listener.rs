@@ -14,11 +14,11 @@ use super::{CommitShared, LogEntry};
 use crate::envelope::{CommitOrderedEnvelope, Envelope};
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::cache::{SlotItem, Undecodable};
-use crate::insert_lane::rows::{decode_full, to_i64, to_u64};
+use crate::insert_lane::cache::Decoded;
+use crate::insert_lane::rows::{check_retention_floor, decode_full};
 use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
-use crate::position::{CommitSequence, EventSequence};
+use crate::position::{CommitSequence, EventSequence, Ordering};
 use crate::task::StopSignal;
 
 /// The stream returned by [`Outbox::listen_committed`](crate::Outbox::listen_committed).
@@ -51,7 +51,7 @@ pub(crate) struct CommitReader<P> {
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
 pub(crate) struct CommitItem<P> {
     pub(crate) entry: LogEntry,
-    pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
+    pub(crate) event: Decoded<P>,
 }
 
 type Item<P> = CommitItem<P>;
@@ -97,17 +97,12 @@ where
                 return None;
             }
             if !self.floor_checked {
-                match crate::insert_lane::rows::retention_floors(&self.lane.pool).await {
-                    Ok((_, floor)) if self.next <= floor => {
-                        return Some(Err(Error::BelowRetentionFloor {
-                            lane: "commit",
-                            requested: self.next,
-                            floor: floor + 1,
-                        }));
-                    }
-                    Ok(_) => self.floor_checked = true,
-                    Err(error) => return Some(Err(error)),
+                if let Err(error) =
+                    check_retention_floor(&self.lane.pool, Ordering::Commit, self.next).await
+                {
+                    return Some(Err(error));
                 }
+                self.floor_checked = true;
             }
             let head = *self.head.borrow_and_update();
             if self.next <= head {
@@ -142,10 +137,8 @@ where
             let Some(slot) = cache.get(entry.sequence) else {
                 break;
             };
-            let event = match slot.item {
-                SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(row) => Err(row),
-                SlotItem::Meta | SlotItem::Placeholder => break,
+            let Some(event) = slot.item.into_event() else {
+                break;
             };
             out.push(CommitItem { entry, event });
             self.next += 1;
@@ -156,22 +149,11 @@ where
     async fn read_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {
         match self.read_log(head).await {
             Err(Error::MissingCommitLog { missing }) => {
-                let (_, floor) =
-                    crate::insert_lane::rows::retention_floors(&self.lane.pool).await?;
-                if missing.get() <= floor {
-                    return Err(Error::BelowRetentionFloor {
-                        lane: "commit",
-                        requested: missing.get(),
-                        floor: floor + 1,
-                    });
-                }
+                check_retention_floor(&self.lane.pool, Ordering::Commit, missing.get()).await?;
                 // Above the durable head, the row is not deleted but not yet re-appended: a
                 // crash lost the sequencer's last (asynchronous) appends after we saw them.
-                let durable: i64 = sqlx::query_scalar(super::HEAD_SQL)
-                    .fetch_one(&self.lane.pool)
-                    .await?;
-                let durable = to_u64(durable);
-                if missing.get() > durable {
+                let durable = super::read_head(&self.lane.pool).await?;
+                if missing > durable {
                     return Err(Error::CommitLogBehind { missing, durable });
                 }
                 // The re-append may have landed between the page and the head: look once more.
@@ -187,9 +169,9 @@ where
         let upto = head.min(self.next - 1 + self.lane.page_size as u64);
         let mut conn = self.lane.pool.acquire().await?;
         let rows = sqlx::query(PAGE)
-            .bind(to_i64(self.next - 1))
-            .bind(to_i64(upto))
-            .bind(to_i64(self.lane.page_size as u64))
+            .bind(CommitSequence::new(self.next - 1))
+            .bind(CommitSequence::new(upto))
+            .bind(i64::try_from(self.lane.page_size).unwrap_or(i64::MAX))
             .fetch_all(&mut *conn)
             .await?;
         // As for the insert lane's pages: a large payload read would pin its size in this
@@ -207,7 +189,7 @@ where
         drop(conn);
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
-            let commit_seq = to_u64(row.try_get("commit_seq")?);
+            let commit_seq = row.try_get::<CommitSequence, _>("commit_seq")?.get();
             if commit_seq != self.next {
                 return Err(Error::MissingCommitLog {
                     missing: CommitSequence::new(self.next),
@@ -215,18 +197,14 @@ where
             }
             let entry = LogEntry {
                 commit_seq,
-                sequence: to_u64(row.try_get("sequence")?),
+                sequence: row.try_get::<EventSequence, _>("sequence")?.get(),
                 group_last: row.try_get("group_last")?,
             };
             let slot = decode_full::<P>(row)?;
-            let event = match slot.item {
-                SlotItem::Event(event) => Ok(event),
-                SlotItem::Undecodable(row) => Err(row),
-                SlotItem::Meta | SlotItem::Placeholder => {
-                    return Err(Error::MissingCommitLog {
-                        missing: CommitSequence::new(commit_seq),
-                    });
-                }
+            let Some(event) = slot.item.into_event() else {
+                return Err(Error::MissingCommitLog {
+                    missing: CommitSequence::new(commit_seq),
+                });
             };
             out.push(CommitItem { entry, event });
             self.next += 1;

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::config::OutboxConfig;
 use crate::insert_lane::LaneShared;
-use crate::position::CommitSequence;
+use crate::position::{CommitSequence, EventSequence};
 use crate::task::Tasks;
 use sequencer::Sequencer;
 
@@ -113,8 +113,6 @@ impl CommitShared {
     }
 }
 
-pub(crate) use sql::HEAD as HEAD_SQL;
-
 /// Starts the commit lane: reads the log head, then spawns this process's sequencer, or, with
 /// `config.sequencer` off, the watcher that follows another process's folding.
 pub(crate) async fn spawn<P>(
@@ -154,7 +152,7 @@ where
 }
 
 /// The log head as stored ([`sql::HEAD`]).
-async fn read_head(pool: &PgPool) -> Result<CommitSequence, sqlx::Error> {
+pub(crate) async fn read_head(pool: &PgPool) -> Result<CommitSequence, sqlx::Error> {
     sqlx::query_scalar(sql::HEAD).fetch_one(pool).await
 }
 
@@ -163,11 +161,11 @@ async fn read_head(pool: &PgPool) -> Result<CommitSequence, sqlx::Error> {
 /// the highest commit sequence gone.
 pub(crate) async fn trim_below(
     conn: &mut sqlx::PgConnection,
-    events_from: u64,
-) -> crate::error::Result<u64> {
-    let floor: i64 = sqlx::query_scalar(sql::TRIM)
-        .bind(crate::insert_lane::rows::to_i64(events_from))
+    events_from: EventSequence,
+) -> crate::error::Result<CommitSequence> {
+    let floor = sqlx::query_scalar(sql::TRIM)
+        .bind(events_from)
         .fetch_one(conn)
         .await?;
-    Ok(crate::insert_lane::rows::to_u64(floor))
+    Ok(floor)
 }

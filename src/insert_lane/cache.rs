@@ -26,6 +26,21 @@ pub(crate) enum SlotItem<P> {
     Placeholder,
 }
 
+/// A committed event as a reader hands it on: decoded, or why it did not decode.
+pub(crate) type Decoded<P> = Result<Arc<Envelope<P>>, Arc<Undecodable>>;
+
+impl<P> SlotItem<P> {
+    /// The committed event this slot holds, decoded or not; `None` for a placeholder or a
+    /// stub held without its payload, which each reader treats in its own way.
+    pub(crate) fn into_event(self) -> Option<Decoded<P>> {
+        match self {
+            Self::Event(event) => Some(Ok(event)),
+            Self::Undecodable(row) => Some(Err(row)),
+            Self::Meta | Self::Placeholder => None,
+        }
+    }
+}
+
 impl<P> Clone for SlotItem<P> {
     fn clone(&self) -> Self {
         match self {

@@ -22,6 +22,7 @@ use super::{CommittedBatch, LaneShared};
 use crate::config::OutboxConfig;
 use crate::error::Result;
 use crate::ops::metrics as m;
+use crate::position::EventSequence;
 use crate::task::StopSignal;
 
 /// At most this many missing sequences are asked for by name in one fetch.
@@ -207,7 +208,7 @@ where
         let top = self.max_known();
         while sequence <= top && missing.len() < MAX_MISSING_PER_FETCH {
             if !self.pending.contains_key(&sequence) {
-                missing.push(rows::to_i64(sequence));
+                missing.push(EventSequence::new(sequence));
             }
             sequence += 1;
         }

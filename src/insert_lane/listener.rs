@@ -5,14 +5,14 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use serde::de::DeserializeOwned;
 
-use super::cache::{Slot, SlotItem};
+use super::cache::Slot;
 use super::reader::LaneReader;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::event_type::TypeFilter;
 use crate::listener::{BatchSource, retrying_stream};
 use crate::ops::metrics as m;
-use crate::position::EventSequence;
+use crate::position::{EventSequence, Ordering};
 use crate::task::StopSignal;
 
 /// The stream returned by [`Outbox::listen_inserted`](crate::Outbox::listen_inserted).
@@ -71,19 +71,18 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     // One handle per stream, not a registry lookup per event.
-    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => "insert");
-    retrying_stream(reader, move |slot| match slot.item {
-        SlotItem::Event(event) if filter.admits(event.event_type.as_deref()) => {
+    let latency = metrics::histogram!(m::DELIVERY_LATENCY, "lane" => Ordering::Insert.as_str());
+    retrying_stream(reader, move |slot| match slot.item.into_event()? {
+        Ok(event) if filter.admits(event.event_type.as_deref()) => {
             latency.record(m::since(event.recorded_at));
             Some(Ok(event))
         }
-        SlotItem::Undecodable(row) if filter.admits(row.event_type.as_deref()) => {
+        Err(row) if filter.admits(row.event_type.as_deref()) => {
             Some(Err(Error::UndecodablePayload {
                 sequence: EventSequence::new(slot.sequence),
                 source: Arc::clone(&row.error),
             }))
         }
-        SlotItem::Event(_) | SlotItem::Undecodable(_) => None,
-        SlotItem::Meta | SlotItem::Placeholder => None,
+        Ok(_) | Err(_) => None,
     })
 }

@@ -14,7 +14,7 @@ use super::LaneShared;
 use super::cache::{Lookup, Slot};
 use super::rows::{self, ReadMode};
 use crate::error::{Error, Result};
-use crate::position::EventSequence;
+use crate::position::{EventSequence, Ordering};
 use crate::task::StopSignal;
 
 /// Slots copied out of the cache per lock.
@@ -80,14 +80,7 @@ where
     }
 
     async fn check_floor(&mut self) -> Result<()> {
-        let (floor, _) = rows::retention_floors(&self.shared.pool).await?;
-        if self.next < floor {
-            return Err(Error::BelowRetentionFloor {
-                lane: "insert",
-                requested: self.next,
-                floor,
-            });
-        }
+        rows::check_retention_floor(&self.shared.pool, Ordering::Insert, self.next).await?;
         self.floor_checked = true;
         Ok(())
     }
@@ -153,14 +146,9 @@ where
                 )
                 .await?;
                 if let Err(error) = check_contiguous(self.next, &out) {
-                    let (floor, _) = rows::retention_floors(&self.shared.pool).await?;
-                    if self.next < floor {
-                        return Err(Error::BelowRetentionFloor {
-                            lane: "insert",
-                            requested: self.next,
-                            floor,
-                        });
-                    }
+                    // A hole below the floor was dropped by retention, not deleted by hand.
+                    rows::check_retention_floor(&self.shared.pool, Ordering::Insert, self.next)
+                        .await?;
                     return Err(error);
                 }
             }

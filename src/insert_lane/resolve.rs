@@ -18,10 +18,16 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::rows::{self, to_i64};
+use super::rows;
 use crate::error::Result;
+use crate::position::EventSequence;
 
+/// The transactions in progress now, as text that [`ABANDONED`] takes back.
 pub(crate) const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+
+async fn snapshot(pool: &PgPool) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(SNAPSHOT).fetch_one(pool).await
+}
 
 /// True once no transaction that was in progress in snapshot `$1` is still in progress.
 pub(crate) const ABANDONED: &str = r#"
@@ -32,11 +38,33 @@ SELECT NOT EXISTS (
 )
 "#;
 
+async fn abandoned(pool: &PgPool, snapshot: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(ABANDONED)
+        .bind(snapshot)
+        .fetch_one(pool)
+        .await
+}
+
 /// Placeholders for every sequence of `[$1, $2]` that has no row, at or below the sequence
 /// head. Through a `SECURITY DEFINER` function (migration `20261130000200_roles`): a writer role
 /// may not write `sequence` or `commit_xid` itself, and the function writes nothing above the
 /// head and never over a row. Its placeholders belong to no transaction (NULL `commit_xid`).
 pub(crate) const FILL: &str = "SELECT ordo.fill_placeholders($1, $2)";
+
+/// How many placeholders [`FILL`] wrote in `[from, upto]`.
+async fn fill_placeholders(
+    pool: &PgPool,
+    from: EventSequence,
+    upto: EventSequence,
+) -> Result<u64, sqlx::Error> {
+    let filled: i64 = sqlx::query_scalar(FILL)
+        .bind(from)
+        .bind(upto)
+        .fetch_one(pool)
+        .await?;
+    // A count, never negative.
+    Ok(u64::try_from(filled).unwrap_or(0))
+}
 
 /// How the resolution ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,15 +105,11 @@ impl Resolver {
             let rows = rows::rows_above(&self.pool, head).await?;
             return Ok(Resolution::AboveHead { head, rows });
         }
-        let snapshot: String = sqlx::query_scalar(SNAPSHOT).fetch_one(&self.pool).await?;
+        let snapshot = snapshot(&self.pool).await?;
         let deadline = Instant::now() + self.timeout;
         let mut poll = self.poll;
         loop {
-            let abandoned: bool = sqlx::query_scalar(ABANDONED)
-                .bind(&snapshot)
-                .fetch_one(&self.pool)
-                .await?;
-            if abandoned {
+            if abandoned(&self.pool, &snapshot).await? {
                 let filled = self.fill(from, upto).await?;
                 return Ok(Resolution::Proven { filled });
             }
@@ -104,12 +128,12 @@ impl Resolver {
     }
 
     async fn fill(&self, from: u64, upto: u64) -> Result<u64> {
-        let filled: i64 = sqlx::query_scalar(FILL)
-            .bind(to_i64(from))
-            .bind(to_i64(upto))
-            .fetch_one(&self.pool)
-            .await?;
-        let filled = rows::to_u64(filled);
+        let filled = fill_placeholders(
+            &self.pool,
+            EventSequence::new(from),
+            EventSequence::new(upto),
+        )
+        .await?;
         // Counted here, not when the frontier task joins the resolver: the frontier may pass
         // the hole (seeing the placeholder) and drop the resolver's result unread.
         metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(filled);

@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::cache::{Slot, SlotItem, Undecodable};
 use crate::envelope::{Envelope, Headers};
-use crate::error::Result;
-use crate::position::EventSequence;
+use crate::error::{Error, Result};
+use crate::position::{CommitSequence, EventSequence, Ordering};
 
 /// Rows in `(after, upto]`, in order, at most `limit`.
 pub(crate) const PAGE_FULL: &str = r#"
@@ -72,8 +72,18 @@ SELECT sequence, id FROM ordo.events WHERE sequence > $1 ORDER BY sequence LIMIT
 /// the frontier begins there instead of at the first event.
 pub(crate) const RESOLVED_FLOOR: &str = "SELECT logged_through_sequence FROM ordo.sequencer_state";
 
+/// A row's `sequence`, raw: slots and the cache index by the plain number.
+fn sequence_of(row: &PgRow) -> Result<u64> {
+    Ok(row.try_get::<EventSequence, _>("sequence")?.get())
+}
+
+/// A `LIMIT`, which PostgreSQL takes as a `bigint`.
+fn limit(rows: usize) -> i64 {
+    i64::try_from(rows).unwrap_or(i64::MAX)
+}
+
 pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
-    let sequence = to_u64(row.try_get("sequence")?);
+    let sequence = sequence_of(row)?;
     let commit_xid: Option<i64> = row.try_get("commit_xid")?;
     let payload: Option<String> = row.try_get("payload")?;
     let (Some(xid), Some(payload)) = (commit_xid, payload) else {
@@ -115,7 +125,7 @@ pub(crate) fn decode_full<P: DeserializeOwned>(row: &PgRow) -> Result<Slot<P>> {
 }
 
 fn decode_meta<P>(row: &PgRow) -> Result<Slot<P>> {
-    let sequence = to_u64(row.try_get("sequence")?);
+    let sequence = sequence_of(row)?;
     let commit_xid: Option<i64> = row.try_get("commit_xid")?;
     Ok(match commit_xid {
         Some(xid) => Slot {
@@ -135,14 +145,6 @@ fn placeholder<P>(sequence: u64) -> Slot<P> {
         bytes: 0,
         item: SlotItem::Placeholder,
     }
-}
-
-pub(crate) fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
-
-pub(crate) fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Whether a page read carries payloads.
@@ -165,9 +167,9 @@ pub(crate) async fn read_page<P: DeserializeOwned>(
         ReadMode::Meta => PAGE_META,
     };
     let query = sqlx::query(sql)
-        .bind(to_i64(after))
-        .bind(to_i64(upto))
-        .bind(to_i64(limit as u64));
+        .bind(EventSequence::new(after))
+        .bind(EventSequence::new(upto))
+        .bind(self::limit(limit));
     match mode {
         ReadMode::Full => fetch_slots(pool, query, decode_full).await,
         ReadMode::Meta => fetch_slots(pool, query, decode_meta).await,
@@ -196,38 +198,61 @@ async fn fetch_slots<P>(
 /// Reads the listed sequences and up to `limit` rows above `above`.
 pub(crate) async fn fetch<P: DeserializeOwned>(
     pool: &PgPool,
-    missing: &[i64],
+    missing: &[EventSequence],
     above: u64,
     limit: usize,
 ) -> Result<Vec<Slot<P>>> {
     let query = sqlx::query(FETCH)
         .bind(missing)
-        .bind(to_i64(above))
-        .bind(to_i64(limit as u64));
+        .bind(EventSequence::new(above))
+        .bind(self::limit(limit));
     fetch_slots(pool, query, decode_full).await
 }
 
 pub(crate) const FLOORS: &str = "SELECT events_floor, commit_floor FROM ordo.partitioning";
 
-/// The lowest insert sequence and the highest dropped commit sequence after retention.
-pub(crate) async fn retention_floors(pool: &PgPool) -> Result<(u64, u64)> {
-    let (events, commit): (i64, i64) = sqlx::query_as(FLOORS).fetch_one(pool).await?;
-    Ok((to_u64(events), to_u64(commit)))
+/// Refuses a read of `lane` from `requested` when retention has dropped that position: every
+/// reader checks here, so one below the floor fails the same way in every process (a cache
+/// may still hold dropped events).
+///
+/// # Errors
+/// [`Error::BelowRetentionFloor`] naming the lowest readable position, or a database error.
+pub(crate) async fn check_retention_floor(
+    pool: &PgPool,
+    lane: Ordering,
+    requested: u64,
+) -> Result<()> {
+    // `events_floor` is the lowest sequence kept, `commit_floor` the highest commit sequence
+    // dropped.
+    let (events, commit): (EventSequence, CommitSequence) =
+        sqlx::query_as(FLOORS).fetch_one(pool).await?;
+    let floor = match lane {
+        Ordering::Insert => events.get(),
+        Ordering::Commit => commit.next().get(),
+    };
+    if requested < floor {
+        return Err(Error::BelowRetentionFloor {
+            lane,
+            requested,
+            floor,
+        });
+    }
+    Ok(())
 }
 
 pub(crate) async fn head(pool: &PgPool) -> Result<u64> {
-    let head: i64 = sqlx::query_scalar(HEAD).fetch_one(pool).await?;
-    Ok(to_u64(head))
+    let head: EventSequence = sqlx::query_scalar(HEAD).fetch_one(pool).await?;
+    Ok(head.get())
 }
 
 /// Up to ten rows above `head` (the sequence head), as (sequence, id): rows that break the
 /// schema contract, inserted with an explicit `sequence` or left by a sequence set back.
 pub(crate) async fn rows_above(pool: &PgPool, head: u64) -> Result<Vec<(u64, Uuid)>> {
-    let rows: Vec<(i64, Uuid)> = sqlx::query_as(ABOVE_HEAD)
-        .bind(to_i64(head))
+    let rows: Vec<(EventSequence, Uuid)> = sqlx::query_as(ABOVE_HEAD)
+        .bind(EventSequence::new(head))
         .fetch_all(pool)
         .await?;
-    Ok(rows.into_iter().map(|(s, id)| (to_u64(s), id)).collect())
+    Ok(rows.into_iter().map(|(s, id)| (s.get(), id)).collect())
 }
 
 /// The insert lane's frontier as the table shows it: the end of the contiguous run of rows
@@ -239,12 +264,12 @@ pub(crate) async fn initial_frontier(pool: &PgPool) -> Result<u64> {
 
 /// [`initial_frontier`] on a connection the caller holds.
 pub(crate) async fn frontier_on(conn: &mut sqlx::PgConnection) -> Result<u64> {
-    let floor: Option<i64> = sqlx::query_scalar(RESOLVED_FLOOR)
+    let floor: Option<EventSequence> = sqlx::query_scalar(RESOLVED_FLOOR)
         .fetch_optional(&mut *conn)
         .await?;
-    let end: Option<i64> = sqlx::query_scalar(CONTIGUOUS_END)
-        .bind(floor.unwrap_or(0))
+    let end: Option<EventSequence> = sqlx::query_scalar(CONTIGUOUS_END)
+        .bind(floor.unwrap_or(EventSequence::BEGIN))
         .fetch_one(&mut *conn)
         .await?;
-    Ok(to_u64(end.unwrap_or(0)))
+    Ok(end.unwrap_or(EventSequence::BEGIN).get())
 }

@@ -115,7 +115,7 @@ impl Grants {
 /// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
 /// use ordo::Grants;
 ///
-/// ordo::grant(&pool, &Grants::writer("app").and(Grants::reader("dashboard"))).await?;
+/// ordo::admin::grant(&pool, &Grants::writer("app").and(Grants::reader("dashboard"))).await?;
 /// # Ok(()) }
 /// ```
 ///

@@ -1,10 +1,13 @@
-//! [`OutboxStatus`] for people (a table) and for Prometheus (text exposition format).
+//! What operators read: [`OutboxStatus`], the subscriptions, dead letters and a retention
+//! report as tables, and any text made safe for a terminal.
 
 use std::borrow::Cow;
 use std::fmt::Write;
 
+use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall};
-use crate::subscription::{RunStatus, SubscriptionStatus};
+use crate::position::Ordering;
+use crate::subscription::{DeadLetter, SubscriptionStatus};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
 /// the bidirectional overrides that reorder what a line appears to say are shown as escapes
@@ -30,7 +33,7 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-fn needs_escape(c: char) -> bool {
+pub(super) fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
@@ -67,7 +70,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
     let _ = writeln!(
         out,
         "{:<14} {:>12} {:>12} {:>10}   (head {}, highest committed {})",
-        "insert",
+        Ordering::Insert.as_str(),
         status.insert_frontier,
         status.insert_lane.events,
         age(status.insert_lane.seconds),
@@ -77,7 +80,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
     let _ = writeln!(
         out,
         "{:<14} {:>12} {:>12} {:>10}   (logged through sequence {}, last append {} ago)",
-        "commit",
+        Ordering::Commit.as_str(),
         status.commit_head,
         status.commit_lane.events,
         age(status.commit_lane.seconds),
@@ -85,29 +88,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
         age(status.sequencer_idle_seconds)
     );
     let _ = writeln!(out);
-    if status.subscriptions.is_empty() {
-        let _ = writeln!(out, "no subscriptions");
-    } else {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  LAST ERROR",
-            "SUBSCRIPTION", "LANE", "POSITION", "LAG", "OLDEST", "STATUS", "RUN BY"
-        );
-        for sub in &status.subscriptions {
-            let _ = writeln!(
-                out,
-                "{:<24} {:<6} {:>10} {:>8} {:>10} {:<7} {:<22}  {}",
-                printable(&sub.name),
-                sub.lane.as_str(),
-                sub.position,
-                sub.lag,
-                age(sub.oldest_unprocessed_seconds),
-                sub.status.as_str(),
-                run_by(sub.lease_owner, lease_remaining(sub, status)),
-                printable(sub.last_error.as_deref().unwrap_or("-"))
-            );
-        }
-    }
+    write_subscriptions(&mut out, &status.subscriptions, status.measured_at);
     if let Some(first) = status.rows_above_head.first() {
         let _ = writeln!(
             out,
@@ -124,6 +105,40 @@ pub fn status_table(status: &OutboxStatus) -> String {
         write_stall(&mut out, stall);
     }
     out
+}
+
+/// The subscriptions section of [`status_table`].
+fn write_subscriptions(
+    out: &mut String,
+    subscriptions: &[SubscriptionStatus],
+    measured_at: chrono::DateTime<chrono::Utc>,
+) {
+    if subscriptions.is_empty() {
+        let _ = writeln!(out, "no subscriptions");
+        return;
+    }
+    let columns = [
+        Column("SUBSCRIPTION", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("LAG", 8, Right),
+        Column("OLDEST", 10, Right),
+        Column("STATUS", 7, Left),
+        Column("RUN BY", 22, Left),
+    ];
+    let rows = subscriptions.iter().map(|sub| {
+        let cells = [
+            printable(&sub.name).into_owned(),
+            sub.lane.to_string(),
+            sub.position.to_string(),
+            sub.lag.to_string(),
+            age(sub.oldest_unprocessed_seconds),
+            sub.status.as_str().to_owned(),
+            run_by(sub.lease_owner, lease_remaining(sub, measured_at)),
+        ];
+        (cells, last_error(sub.last_error.as_deref()))
+    });
+    table(out, &columns, "LAST ERROR", rows);
 }
 
 fn write_stall(out: &mut String, stall: &Stall) {
@@ -181,172 +196,164 @@ fn write_stall(out: &mut String, stall: &Stall) {
 }
 
 /// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
-pub fn subscriptions_table(rows: &[SubscriptionStatus]) -> String {
+pub fn subscriptions_table(subscriptions: &[SubscriptionStatus]) -> String {
+    let mut out = String::new();
+    let columns = [
+        Column("NAME", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("LAG", 8, Right),
+        Column("STATUS", 7, Left),
+        Column("ATTEMPTS", 8, Right),
+    ];
+    let rows = subscriptions.iter().map(|sub| {
+        let cells = [
+            printable(&sub.name).into_owned(),
+            sub.lane.to_string(),
+            sub.position.to_string(),
+            sub.lag.to_string(),
+            sub.status.as_str().to_owned(),
+            sub.attempts.to_string(),
+        ];
+        (cells, last_error(sub.last_error.as_deref()))
+    });
+    table(&mut out, &columns, "LAST ERROR", rows);
+    out
+}
+
+/// The dead letters as `ordo dead-letters list` prints them: one line each, oldest first, safe
+/// for a terminal.
+pub fn dead_letters_table(letters: &[DeadLetter]) -> String {
+    let mut out = String::new();
+    let columns = [
+        Column("ID", 8, Right),
+        Column("SUBSCRIPTION", 24, Left),
+        Column("LANE", 6, Left),
+        Column("POSITION", 10, Right),
+        Column("SEQUENCE", 10, Right),
+        Column("ATTEMPTS", 8, Right),
+    ];
+    let rows = letters.iter().map(|letter| {
+        let cells = [
+            letter.id.to_string(),
+            printable(&letter.subscription).into_owned(),
+            letter.lane.to_string(),
+            letter.position.to_string(),
+            letter.sequence.to_string(),
+            letter.attempts.to_string(),
+        ];
+        (cells, printable(&letter.error).into_owned())
+    });
+    table(&mut out, &columns, "ERROR", rows);
+    out
+}
+
+/// A retention report as `ordo retention` prints it: the positions that bound it, each
+/// partition with its verdict, and what was created or folded. `applied`: the report is of a
+/// run ([`run_retention`](crate::admin::run_retention)), not a plan.
+pub fn retention_table(report: &RetentionReport, applied: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  LAST ERROR",
-        "NAME", "LANE", "POSITION", "LAG", "STATUS", "ATTEMPTS"
+        "partition size {}; lowest stored sequence {}; needed from sequence {} by {}",
+        report.partition_size,
+        report.events_floor,
+        report.needed_from,
+        printable(&report.needed_by)
     );
-    for row in rows {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<6} {:>10} {:>8} {:<7} {:>8}  {}",
-            printable(&row.name),
-            row.lane.as_str(),
-            row.position,
-            row.lag,
-            row.status.as_str(),
-            row.attempts,
-            printable(row.last_error.as_deref().unwrap_or("-"))
-        );
+    let _ = writeln!(
+        out,
+        "head {}; {} partition(s) ahead of it; range partitions end before {}; {} event(s) in the default partition",
+        report.head, report.partitions_ahead, report.covered_until, report.default_rows
+    );
+    if let Some(warning) = &report.warning {
+        let _ = writeln!(out, "WARNING: {warning}");
+    }
+    let columns = [
+        Column("PARTITION", 28, Left),
+        Column("FROM", 14, Right),
+        Column("TO", 14, Right),
+    ];
+    let rows = report.partitions.iter().map(|partition| {
+        let verdict = match (partition.drop, applied) {
+            (true, true) if report.dropped.contains(&partition.name) => "dropped".to_owned(),
+            (true, true) => "kept: no longer droppable when its turn came".to_owned(),
+            (true, false) => "would drop (past retention)".to_owned(),
+            (false, _) => format!("kept: {}", printable(&partition.reason)),
+        };
+        let from = partition
+            .from
+            .map_or("MINVALUE".to_owned(), |f| f.to_string());
+        (
+            [partition.name.clone(), from, partition.to.to_string()],
+            verdict,
+        )
+    });
+    table(&mut out, &columns, "VERDICT", rows);
+    for folded in &report.folded {
+        let _ = writeln!(out, "folded the default partition into {folded}");
+    }
+    for created in &report.created {
+        let _ = writeln!(out, "created {created}");
+    }
+    if !applied {
+        let _ = writeln!(out, "(a plan: run with --apply to create, fold and drop)");
     }
     out
 }
 
-fn escape(label: &str) -> String {
-    let mut out = String::with_capacity(label.len());
-    for c in label.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            // The exposition format has no escape for these; a terminal reading the output
-            // must not act on them either.
-            c if needs_escape(c) => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
+/// A column of a table: its heading, its width, and which side its cells keep to.
+struct Column(&'static str, usize, Align);
+
+/// Numbers keep to the right, words to the left.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+use Align::{Left, Right};
+
+/// Writes a table: a heading line, then a line per row, each cell padded to its column, and
+/// last the row's free-width cell (an error, a verdict) under `last`.
+fn table<const N: usize>(
+    out: &mut String,
+    columns: &[Column; N],
+    last: &str,
+    rows: impl IntoIterator<Item = ([String; N], String)>,
+) {
+    line(
+        out,
+        columns,
+        &columns.each_ref().map(|c| c.0.to_owned()),
+        last,
+    );
+    for (cells, free) in rows {
+        line(out, columns, &cells, &free);
     }
-    out
 }
 
-/// `status` in Prometheus text exposition format (gauges), as `ordo status --prometheus`
-/// prints it.
-pub fn prometheus_text(status: &OutboxStatus) -> String {
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, samples: &[(String, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    let plain = |value: f64| vec![(String::new(), value)];
-    gauge(
-        "ordo_sequence_head",
-        "Highest sequence drawn, committed or not.",
-        &plain(status.sequence_head.get() as f64),
-    );
-    gauge(
-        "ordo_committed_head",
-        "Highest committed sequence.",
-        &plain(status.committed_head.get() as f64),
-    );
-    gauge(
-        "ordo_insert_frontier",
-        "Every sequence at or below it is resolved.",
-        &plain(status.insert_frontier.get() as f64),
-    );
-    gauge(
-        "ordo_commit_head",
-        "Rows in the commit log.",
-        &plain(status.commit_head.get() as f64),
-    );
-    gauge(
-        "ordo_logged_through_sequence",
-        "Every real event at or below it is logged.",
-        &plain(status.logged_through_sequence.get() as f64),
-    );
-    let lanes = |events: bool| {
-        [
-            ("insert", &status.insert_lane),
-            ("commit", &status.commit_lane),
-        ]
-        .iter()
-        .filter_map(|(lane, lag)| {
-            let value = if events {
-                Some(lag.events as f64)
-            } else {
-                lag.seconds
-            };
-            value.map(|v| (format!("{{lane=\"{lane}\"}}"), v))
-        })
-        .collect::<Vec<_>>()
-    };
-    gauge(
-        "ordo_lane_lag_events",
-        "Committed events a lane has not passed yet.",
-        &lanes(true),
-    );
-    gauge(
-        "ordo_lane_lag_seconds",
-        "Age of the oldest event a lane has not passed yet.",
-        &lanes(false),
-    );
-    let subs = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
-        status
-            .subscriptions
-            .iter()
-            .filter_map(|s| {
-                value(s).map(|v| {
-                    (
-                        format!(
-                            "{{subscription=\"{}\",lane=\"{}\"}}",
-                            escape(&s.name),
-                            s.lane
-                        ),
-                        v,
-                    )
-                })
-            })
-            .collect::<Vec<_>>()
-    };
-    gauge(
-        "ordo_subscription_position",
-        "A subscription's checkpoint.",
-        &subs(&|s| Some(s.position.get() as f64)),
-    );
-    gauge(
-        "ordo_subscription_lag",
-        "Positions between a subscription's checkpoint and its lane's head.",
-        &subs(&|s| Some(s.lag as f64)),
-    );
-    gauge(
-        "ordo_subscription_oldest_unprocessed_seconds",
-        "Age of the first event a subscription has not handled.",
-        &subs(&|s| s.oldest_unprocessed_seconds),
-    );
-    gauge(
-        "ordo_subscription_halted",
-        "1 when a subscription is halted.",
-        &subs(&|s| Some(f64::from(u8::from(s.status == RunStatus::Halted)))),
-    );
-    let stalls: Vec<(String, f64)> = status
-        .stalls
-        .iter()
-        .map(|s| {
-            let holder = s
-                .holder
-                .as_ref()
-                .map_or(String::new(), |b| b.pid.to_string());
-            (
-                format!("{{lane=\"{}\",holder_pid=\"{holder}\"}}", s.lane),
-                s.seconds.unwrap_or(0.0),
-            )
-        })
-        .collect();
-    gauge(
-        "ordo_stall_seconds",
-        "How long a lane has been held back, by lane and holder.",
-        &stalls,
-    );
-    out
+fn line<const N: usize>(out: &mut String, columns: &[Column; N], cells: &[String; N], last: &str) {
+    for (Column(_, width, align), cell) in columns.iter().zip(cells) {
+        let _ = match align {
+            Left => write!(out, "{cell:<width$} "),
+            Right => write!(out, "{cell:>width$} "),
+        };
+    }
+    let _ = writeln!(out, " {last}");
 }
 
-/// Seconds left on `sub`'s lease when `status` was measured (negative once expired).
-fn lease_remaining(sub: &SubscriptionStatus, status: &OutboxStatus) -> Option<f64> {
+/// A handler's last error for a table cell: `-` when there is none.
+fn last_error(error: Option<&str>) -> String {
+    printable(error.unwrap_or("-")).into_owned()
+}
+
+/// Seconds left on a subscription's lease at `measured_at` (negative once expired).
+fn lease_remaining(
+    sub: &SubscriptionStatus,
+    measured_at: chrono::DateTime<chrono::Utc>,
+) -> Option<f64> {
     sub.lease_expires_at
-        .map(|at| (at - status.measured_at).num_milliseconds() as f64 / 1e3)
+        .map(|at| (at - measured_at).num_milliseconds() as f64 / 1e3)
 }
 
 /// Who holds a subscription's lease, for the tables: the runner's id (first 8 hex digits) and

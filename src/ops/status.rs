@@ -5,15 +5,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::sql;
 use crate::error::Result;
-use crate::insert_lane::rows::{initial_frontier, to_i64, to_u64};
-use crate::position::{CommitSequence, EventSequence};
-use crate::subscription::handle::{Position, read_lane};
-use crate::subscription::{SubscriptionState, SubscriptionStatus};
+use crate::insert_lane::rows::initial_frontier;
+use crate::position::{CommitSequence, EventSequence, Ordering};
+use crate::subscription::SubscriptionStatus;
 
 /// Which clock the ages are measured on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -57,8 +55,9 @@ pub struct Backend {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct Stall {
-    /// `insert` or `commit`.
-    pub lane: &'static str,
+    /// The lane held back.
+    #[serde(serialize_with = "lane_name")]
+    pub lane: Ordering,
     /// What the lane waits on, in words.
     pub reason: String,
     /// The unresolved sequence the insert lane waits on.
@@ -75,6 +74,11 @@ pub struct Stall {
     /// hold it until `COMMIT PREPARED` or `ROLLBACK PREPARED`, whatever happens to the session
     /// that prepared them.
     pub prepared: Vec<PreparedTransaction>,
+}
+
+/// A lane as JSON shows it: `"insert"` or `"commit"`.
+fn lane_name<S: serde::Serializer>(lane: &Ordering, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(lane.as_str())
 }
 
 /// A prepared transaction, as `pg_prepared_xacts` shows it.
@@ -130,10 +134,6 @@ pub struct OutboxStatus {
 /// Below this, a wait is a transaction committing out of order, not a stall worth naming.
 const STALL_AFTER: Duration = Duration::from_millis(200);
 
-fn seconds(row: &PgRow, column: &str) -> Result<Option<f64>> {
-    Ok(row.try_get::<Option<f64>, _>(column)?)
-}
-
 /// Reads the outbox's state from the database behind `pool`, names the transactions holding a
 /// lane, and returns it all. Cheap on large tables while a sequencer keeps up (every query is
 /// bounded by the frontier or the log's cursor). It only reads: a role with `SELECT` on the
@@ -143,93 +143,63 @@ fn seconds(row: &PgRow, column: &str) -> Result<Option<f64>> {
 /// [`Error::Database`](crate::Error::Database) if a query fails (for instance, the schema is
 /// not migrated).
 pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
-    let row = sqlx::query(sql::POSITIONS).fetch_one(pool).await?;
-    let sequence_head = to_u64(row.try_get("sequence_head")?);
-    let committed_head = to_u64(row.try_get("committed_head")?);
-    let commit_head = to_u64(row.try_get("last_commit_seq")?);
-    let logged_through = to_u64(row.try_get("logged_through_sequence")?);
-    let idle: Option<sqlx::postgres::types::PgInterval> = row.try_get("sequencer_idle")?;
-    let commit_timestamps: bool = row.try_get("commit_timestamps")?;
-    let measured_at: DateTime<Utc> = row.try_get("measured_at")?;
-    let frontier = initial_frontier(pool).await?;
-
-    let lag = sqlx::query(sql::INSERT_LAG)
-        .bind(to_i64(frontier))
-        .bind(commit_timestamps)
-        .fetch_one(pool)
-        .await?;
-    let insert_lane = LaneLag {
-        events: to_u64(lag.try_get("events")?),
-        seconds: seconds(&lag, "age")?,
-    };
-    let lag = sqlx::query(sql::COMMIT_LAG)
-        .bind(to_i64(logged_through))
-        .bind(to_i64(frontier))
-        .bind(commit_timestamps)
-        .fetch_one(pool)
-        .await?;
-    let commit_lane = LaneLag {
-        events: to_u64(lag.try_get("events")?),
-        seconds: seconds(&lag, "age")?,
-    };
-    let subscriptions = subscriptions(
+    let at = sql::positions(pool).await?;
+    let frontier = EventSequence::new(initial_frontier(pool).await?);
+    let insert_lane = sql::insert_lag(pool, frontier, at.commit_timestamps).await?;
+    let commit_lane = sql::commit_lag(
         pool,
-        commit_head,
-        committed_head,
-        commit_timestamps,
-        measured_at,
+        at.logged_through_sequence,
+        frontier,
+        at.commit_timestamps,
     )
     .await?;
-    let sequencer_idle_seconds =
-        idle.map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
-
-    let rows_above_head = rows_above_head(pool, sequence_head, committed_head).await?;
+    let subscriptions = sql::subscriptions(
+        pool,
+        at.last_commit_seq,
+        at.committed_head,
+        at.commit_timestamps,
+        at.measured_at,
+    )
+    .await?;
+    let sequencer_idle_seconds = at
+        .sequencer_idle
+        .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
+    let rows_above_head = rows_above_head(pool, at.sequence_head, at.committed_head).await?;
     let mut stalls = Vec::new();
     let stuck_for = insert_lane.seconds.unwrap_or(0.0);
     if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
-        if frontier >= sequence_head && !rows_above_head.is_empty() {
+        if frontier >= at.sequence_head && !rows_above_head.is_empty() {
             // Nobody holds the hole: no transaction has drawn it yet.
+            let reason = format!(
+                "rows above the sequence head {} (first: {}) were not written by a publish; the lane waits for writers to draw up to them",
+                at.sequence_head, rows_above_head[0]
+            );
             stalls.push(Stall {
-                lane: "insert",
-                reason: format!(
-                    "rows above the sequence head {sequence_head} (first: {}) were not written by a publish; the lane waits for writers to draw up to them",
-                    rows_above_head[0]
-                ),
-                waiting_on: Some(EventSequence::new(frontier + 1)),
-                seconds: Some(stuck_for),
-                holder: None,
-                suspects: Vec::new(),
-                prepared: Vec::new(),
+                waiting_on: Some(frontier.next()),
+                ..Stall::new(Ordering::Insert, reason, stuck_for)
             });
         } else {
-            stalls.push(insert_stall(pool, frontier + 1, stuck_for).await?);
+            stalls.push(insert_stall(pool, frontier.next(), stuck_for).await?);
         }
     }
     let folded_late = commit_lane.seconds.unwrap_or(0.0);
     if commit_lane.events > 0 && folded_late >= 1.0 {
-        stalls.push(Stall {
-            lane: "commit",
-            reason: format!(
-                "{} resolved events wait for the sequencer, which last appended {} ago; is any process folding (an Outbox with the sequencer on, or `ordo fold`)?",
-                commit_lane.events,
-                sequencer_idle_seconds.map_or("never".to_owned(), |s| format!("{s:.1}s"))
-            ),
-            waiting_on: None,
-            seconds: Some(folded_late),
-            holder: None,
-            suspects: Vec::new(),
-            prepared: Vec::new(),
-        });
+        let reason = format!(
+            "{} resolved events wait for the sequencer, which last appended {} ago; is any process folding (an Outbox with the sequencer on, or `ordo fold`)?",
+            commit_lane.events,
+            sequencer_idle_seconds.map_or("never".to_owned(), |s| format!("{s:.1}s"))
+        );
+        stalls.push(Stall::new(Ordering::Commit, reason, folded_late));
     }
     Ok(OutboxStatus {
-        measured_at,
-        sequence_head: EventSequence::new(sequence_head),
-        committed_head: EventSequence::new(committed_head),
-        insert_frontier: EventSequence::new(frontier),
-        commit_head: CommitSequence::new(commit_head),
-        logged_through_sequence: EventSequence::new(logged_through),
+        measured_at: at.measured_at,
+        sequence_head: at.sequence_head,
+        committed_head: at.committed_head,
+        insert_frontier: frontier,
+        commit_head: at.last_commit_seq,
+        logged_through_sequence: at.logged_through_sequence,
         sequencer_idle_seconds,
-        lag_clock: if commit_timestamps {
+        lag_clock: if at.commit_timestamps {
             LagClock::CommitTimestamp
         } else {
             LagClock::RecordedAt
@@ -246,58 +216,17 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
 /// before inserting). Free unless the highest committed row is above the head.
 async fn rows_above_head(
     pool: &PgPool,
-    sequence_head: u64,
-    committed_head: u64,
+    sequence_head: EventSequence,
+    committed_head: EventSequence,
 ) -> Result<Vec<EventSequence>> {
     if committed_head <= sequence_head {
         return Ok(Vec::new());
     }
-    let rows = crate::insert_lane::rows::rows_above(pool, sequence_head).await?;
+    let rows = crate::insert_lane::rows::rows_above(pool, sequence_head.get()).await?;
     Ok(rows
         .into_iter()
         .map(|(sequence, _)| EventSequence::new(sequence))
         .collect())
-}
-
-async fn subscriptions(
-    pool: &PgPool,
-    commit_head: u64,
-    committed_head: u64,
-    commit_timestamps: bool,
-    measured_at: DateTime<Utc>,
-) -> Result<Vec<SubscriptionStatus>> {
-    let rows = sqlx::query(sql::SUBSCRIPTIONS)
-        .bind(to_i64(commit_head))
-        .bind(to_i64(committed_head))
-        .bind(commit_timestamps)
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let lane = read_lane(row, "lane")?;
-            let status = row.try_get("status")?;
-            let lease_owner: Option<uuid::Uuid> = row.try_get("lease_owner")?;
-            let remaining = seconds(row, "lease_remaining")?;
-            let leased = lease_owner.is_some() && remaining.is_some_and(|s| s > 0.0);
-            Ok(SubscriptionStatus {
-                name: row.try_get("name")?,
-                lane,
-                position: Position::read(row, "position", lane)?,
-                lag: to_u64(row.try_get("lag")?),
-                state: SubscriptionState::stored(status, leased),
-                status,
-                attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
-                last_error: row.try_get("last_error")?,
-                lease_owner,
-                // Against the clock the other figures were read on, so that the remaining
-                // time renders as the database measured it.
-                lease_expires_at: remaining
-                    .and_then(|s| chrono::Duration::try_milliseconds((s * 1e3) as i64))
-                    .map(|left| measured_at + left),
-                oldest_unprocessed_seconds: seconds(row, "oldest_unprocessed")?,
-            })
-        })
-        .collect()
 }
 
 /// Names the transaction holding `hole`, without writing anything (a monitoring role may only
@@ -307,12 +236,10 @@ async fn subscriptions(
 /// while it lives it is one of the transactions holding that lock: one of them is the holder,
 /// and when there is only one it is named as such. No such transaction means the writer has
 /// already ended and the lane will prove the hole abandoned.
-async fn insert_stall(pool: &PgPool, hole: u64, stuck_for: f64) -> Result<Stall> {
-    let pids: Vec<i32> = sqlx::query_scalar(sql::SEQUENCE_DRAWERS)
-        .fetch_all(pool)
-        .await?;
-    let live = backends(pool, &pids).await?;
-    let prepared = prepared_drawers(pool).await?;
+async fn insert_stall(pool: &PgPool, hole: EventSequence, stuck_for: f64) -> Result<Stall> {
+    let pids = sql::sequence_drawers(pool).await?;
+    let live = sql::backends(pool, &pids).await?;
+    let prepared = sql::prepared_drawers(pool).await?;
     let candidates = live.len() + prepared.len();
     let (holder, reason) = match (live.as_slice(), prepared.as_slice()) {
         ([only], []) => (
@@ -347,47 +274,25 @@ async fn insert_stall(pool: &PgPool, hole: u64, stuck_for: f64) -> Result<Stall>
     };
     let suspects = if holder.is_some() { Vec::new() } else { live };
     Ok(Stall {
-        lane: "insert",
-        reason,
-        waiting_on: Some(EventSequence::new(hole)),
-        seconds: Some(stuck_for),
+        waiting_on: Some(hole),
         holder,
         suspects,
         prepared,
+        ..Stall::new(Ordering::Insert, reason, stuck_for)
     })
 }
 
-async fn prepared_drawers(pool: &PgPool) -> Result<Vec<PreparedTransaction>> {
-    let rows = sqlx::query(sql::PREPARED_DRAWERS).fetch_all(pool).await?;
-    rows.iter()
-        .map(|row| {
-            Ok(PreparedTransaction {
-                gid: row.try_get("gid")?,
-                owner: row.try_get("owner")?,
-                transaction_id: row.try_get("transaction")?,
-                prepared_seconds: seconds(row, "prepared_age")?,
-            })
-        })
-        .collect()
-}
-
-async fn backends(pool: &PgPool, pids: &[i32]) -> Result<Vec<Backend>> {
-    if pids.is_empty() {
-        return Ok(Vec::new());
+impl Stall {
+    /// A stall of `lane` for `seconds`, with no transaction named yet.
+    fn new(lane: Ordering, reason: String, seconds: f64) -> Self {
+        Self {
+            lane,
+            reason,
+            waiting_on: None,
+            seconds: Some(seconds),
+            holder: None,
+            suspects: Vec::new(),
+            prepared: Vec::new(),
+        }
     }
-    let rows = sqlx::query(sql::BACKENDS)
-        .bind(pids)
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Backend {
-                pid: row.try_get("pid")?,
-                application_name: row.try_get("application_name")?,
-                state: row.try_get("state")?,
-                transaction_seconds: seconds(row, "transaction_age")?,
-                query: row.try_get("query")?,
-            })
-        })
-        .collect()
 }

@@ -226,12 +226,12 @@ where
 
     /// The outbox's state as the database shows it: positions, lag of each lane and each
     /// subscription, and stalls with the transaction holding them. Same as
-    /// [`status`](crate::status) on this outbox's pool; made for health endpoints.
+    /// [`status`](crate::admin::status) on this outbox's pool; made for health endpoints.
     ///
     /// # Errors
     /// [`Error::Database`] if a query fails.
     pub async fn status(&self) -> Result<crate::OutboxStatus> {
-        crate::status(&self.inner.pool).await
+        crate::admin::status(&self.inner.pool).await
     }
 
     /// Shuts the outbox down, in this order:

@@ -203,15 +203,17 @@ pub async fn reset_subscription(
         });
     };
     let given = to.lane();
-    if Ordering::parse(&lane) != Some(given) {
-        let expected = match Ordering::parse(&lane) {
-            Some(Ordering::Commit) => "Commit(CommitSequence)",
-            _ => "Insert(EventSequence)",
+    // The table's CHECK admits only the two lanes.
+    let lane = Ordering::parse(&lane).unwrap_or(Ordering::Insert);
+    if lane != given {
+        let expected = match lane {
+            Ordering::Commit => "Commit(CommitSequence)",
+            Ordering::Insert => "Insert(EventSequence)",
         };
         return Err(Error::PositionLaneMismatch {
             subscription: name.to_owned(),
             lane,
-            given: given.as_str(),
+            given,
             expected,
         });
     }

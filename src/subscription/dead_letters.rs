@@ -26,7 +26,6 @@ use super::handle::{Position, read_lane};
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::error::{Error, Result};
-use crate::insert_lane::cache::SlotItem;
 use crate::insert_lane::rows::decode_full;
 use crate::position::EventSequence;
 
@@ -223,15 +222,15 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     let event = match decode_full::<P>(row) {
-        Ok(slot) => match slot.item {
-            SlotItem::Event(event) => event,
-            SlotItem::Undecodable(undecodable) => {
+        Ok(slot) => match slot.item.into_event() {
+            Some(Ok(event)) => event,
+            Some(Err(undecodable)) => {
                 return Ok(Err(format!(
                     "the payload of ordo.events sequence {} does not decode: {}",
                     slot.sequence, undecodable.error
                 )));
             }
-            _ => {
+            None => {
                 return Ok(Err(format!(
                     "ordo.events sequence {} holds no event",
                     slot.sequence

@@ -68,12 +68,16 @@ where
     let start_at = Position::new(config.ordering, start_at);
     sql::create(&pool, &config.name, start_at).await?;
     let stored = sql::lane(&pool, &config.name).await?;
-    if Ordering::parse(&stored) != Some(config.ordering) {
-        return Err(Error::LaneMismatch {
-            subscription: config.name.clone(),
-            stored,
-            requested: config.ordering.as_str(),
-        });
+    match Ordering::parse(&stored) {
+        Some(stored) if stored == config.ordering => {}
+        // The table's CHECK admits only the two lanes: the stored one is the other.
+        stored => {
+            return Err(Error::LaneMismatch {
+                subscription: config.name.clone(),
+                stored: stored.unwrap_or(Ordering::Insert),
+                requested: config.ordering,
+            });
+        }
     }
 
     let initial = SubscriptionStatus {

@@ -12,7 +12,7 @@ use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::event_type::TypeFilter;
 use crate::insert_lane::LaneShared;
-use crate::insert_lane::cache::{SlotItem, Undecodable};
+use crate::insert_lane::cache::Undecodable;
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
 use crate::position::{CommitSequence, EventSequence};
@@ -123,10 +123,8 @@ where
                         Err(error) => return Some(Err(error)),
                     };
                     for slot in slots {
-                        let event = match slot.item {
-                            SlotItem::Event(event) => Ok(event),
-                            SlotItem::Undecodable(row) => Err(row),
-                            SlotItem::Meta | SlotItem::Placeholder => continue,
+                        let Some(event) = slot.item.into_event() else {
+                            continue;
                         };
                         // On the insert lane the position is the sequence, and every event
                         // is a boundary.

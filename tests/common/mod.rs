@@ -14,6 +14,9 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::Instant;
 
+pub use databases::with_database;
+use databases::{create_database, drop_database_from_drop};
+
 /// A database created for one test and dropped when it ends.
 pub struct TestDb {
     pub pool: PgPool,
@@ -33,21 +36,20 @@ impl TestDb {
     pub async fn with_partition_size(size: Option<u64>) -> TestDb {
         let server = server_url();
         let name = format!("ordo_test_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPool::connect(server)
-            .await
-            .expect("connect to the test server");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
+        create_database(server, &name)
             .await
             .expect("create the test database");
         if let Some(size) = size {
+            let admin = PgPool::connect(server)
+                .await
+                .expect("connect to the test server");
             let sql = format!("ALTER DATABASE {name} SET ordo.partition_size = '{size}'");
             sqlx::query(sqlx::AssertSqlSafe(sql))
                 .execute(&admin)
                 .await
                 .expect("set the partition size");
+            admin.close().await;
         }
-        admin.close().await;
         let url = with_database(server, &name);
         let pool = Self::pool_for(&url, 10).await;
         ordo::migrate(&pool)
@@ -74,23 +76,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
-        let server = server_url().to_owned();
-        // Drop runs outside any runtime we may block; use a thread with its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to drop the test database");
-            runtime.block_on(async move {
-                if let Ok(admin) = PgPool::connect(&server).await {
-                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
-                    admin.close().await;
-                }
-            });
-        });
-        let _ = dropped.join();
+        drop_database_from_drop(server_url().to_owned(), self.name.clone());
     }
 }
 
@@ -170,23 +156,6 @@ fn start_container() -> Result<String, String> {
     })
 }
 
-/// `url` with its database name replaced by `name`.
-pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host_part = match base[scheme_end..].find('/') {
-        Some(slash) => &base[..scheme_end + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host_part}/{name}?{query}"),
-        None => format!("{host_part}/{name}"),
-    }
-}
-
 /// Waits for `condition` to hold, polling every 10 ms, up to `limit`. Returns whether it held.
 pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
 where
@@ -211,5 +180,7 @@ pub struct Note {
     pub writer: u32,
     pub n: u32,
 }
+mod databases;
 pub mod invariants;
 pub mod proxy;
+pub mod subscribers;

@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 use super::sql;
 use super::{PartitionInfo, RetentionConfig};
 use crate::error::{Error, Result};
-use crate::insert_lane::rows::{frontier_on, to_i64, to_u64};
+use crate::insert_lane::rows::frontier_on;
+use crate::position::EventSequence;
 
 /// A range partition pair, named after its `ordo.events` partition.
 #[derive(Debug, Clone)]
@@ -68,19 +69,21 @@ fn parse_bound(name: String, bound: &str) -> Option<Bound> {
 }
 
 /// The range partitions of `ordo.events`, oldest first (the default partition is not one).
+///
+/// # Errors
+/// [`Error::UnreadablePartitionBound`] for a partition that is not a range of sequences.
 pub(super) async fn partitions(conn: &mut PgConnection) -> Result<Vec<Bound>> {
-    let rows = sqlx::query(sql::PARTITIONS).fetch_all(&mut *conn).await?;
     let mut bounds = Vec::new();
-    for row in &rows {
-        let name: String = row.try_get("name")?;
-        let bound: String = row.try_get("bound")?;
+    for (name, bound) in sql::partitions(conn).await? {
         if bound == "DEFAULT" {
             continue;
         }
-        let parsed = parse_bound(name.clone(), &bound).ok_or_else(|| Error::InvalidConfig {
-            setting: "ordo.events partitions",
-            reason: format!("partition {name} has a bound ordo does not understand: {bound}"),
-        })?;
+        let Some(parsed) = parse_bound(name.clone(), &bound) else {
+            return Err(Error::UnreadablePartitionBound {
+                partition: name,
+                bound,
+            });
+        };
         bounds.push(parsed);
     }
     bounds.sort_by_key(|b| b.to);
@@ -89,48 +92,28 @@ pub(super) async fn partitions(conn: &mut PgConnection) -> Result<Vec<Bound>> {
 
 /// The rows in the default partition of `ordo.events`, whose range partitions are `bounds`.
 pub(super) async fn default_rows(conn: &mut PgConnection, bounds: &[Bound]) -> Result<DefaultRows> {
-    let top = to_i64(bounds.last().map_or(0, |b| b.to));
-    let query = match bounds.first().and_then(|b| b.from) {
-        None => sqlx::query(sql::DEFAULT_ROWS_ABOVE).bind(top),
-        Some(low) => sqlx::query(sql::DEFAULT_ROWS_OUTSIDE)
-            .bind(top)
-            .bind(to_i64(low)),
-    };
-    rows_of(&query.fetch_one(&mut *conn).await?)
+    let top = EventSequence::new(bounds.last().map_or(0, |b| b.to));
+    let low = bounds.first().and_then(|b| b.from).map(EventSequence::new);
+    Ok(sql::default_rows(conn, top, low).await?)
 }
 
 /// The lowest and highest sequence in the default partition that a fold has just detached.
 pub(super) async fn detached_range(conn: &mut PgConnection) -> Result<(Option<u64>, Option<u64>)> {
-    let (low, high): (Option<i64>, Option<i64>) = sqlx::query_as(sql::DETACHED_RANGE)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok((low.map(to_u64), high.map(to_u64)))
-}
-
-fn rows_of(row: &sqlx::postgres::PgRow) -> Result<DefaultRows> {
-    let low: Option<i64> = row.try_get("low")?;
-    let high: Option<i64> = row.try_get("high")?;
-    Ok(DefaultRows {
-        rows: to_u64(row.try_get("rows")?),
-        low: low.map(to_u64),
-        high: high.map(to_u64),
-    })
+    let (low, high) = sql::detached_range(conn).await?;
+    Ok((low.map(EventSequence::get), high.map(EventSequence::get)))
 }
 
 /// The drawn head and the partition size, for the steps that only extend the partitions.
 pub(super) async fn head_and_size(conn: &mut PgConnection) -> Result<(u64, u64)> {
-    let state = sqlx::query(sql::STATE).fetch_one(&mut *conn).await?;
-    Ok((
-        to_u64(state.try_get("head")?),
-        to_u64(state.try_get("partition_size")?),
-    ))
+    let state = sql::state(conn).await?;
+    Ok((state.head.get(), state.partition_size))
 }
 
 /// Reads the positions, what consumers need (subscriptions too, unless `force`), and the
 /// partitions.
 pub(super) async fn snapshot(conn: &mut PgConnection, force: bool) -> Result<Snapshot> {
-    let state = sqlx::query(sql::STATE).fetch_one(&mut *conn).await?;
-    let logged_through = to_u64(state.try_get("logged_through_sequence")?);
+    let state = sql::state(conn).await?;
+    let logged_through = state.logged_through_sequence.get();
     let frontier = frontier_on(conn).await?;
     let mut needed_from = frontier + 1;
     let mut needed_by = format!("the insert lane's frontier ({frontier})");
@@ -139,28 +122,24 @@ pub(super) async fn snapshot(conn: &mut PgConnection, force: bool) -> Result<Sna
         needed_by = format!("the sequencer (logged through {logged_through})");
     }
     if !force {
-        for row in sqlx::query(sql::SUBSCRIPTION_NEEDS)
-            .fetch_all(&mut *conn)
-            .await?
-        {
-            let needs: Option<i64> = row.try_get("needs")?;
-            let Some(needs) = needs.map(to_u64) else {
+        for need in sql::subscription_needs(conn).await? {
+            let Some(needs) = need.needs.map(EventSequence::get) else {
                 continue;
             };
             if needs < needed_from {
                 needed_from = needs;
-                let name: String = row.try_get("name")?;
-                let lane: String = row.try_get("lane")?;
-                let position: i64 = row.try_get("position")?;
-                needed_by = format!("subscription {name:?} ({lane} lane, position {position})");
+                needed_by = format!(
+                    "subscription {:?} ({} lane, position {})",
+                    need.name, need.lane, need.position
+                );
             }
         }
     }
     Ok(Snapshot {
-        size: to_u64(state.try_get("partition_size")?),
-        head: to_u64(state.try_get("head")?),
-        events_floor: to_u64(state.try_get("events_floor")?),
-        commit_floor: to_u64(state.try_get("commit_floor")?),
+        size: state.partition_size,
+        head: state.head.get(),
+        events_floor: state.events_floor.get(),
+        commit_floor: state.commit_floor.get(),
         frontier,
         needed_from,
         needed_by,
@@ -172,17 +151,14 @@ pub(super) async fn snapshot(conn: &mut PgConnection, force: bool) -> Result<Sna
 /// below the frontier (resolved: a committed event or a placeholder), so no event can enter it
 /// any more and every event in it committed before this statement runs.
 pub(super) async fn record_seals(conn: &mut PgConnection, snapshot: &Snapshot) -> Result<()> {
-    let sealed: Vec<i64> = snapshot
+    let sealed: Vec<EventSequence> = snapshot
         .bounds
         .iter()
         .filter(|b| b.to <= snapshot.frontier + 1)
-        .map(|b| to_i64(b.to))
+        .map(|b| EventSequence::new(b.to))
         .collect();
     if !sealed.is_empty() {
-        sqlx::query(sql::RECORD_SEALS)
-            .bind(sealed)
-            .execute(&mut *conn)
-            .await?;
+        sql::record_seals(conn, &sealed).await?;
     }
     Ok(())
 }
@@ -192,8 +168,8 @@ pub(super) async fn record_seals(conn: &mut PgConnection, snapshot: &Snapshot) -
 /// A role that may not read the seals (an application role watching, with maintenance off)
 /// sees none: every partition then counts as sealed just now, so a plan drops nothing.
 pub(super) async fn seal_ages(conn: &mut PgConnection) -> Result<HashMap<u64, f64>> {
-    let rows = match sqlx::query(sql::SEAL_AGES).fetch_all(&mut *conn).await {
-        Ok(rows) => rows,
+    let ages = match sql::seal_ages(conn).await {
+        Ok(ages) => ages,
         Err(sqlx::Error::Database(error))
             if error.code().as_deref() == Some(super::INSUFFICIENT_PRIVILEGE) =>
         {
@@ -201,9 +177,10 @@ pub(super) async fn seal_ages(conn: &mut PgConnection) -> Result<HashMap<u64, f6
         }
         Err(error) => return Err(error.into()),
     };
-    rows.iter()
-        .map(|row| Ok((to_u64(row.try_get("upper_bound")?), row.try_get("age")?)))
-        .collect()
+    Ok(ages
+        .into_iter()
+        .map(|(bound, age)| (bound.get(), age))
+        .collect())
 }
 
 /// The verdict on the partition at `index` of the snapshot, assuming every older one goes.
@@ -256,11 +233,8 @@ fn within_retention(config: &RetentionConfig, sealed_seconds: Option<f64>) -> Op
 }
 
 async fn straddles(conn: &mut PgConnection, bound: &Bound) -> Result<bool> {
-    Ok(sqlx::query_scalar(sql::STRADDLES)
-        .bind(to_i64(bound.from.unwrap_or(0)))
-        .bind(to_i64(bound.to))
-        .fetch_one(&mut *conn)
-        .await?)
+    let from = EventSequence::new(bound.from.unwrap_or(0));
+    Ok(sql::straddles(conn, from, EventSequence::new(bound.to)).await?)
 }
 
 /// Range partitions wholly above the head (no event can be in them yet).

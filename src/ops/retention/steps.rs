@@ -15,7 +15,7 @@ use super::plan::{self, PAST_RETENTION};
 use super::sql;
 use super::{PartitionInfo, RetentionConfig};
 use crate::error::{Error, Result};
-use crate::insert_lane::rows::to_i64;
+use crate::position::EventSequence;
 
 /// lock_not_available: the step's lock timeout expired.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -97,8 +97,7 @@ fn sqlstate_of<T>(result: &Result<T>) -> Option<String> {
 /// waited for only that long.
 async fn begin(conn: &mut PgConnection) -> Result<sqlx::Transaction<'_, sqlx::Postgres>> {
     let mut tx = conn.begin().await?;
-    sqlx::query(sql::LOCK_TIMEOUT).execute(&mut *tx).await?;
-    sqlx::query(sql::SERIALISE).execute(&mut *tx).await?;
+    sql::lock_step(&mut tx).await?;
     Ok(tx)
 }
 
@@ -201,16 +200,10 @@ async fn drop_oldest(
         .await?;
     // The log entries of exactly the dropped events (a prefix of the log: no group straddles
     // `to`, checked by the verdict) go in the same transaction.
+    let to = EventSequence::new(to);
     let commit_floor = crate::commit_lane::trim_below(&mut tx, to).await?;
-    sqlx::query(sql::FLOORS)
-        .bind(to_i64(to))
-        .bind(to_i64(commit_floor))
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(sql::FORGET_SEAL)
-        .bind(to_i64(to))
-        .execute(&mut *tx)
-        .await?;
+    sql::set_floors(&mut tx, to, commit_floor).await?;
+    sql::forget_seal(&mut tx, to).await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -1,0 +1,173 @@
+//! [`OutboxStatus`] for Prometheus: the text exposition format, gauges only, as
+//! `ordo status --prometheus` prints it.
+
+use std::fmt::Write;
+
+use super::render::needs_escape;
+use super::status::OutboxStatus;
+use crate::position::Ordering;
+use crate::subscription::{RunStatus, SubscriptionStatus};
+
+/// A gauge: its name, its help text, and its samples (a label set, `{lane="insert"}` or empty,
+/// and a value each).
+type Gauge = (&'static str, &'static str, Vec<(String, f64)>);
+
+/// `status` in Prometheus text exposition format (gauges), as `ordo status --prometheus`
+/// prints it.
+pub fn prometheus_text(status: &OutboxStatus) -> String {
+    let mut out = String::new();
+    let gauges = positions(status)
+        .into_iter()
+        .chain(lanes(status))
+        .chain(subscriptions(status))
+        .chain([stalls(status)]);
+    for (name, help, samples) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    }
+    out
+}
+
+fn positions(status: &OutboxStatus) -> [Gauge; 5] {
+    let plain = |value: u64| vec![(String::new(), value as f64)];
+    [
+        (
+            "ordo_sequence_head",
+            "Highest sequence drawn, committed or not.",
+            plain(status.sequence_head.get()),
+        ),
+        (
+            "ordo_committed_head",
+            "Highest committed sequence.",
+            plain(status.committed_head.get()),
+        ),
+        (
+            "ordo_insert_frontier",
+            "Every sequence at or below it is resolved.",
+            plain(status.insert_frontier.get()),
+        ),
+        (
+            "ordo_commit_head",
+            "Rows in the commit log.",
+            plain(status.commit_head.get()),
+        ),
+        (
+            "ordo_logged_through_sequence",
+            "Every real event at or below it is logged.",
+            plain(status.logged_through_sequence.get()),
+        ),
+    ]
+}
+
+fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
+    let lanes = [
+        (Ordering::Insert, &status.insert_lane),
+        (Ordering::Commit, &status.commit_lane),
+    ];
+    let samples = |events: bool| {
+        lanes
+            .iter()
+            .filter_map(|(lane, lag)| {
+                let value = if events {
+                    Some(lag.events as f64)
+                } else {
+                    lag.seconds
+                };
+                value.map(|v| (format!("{{lane=\"{lane}\"}}"), v))
+            })
+            .collect()
+    };
+    [
+        (
+            "ordo_lane_lag_events",
+            "Committed events a lane has not passed yet.",
+            samples(true),
+        ),
+        (
+            "ordo_lane_lag_seconds",
+            "Age of the oldest event a lane has not passed yet.",
+            samples(false),
+        ),
+    ]
+}
+
+fn subscriptions(status: &OutboxStatus) -> [Gauge; 4] {
+    let samples = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
+        status
+            .subscriptions
+            .iter()
+            .filter_map(|s| {
+                let labels = format!(
+                    "{{subscription=\"{}\",lane=\"{}\"}}",
+                    escape(&s.name),
+                    s.lane
+                );
+                value(s).map(|v| (labels, v))
+            })
+            .collect()
+    };
+    [
+        (
+            "ordo_subscription_position",
+            "A subscription's checkpoint.",
+            samples(&|s| Some(s.position.get() as f64)),
+        ),
+        (
+            "ordo_subscription_lag",
+            "Positions between a subscription's checkpoint and its lane's head.",
+            samples(&|s| Some(s.lag as f64)),
+        ),
+        (
+            "ordo_subscription_oldest_unprocessed_seconds",
+            "Age of the first event a subscription has not handled.",
+            samples(&|s| s.oldest_unprocessed_seconds),
+        ),
+        (
+            "ordo_subscription_halted",
+            "1 when a subscription is halted.",
+            samples(&|s| Some(f64::from(u8::from(s.status == RunStatus::Halted)))),
+        ),
+    ]
+}
+
+fn stalls(status: &OutboxStatus) -> Gauge {
+    let samples = status
+        .stalls
+        .iter()
+        .map(|s| {
+            let holder = s
+                .holder
+                .as_ref()
+                .map_or(String::new(), |b| b.pid.to_string());
+            (
+                format!("{{lane=\"{}\",holder_pid=\"{holder}\"}}", s.lane),
+                s.seconds.unwrap_or(0.0),
+            )
+        })
+        .collect();
+    (
+        "ordo_stall_seconds",
+        "How long a lane has been held back, by lane and holder.",
+        samples,
+    )
+}
+
+/// A label value as the exposition format writes it.
+fn escape(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    for c in label.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            // The exposition format has no escape for these; a terminal reading the output
+            // must not act on them either.
+            c if needs_escape(c) => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
