@@ -49,6 +49,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// share of the CPU the writers needed), while a commit after a quiet spell is appended at
 /// once. The cap bounds what the rest adds to the commit lane's latency.
 const REST_MAX: Duration = Duration::from_millis(4);
+/// Only an append of at least this many groups rests after it: a single transaction at a time
+/// (one writer at 500 tx/s) is appended as it comes, a stream of several is coalesced.
+const REST_FROM_GROUPS: usize = 2;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The skip set's mark for a group planned but not appended yet: no member is above it.
 const PLANNED: u64 = u64::MAX;
@@ -154,9 +157,14 @@ where
                     match step {
                         Step::Append => {
                             let started = Instant::now();
+                            let groups = plan.len();
                             self.turns.settled();
                             self.append_plan(&mut state, &mut reader, &mut plan).await?;
-                            let rest = started.elapsed().min(REST_MAX);
+                            let rest = if groups >= REST_FROM_GROUPS {
+                                started.elapsed().min(REST_MAX)
+                            } else {
+                                Duration::ZERO
+                            };
                             due = (started + self.interval).max(Instant::now() + rest);
                         }
                         Step::AskPeer => {
