@@ -46,6 +46,12 @@ pub(crate) struct LaneShared<P> {
     /// appends those at once and leaves other processes' groups to them (see
     /// `commit_lane::sequencer`).
     own_commits: Mutex<HashSet<i64>>,
+    /// This outbox's mark on its wake-ups, so that it can tell its own (echoed back by LISTEN;
+    /// it has those events already) from another process's.
+    pub(crate) instance: u64,
+    /// Set by a wake-up from another process: rows may have committed below what this process
+    /// holds, in the holes it waits on.
+    foreign_wake: std::sync::atomic::AtomicBool,
 }
 
 /// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
@@ -69,6 +75,8 @@ impl<P> LaneShared<P> {
             resync: std::sync::atomic::AtomicBool::new(false),
             page_size,
             own_commits: Mutex::new(HashSet::new()),
+            instance: uuid::Uuid::new_v4().as_u64_pair().0,
+            foreign_wake: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -99,6 +107,17 @@ impl<P> LaneShared<P> {
     pub(crate) fn request_resync(&self) {
         self.resync.store(true, Ordering::Release);
         self.poke.notify_one();
+    }
+
+    /// A wake-up from another process that committed up to `sequence`.
+    pub(crate) fn hint_foreign(&self, sequence: u64) {
+        self.foreign_wake.store(true, Ordering::Release);
+        self.hint_head(sequence);
+    }
+
+    /// Whether another process woke this one since the last call.
+    pub(crate) fn take_foreign_wake(&self) -> bool {
+        self.foreign_wake.swap(false, Ordering::AcqRel)
     }
 
     /// Records that `sequence` has been drawn and wakes the frontier task.

@@ -74,12 +74,36 @@ async fn connect(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error
 async fn receive<P>(listener: &mut PgListener, shared: &LaneShared<P>) -> String {
     loop {
         match listener.try_recv().await {
-            Ok(Some(notification)) => match notification.payload().parse::<u64>() {
-                Ok(sequence) => shared.hint_head(sequence),
-                Err(_) => shared.request_resync(),
+            Ok(Some(notification)) => match parse(notification.payload()) {
+                // Our own commit, echoed back: the lane has it from the writer already.
+                Some((_, Some(instance))) if instance == shared.instance => {}
+                Some((sequence, _)) => shared.hint_foreign(sequence),
+                None => shared.request_resync(),
             },
             Ok(None) => return "connection closed".to_owned(),
             Err(error) => return error.to_string(),
         }
+    }
+}
+
+/// A wake-up's payload: the highest sequence the sender committed, then (since 0.1) the
+/// sending outbox's instance in hex. A payload without it (an older sender) counts as foreign.
+fn parse(payload: &str) -> Option<(u64, Option<u64>)> {
+    let mut parts = payload.split(' ');
+    let sequence = parts.next()?.parse().ok()?;
+    let instance = parts.next().and_then(|i| u64::from_str_radix(i, 16).ok());
+    Some((sequence, instance))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn a_payload_names_the_sequence_and_maybe_the_sender() {
+        assert_eq!(parse("42 00000000000000ff"), Some((42, Some(255))));
+        assert_eq!(parse("42"), Some((42, None)));
+        assert_eq!(parse("42 not-hex"), Some((42, None)));
+        assert_eq!(parse("x"), None);
     }
 }

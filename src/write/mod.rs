@@ -37,6 +37,7 @@ pub(crate) fn spawn<P>(
                 pool.clone(),
                 config.notify_channel.clone(),
                 config.notify_debounce,
+                lane.instance,
                 sink.watch_committed(),
                 tasks.signal(),
             ),

@@ -18,6 +18,7 @@ pub(crate) async fn run(
     pool: PgPool,
     channel: String,
     debounce: Duration,
+    instance: u64,
     mut committed: watch::Receiver<EventSequence>,
     mut stop: StopSignal,
 ) {
@@ -32,7 +33,7 @@ pub(crate) async fn run(
         if latest <= sent {
             continue;
         }
-        match sql::notify(&pool, &channel, latest).await {
+        match sql::notify(&pool, &channel, latest, instance).await {
             Ok(_) => sent = latest,
             // Listeners also resync on a timer: a lost wake-up costs latency, not events.
             Err(error) => tracing::warn!(%error, "sending a wake-up failed"),

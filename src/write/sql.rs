@@ -52,10 +52,11 @@ pub(crate) async fn notify(
     pool: &PgPool,
     channel: &str,
     committed: EventSequence,
+    instance: u64,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(NOTIFY)
         .bind(channel)
-        .bind(committed.to_string())
+        .bind(format!("{committed} {instance:016x}"))
         .execute(pool)
         .await?;
     Ok(())
