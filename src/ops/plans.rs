@@ -23,157 +23,168 @@ pub struct HotStatement {
     pub args: &'static str,
 }
 
+use crate::commit_lane::sql as commit;
+use crate::insert_lane::{resolve, rows};
+use crate::ops::sql as ops;
+use crate::subscription::sql as sub;
+use crate::write::sql as write;
+
 /// Every statement on ordo's hot paths (writes, both lanes, subscriptions, status).
 #[doc(hidden)]
 pub fn hot_path_statements() -> Vec<HotStatement> {
-    use crate::commit_lane::sql as commit;
-    use crate::insert_lane::{resolve, rows};
-    use crate::ops::sql as ops;
-    use crate::subscription::sql as sub;
-    use crate::write::sql as write;
-    let s = |name, sql, types, args| HotStatement {
+    HOT_PATH.to_vec()
+}
+
+const fn s(
+    name: &'static str,
+    sql: &'static str,
+    types: &'static str,
+    args: &'static str,
+) -> HotStatement {
+    HotStatement {
         name,
         sql,
         types,
         args,
-    };
-    vec![
-        s(
-            "write: insert events",
-            write::INSERT_EVENTS,
-            "uuid[], text[], text[], text[]",
-            "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
-        ),
-        s(
-            "insert lane: page",
-            rows::PAGE_FULL,
-            "bigint, bigint, bigint",
-            "0, 512, 512",
-        ),
-        s(
-            "insert lane: page without payloads",
-            rows::PAGE_META,
-            "bigint, bigint, bigint",
-            "0, 512, 512",
-        ),
-        s(
-            "insert lane: fetch",
-            rows::FETCH,
-            "bigint[], bigint, bigint",
-            "ARRAY[5]::bigint[], 10, 512",
-        ),
-        s("insert lane: sequence head", rows::HEAD, "", ""),
-        s(
-            "insert lane: contiguous end",
-            rows::CONTIGUOUS_END,
-            "bigint",
-            "0",
-        ),
-        s("insert lane: resolved floor", rows::RESOLVED_FLOOR, "", ""),
-        s("insert lane: retention floors", rows::FLOORS, "", ""),
-        s("insert lane: snapshot", resolve::SNAPSHOT, "", ""),
-        s(
-            "insert lane: abandonment proof",
-            resolve::ABANDONED,
-            "text",
-            "'10:20:15'",
-        ),
-        s(
-            "insert lane: placeholders",
-            resolve::FILL,
-            "bigint, bigint",
-            "5, 9",
-        ),
-        s("commit lane: restart", commit::RESTART, "", ""),
-        s(
-            "commit lane: catch up",
-            commit::CATCH_UP,
-            "bigint, bigint",
-            "0, 8192",
-        ),
-        s(
-            "commit lane: append",
-            commit::APPEND,
-            "bigint, bigint, bigint[], bigint[]",
-            "0, 10, ARRAY[700, 701]::bigint[], ARRAY[1, 4]::bigint[]",
-        ),
-        s("commit lane: head", commit::HEAD, "", ""),
-        s(
-            "commit lane: page",
-            commit::PAGE,
-            "bigint, bigint, bigint",
-            "0, 512, 512",
-        ),
-        s(
-            "commit lane: retention trim",
-            commit::TRIM,
-            "bigint",
-            "1000001",
-        ),
-        s(
-            "subscription: create",
-            sub::CREATE,
-            "text, text, bigint",
-            "'s', 'commit', 0",
-        ),
-        s("subscription: lane", sub::LANE, "text", "'s'"),
-        s(
-            "subscription: claim",
-            sub::CLAIM,
-            "text, uuid, bigint",
-            LEASE_ARGS,
-        ),
-        s(
-            "subscription: renew",
-            sub::RENEW,
-            "text, uuid, bigint",
-            LEASE_ARGS,
-        ),
-        s(
-            "subscription: checkpoint",
-            sub::CHECKPOINT,
-            "text, uuid, bigint, bigint, bigint",
-            "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
-        ),
-        s(
-            "subscription: failed attempt",
-            sub::FAILED,
-            "text, uuid, integer, text, bigint",
-            "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 1, 'boom', 30000",
-        ),
-        s(
-            "subscription: dead letter",
-            sub::DEAD_LETTER,
-            "text, text, bigint, bigint, text, integer",
-            "'s', 'commit', 9, 9, 'boom', 3",
-        ),
-        s(
-            "subscription: release",
-            sub::RELEASE,
-            "text, uuid",
-            "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid",
-        ),
-        s("status: positions", ops::POSITIONS, "", ""),
-        s(
-            "status: insert lag",
-            ops::INSERT_LAG,
-            "bigint, boolean",
-            "0, false",
-        ),
-        s(
-            "status: commit lag",
-            ops::COMMIT_LAG,
-            "bigint, bigint, boolean",
-            "0, 100, false",
-        ),
-        s(
-            "status: subscriptions",
-            ops::SUBSCRIPTIONS,
-            "bigint, bigint, boolean",
-            "100, 100, false",
-        ),
-    ]
+    }
 }
+
+const HOT_PATH: &[HotStatement] = &[
+    s(
+        "write: insert events",
+        write::INSERT_EVENTS,
+        "uuid[], text[], text[], text[]",
+        "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
+    ),
+    s(
+        "insert lane: page",
+        rows::PAGE_FULL,
+        "bigint, bigint, bigint",
+        "0, 512, 512",
+    ),
+    s(
+        "insert lane: page without payloads",
+        rows::PAGE_META,
+        "bigint, bigint, bigint",
+        "0, 512, 512",
+    ),
+    s(
+        "insert lane: fetch",
+        rows::FETCH,
+        "bigint[], bigint, bigint",
+        "ARRAY[5]::bigint[], 10, 512",
+    ),
+    s("insert lane: sequence head", rows::HEAD, "", ""),
+    s(
+        "insert lane: contiguous end",
+        rows::CONTIGUOUS_END,
+        "bigint",
+        "0",
+    ),
+    s("insert lane: resolved floor", rows::RESOLVED_FLOOR, "", ""),
+    s("insert lane: retention floors", rows::FLOORS, "", ""),
+    s("insert lane: snapshot", resolve::SNAPSHOT, "", ""),
+    s(
+        "insert lane: abandonment proof",
+        resolve::ABANDONED,
+        "text",
+        "'10:20:15'",
+    ),
+    s(
+        "insert lane: placeholders",
+        resolve::FILL,
+        "bigint, bigint",
+        "5, 9",
+    ),
+    s("commit lane: restart", commit::RESTART, "", ""),
+    s(
+        "commit lane: catch up",
+        commit::CATCH_UP,
+        "bigint, bigint",
+        "0, 8192",
+    ),
+    s(
+        "commit lane: append",
+        commit::APPEND,
+        "bigint, bigint, bigint[], bigint[]",
+        "0, 10, ARRAY[700, 701]::bigint[], ARRAY[1, 4]::bigint[]",
+    ),
+    s("commit lane: head", commit::HEAD, "", ""),
+    s(
+        "commit lane: page",
+        commit::PAGE,
+        "bigint, bigint, bigint",
+        "0, 512, 512",
+    ),
+    s(
+        "commit lane: retention trim",
+        commit::TRIM,
+        "bigint",
+        "1000001",
+    ),
+    s(
+        "subscription: create",
+        sub::CREATE,
+        "text, text, bigint",
+        "'s', 'commit', 0",
+    ),
+    s("subscription: lane", sub::LANE, "text", "'s'"),
+    s(
+        "subscription: claim",
+        sub::CLAIM,
+        "text, uuid, bigint",
+        LEASE_ARGS,
+    ),
+    s(
+        "subscription: renew",
+        sub::RENEW,
+        "text, uuid, bigint",
+        LEASE_ARGS,
+    ),
+    s(
+        "subscription: checkpoint",
+        sub::CHECKPOINT,
+        "text, uuid, bigint, bigint, bigint",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+    ),
+    s(
+        "subscription: failed attempt",
+        sub::FAILED,
+        "text, uuid, integer, text, bigint",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 1, 'boom', 30000",
+    ),
+    s(
+        "subscription: dead letter",
+        sub::DEAD_LETTER,
+        "text, text, bigint, bigint, text, integer",
+        "'s', 'commit', 9, 9, 'boom', 3",
+    ),
+    s(
+        "subscription: release",
+        sub::RELEASE,
+        "text, uuid",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid",
+    ),
+    s("status: positions", ops::POSITIONS, "", ""),
+    s(
+        "status: insert lag",
+        ops::INSERT_LAG,
+        "bigint, boolean",
+        "0, false",
+    ),
+    s(
+        "status: commit lag",
+        ops::COMMIT_LAG,
+        "bigint, bigint, boolean",
+        "0, 100, false",
+    ),
+    s(
+        "status: subscriptions",
+        ops::SUBSCRIPTIONS,
+        "bigint, bigint, boolean",
+        "100, 100, false",
+    ),
+];
 
 /// Claim and renew take the same arguments.
 const LEASE_ARGS: &str = "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 30000";

@@ -66,20 +66,7 @@ where
         (StartFrom::Now, Ordering::Commit) => commit.head(),
     };
     let start_at = Position::new(config.ordering, start_at);
-    sql::create(&pool, &config.name, start_at).await?;
-    let stored = sql::lane(&pool, &config.name).await?;
-    match Ordering::parse(&stored) {
-        Some(stored) if stored == config.ordering => {}
-        // The table's CHECK admits only the two lanes: the stored one is the other.
-        stored => {
-            return Err(Error::LaneMismatch {
-                subscription: config.name.clone(),
-                stored: stored.unwrap_or(Ordering::Insert),
-                requested: config.ordering,
-            });
-        }
-    }
-
+    ensure_row(&pool, &config, start_at).await?;
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -135,4 +122,19 @@ where
         heads,
         detached: false,
     })
+}
+
+/// Creates the subscription's row at `start_at` if it is new; refuses a row of the other lane.
+async fn ensure_row(pool: &PgPool, config: &JobConfig, start_at: Position) -> Result<()> {
+    sql::create(pool, &config.name, start_at).await?;
+    let stored = sql::lane(pool, &config.name).await?;
+    match Ordering::parse(&stored) {
+        Some(stored) if stored == config.ordering => Ok(()),
+        // The table's CHECK admits only the two lanes: the stored one is the other.
+        stored => Err(Error::LaneMismatch {
+            subscription: config.name.clone(),
+            stored: stored.unwrap_or(Ordering::Insert),
+            requested: config.ordering,
+        }),
+    }
 }
