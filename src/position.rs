@@ -119,7 +119,8 @@ position!(CommitSequence);
 
 /// A lane: the one enum that names it everywhere (a subscription's choice, errors, status, dead
 /// letters, the CLI). Stored and printed as `insert` / `commit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Ordering {
     /// The insert-ordered lane; the position is an [`EventSequence`](crate::EventSequence).

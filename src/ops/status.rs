@@ -56,7 +56,6 @@ pub struct Backend {
 #[non_exhaustive]
 pub struct Stall {
     /// The lane held back.
-    #[serde(serialize_with = "lane_name")]
     pub lane: Ordering,
     /// What the lane waits on, in words.
     pub reason: String,
@@ -74,11 +73,6 @@ pub struct Stall {
     /// hold it until `COMMIT PREPARED` or `ROLLBACK PREPARED`, whatever happens to the session
     /// that prepared them.
     pub prepared: Vec<PreparedTransaction>,
-}
-
-/// A lane as JSON shows it: `"insert"` or `"commit"`.
-fn lane_name<S: serde::Serializer>(lane: &Ordering, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(lane.as_str())
 }
 
 /// A prepared transaction, as `pg_prepared_xacts` shows it.

@@ -112,7 +112,6 @@ pub struct DeadLetter {
     /// The subscription that gave up.
     pub subscription: String,
     /// The lane `position` is in (printed `insert` or `commit`).
-    #[serde(serialize_with = "super::status::serialize_lane")]
     pub lane: Ordering,
     /// The event's position in the subscription's lane.
     pub position: Position,

@@ -127,14 +127,6 @@ impl SubscriptionState {
     }
 }
 
-/// A lane as its name (`insert`, `commit`), wherever one is serialized with a row.
-pub(crate) fn serialize_lane<S: serde::Serializer>(
-    lane: &Ordering,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(lane.as_str())
-}
-
 /// Where a subscription stands. Three readers report it:
 ///
 /// - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
@@ -150,7 +142,6 @@ pub struct SubscriptionStatus {
     /// The subscription's name.
     pub name: String,
     /// Its lane (printed `insert` or `commit`).
-    #[serde(serialize_with = "serialize_lane")]
     pub lane: Ordering,
     /// Everything at or below this position has been handled and checkpointed.
     pub position: Position,
