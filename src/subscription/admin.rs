@@ -151,7 +151,7 @@ async fn delete(
 
 /// Every subscription, by name, as the database stores it: each one's `state` says whether some
 /// runner holds a live lease (see [`SubscriptionStatus`]); `oldest_unprocessed_seconds` is
-/// `None` here ([`status`](crate::status) measures it).
+/// `None` here ([`status`](crate::admin::status) measures it).
 ///
 /// # Errors
 /// [`Error::Database`] if the table cannot be read.

@@ -141,7 +141,7 @@ pub(crate) struct Heads {
 impl SubscriptionHandle {
     /// The subscription's current status as this process's runner sees it (no query), with
     /// its lag against this process's view of the lane head. Its `state` is the runner's own;
-    /// [`list_subscriptions`](crate::list_subscriptions) reads the same status from the
+    /// [`list_subscriptions`](crate::admin::list_subscriptions) reads the same status from the
     /// database, for any process's runner.
     pub fn status(&self) -> SubscriptionStatus {
         self.with_lag(&self.status.borrow())

@@ -93,7 +93,7 @@ impl sqlx::Encode<'_, sqlx::Postgres> for RunStatus {
 
 /// What is happening to a subscription, as its reader can tell: a
 /// [`SubscriptionHandle`](crate::SubscriptionHandle) tells what its own runner does; the
-/// database ([`list_subscriptions`](crate::list_subscriptions), [`status`](crate::status))
+/// database ([`list_subscriptions`](crate::admin::list_subscriptions), [`status`](crate::admin::status))
 /// tells `Running`, `Stopped`, `Paused` or `Halted`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -132,9 +132,9 @@ impl SubscriptionState {
 /// - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
 ///   live and free (no query); its lag is against this process's view of the lane head, its
 ///   [`state`](Self::state) is what that runner does.
-/// - [`list_subscriptions`](crate::list_subscriptions) (`ordo subscriptions`): every
+/// - [`list_subscriptions`](crate::admin::list_subscriptions) (`ordo subscriptions`): every
 ///   subscription, from the database; the state says whether some runner holds a live lease.
-/// - [`status`](crate::status) (`ordo status`): the same, with
+/// - [`status`](crate::admin::status) (`ordo status`): the same, with
 ///   [`oldest_unprocessed_seconds`](Self::oldest_unprocessed_seconds).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
@@ -164,7 +164,7 @@ pub struct SubscriptionStatus {
     /// extended it, by this machine's clock.
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Seconds since the first event it has not handled was committed (or recorded). Only
-    /// [`status`](crate::status) measures it; `None` from the other readers, and when every
+    /// [`status`](crate::admin::status) measures it; `None` from the other readers, and when every
     /// event is handled.
     pub oldest_unprocessed_seconds: Option<f64>,
 }
