@@ -9,39 +9,11 @@ use std::time::Duration;
 /// How long the peers get to race, and to catch up.
 const PATIENCE: Duration = Duration::from_secs(60);
 
+use common::counters::Counters;
 use common::invariants::{ORDO, check_log, counts};
 use common::{Note, TestDb, eventually};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use ordo::{Outbox, OutboxConfig, metrics as names};
-
-/// The running totals of the counters this test reads (the recorder resets counters at every
-/// snapshot, so they are summed here).
-#[derive(Default)]
-struct Totals {
-    refused: u64,
-    restarts: u64,
-}
-
-impl Totals {
-    fn add(&mut self, snapshotter: &Snapshotter) {
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let DebugValue::Counter(count) = value else {
-                continue;
-            };
-            let name = key.key().name();
-            if name == names::FOLD_RESTARTS {
-                self.restarts += count;
-            } else if name == names::FOLD_APPENDS
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "result" && l.value() == "refused")
-            {
-                self.refused += count;
-            }
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sequencers_losing_the_cas_follow_the_winner_without_restarting() {
@@ -58,11 +30,13 @@ async fn three_sequencers_losing_the_cas_follow_the_winner_without_restarting() 
             .expect("outbox");
         peers.push(outbox);
     }
-    let mut totals = Totals::default();
+    let mut totals = Counters::default();
     // Write until peers have lost the CAS a good number of times (a race, so bounded by time).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut round = 0u32;
-    while totals.refused < 20 && tokio::time::Instant::now() < deadline {
+    while totals.get(names::FOLD_APPENDS, Some("refused")) < 20
+        && tokio::time::Instant::now() < deadline
+    {
         let mut writers = Vec::new();
         for writer in 0..6u32 {
             let outbox = peers[writer as usize % peers.len()].clone();
@@ -95,13 +69,14 @@ async fn three_sequencers_losing_the_cas_follow_the_winner_without_restarting() 
     }
     totals.add(&snapshotter);
     assert!(
-        totals.refused > 0,
+        totals.get(names::FOLD_APPENDS, Some("refused")) > 0,
         "the peers never lost a compare-and-set in {round} rounds: the test proved nothing"
     );
     assert_eq!(
-        totals.restarts, 3,
+        totals.get(names::FOLD_RESTARTS, None),
+        3,
         "each sequencer restarts once, at start; {} refusals must not add restarts",
-        totals.refused
+        totals.get(names::FOLD_APPENDS, Some("refused"))
     );
     for peer in peers {
         peer.shutdown().await;

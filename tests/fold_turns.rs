@@ -7,40 +7,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::counters::Counters;
 use common::invariants::{ORDO, check_log};
 use common::{Note, TestDb, eventually};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use ordo::{Outbox, OutboxConfig, metrics as names};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// The fold counters this test reads, summed over snapshots (each snapshot resets them).
-#[derive(Default, Debug)]
-struct Totals {
-    left_to_peer: u64,
-    restarts: u64,
-}
-
-impl Totals {
-    fn add(&mut self, snapshotter: &Snapshotter) {
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let DebugValue::Counter(count) = value else {
-                continue;
-            };
-            let name = key.key().name();
-            if name == names::FOLD_RESTARTS {
-                self.restarts += count;
-            } else if name == names::FOLD_APPENDS
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "result" && l.value() == "left_to_peer")
-            {
-                self.left_to_peer += count;
-            }
-        }
-    }
-}
 
 async fn publish(outbox: &Outbox<Note>, writer: u32, transactions: u32) {
     for n in 0..transactions {
@@ -79,10 +52,10 @@ async fn a_peer_that_lost_yields_to_the_writers_process_and_takes_over_when_it_s
         both_at(100).await,
         "the log did not reach 100 in both processes"
     );
-    let mut totals = Totals::default();
+    let mut totals = Counters::default();
     totals.add(&snapshotter);
     assert!(
-        totals.left_to_peer > 0,
+        totals.get(names::FOLD_APPENDS, Some("left_to_peer")) > 0,
         "the peer never yielded to the writer's process: {totals:?}"
     );
 
@@ -106,7 +79,8 @@ async fn a_peer_that_lost_yields_to_the_writers_process_and_takes_over_when_it_s
     }
     totals.add(&snapshotter);
     assert_eq!(
-        totals.restarts, 2,
+        totals.get(names::FOLD_RESTARTS, None),
+        2,
         "each folding process restarts once, at start; yielding is not a restart"
     );
     plain.shutdown().await;

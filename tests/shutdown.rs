@@ -228,38 +228,8 @@ async fn a_standby_takes_over_a_released_lease_long_before_it_would_expire() {
     second.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_aborts_a_handler_that_never_returns_and_releases_its_lease() {
-    let db = TestDb::new().await;
-    handled_table(&db.pool).await;
-    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let entered = Arc::new(Notify::new());
-    let stuck = Stuck {
-        entered: Arc::clone(&entered),
-    };
-    let _handle = outbox
-        .subscribe(short_lease("stuck"), stuck)
-        .await
-        .expect("subscribe");
-    publish_one(&outbox, 1).await;
-    tokio::time::timeout(PATIENCE, entered.notified())
-        .await
-        .expect("the handler starts");
-
-    tokio::time::timeout(PATIENCE, outbox.shutdown())
-        .await
-        .expect("shutdown returns though the handler never does");
-
-    let (handled, position, owner) = stored(&db.pool, "stuck").await;
-    assert_eq!(owner, None, "the lease is released when shutdown returns");
-    assert_eq!(position, 0, "the aborted handler checkpointed nothing");
-    assert_eq!(handled, 0, "nor committed its row");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscription_handle_shutdown_is_bounded_and_releases_the_lease() {
+/// An outbox whose subscription `stuck` (short lease) is inside a handler that never returns.
+async fn stuck_in_a_handler() -> (TestDb, Outbox<Note>, ordo::SubscriptionHandle) {
     let db = TestDb::new().await;
     handled_table(&db.pool).await;
     let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
@@ -277,6 +247,26 @@ async fn a_subscription_handle_shutdown_is_bounded_and_releases_the_lease() {
     tokio::time::timeout(PATIENCE, entered.notified())
         .await
         .expect("the handler starts");
+    (db, outbox, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_aborts_a_handler_that_never_returns_and_releases_its_lease() {
+    let (db, outbox, _handle) = stuck_in_a_handler().await;
+
+    tokio::time::timeout(PATIENCE, outbox.shutdown())
+        .await
+        .expect("shutdown returns though the handler never does");
+
+    let (handled, position, owner) = stored(&db.pool, "stuck").await;
+    assert_eq!(owner, None, "the lease is released when shutdown returns");
+    assert_eq!(position, 0, "the aborted handler checkpointed nothing");
+    assert_eq!(handled, 0, "nor committed its row");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_handle_shutdown_is_bounded_and_releases_the_lease() {
+    let (db, outbox, handle) = stuck_in_a_handler().await;
 
     tokio::time::timeout(PATIENCE, handle.shutdown())
         .await

@@ -180,6 +180,7 @@ pub struct Note {
     pub writer: u32,
     pub n: u32,
 }
+pub mod counters;
 mod databases;
 pub mod invariants;
 pub mod proxy;
