@@ -498,3 +498,39 @@ async fn a_retried_dead_letter_is_handled_once_by_the_runner_and_a_failed_retry_
         "{unknown:?}"
     );
 }
+
+#[tokio::test]
+async fn the_subscriptions_table_says_who_runs_each_one_and_when_nobody_does() {
+    let db = TestDb::new().await;
+    let outbox = projected_outbox(&db).await;
+    let handle = outbox
+        .subscribe(
+            JobConfig::new("watched"),
+            common::subscribers::Project { fail_rate: 0.0 },
+        )
+        .await
+        .expect("subscribe");
+    let running = eventually(PATIENCE, || async {
+        let rows = ordo::admin::list_subscriptions(&db.pool)
+            .await
+            .expect("list");
+        ordo::admin::subscriptions_table(&rows).contains("s left)")
+    })
+    .await;
+    assert!(running, "a running subscription shows its lease holder");
+
+    handle.shutdown().await;
+    let rows = ordo::admin::list_subscriptions(&db.pool)
+        .await
+        .expect("list");
+    let table = ordo::admin::subscriptions_table(&rows);
+    let line = table
+        .lines()
+        .find(|line| line.starts_with("watched"))
+        .expect("a line for the subscription");
+    assert!(
+        line.contains("active") && line.contains("nobody"),
+        "active but run by nobody must show as such: {line}"
+    );
+    outbox.shutdown().await;
+}

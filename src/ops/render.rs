@@ -117,6 +117,16 @@ fn write_subscriptions(
         let _ = writeln!(out, "no subscriptions");
         return;
     }
+    subscription_rows(out, subscriptions, measured_at);
+}
+
+/// One line per subscription, with who runs it as of `now` (the lease's owner and time left,
+/// or nobody): a subscription that is `active` but run by nobody is visible as such.
+fn subscription_rows(
+    out: &mut String,
+    subscriptions: &[SubscriptionStatus],
+    now: chrono::DateTime<chrono::Utc>,
+) {
     let columns = [
         Column("SUBSCRIPTION", 24, Left),
         Column("LANE", 6, Left),
@@ -124,6 +134,7 @@ fn write_subscriptions(
         Column("LAG", 8, Right),
         Column("OLDEST", 10, Right),
         Column("STATUS", 7, Left),
+        Column("ATTEMPTS", 8, Right),
         Column("RUN BY", 22, Left),
     ];
     let rows = subscriptions.iter().map(|sub| {
@@ -134,7 +145,8 @@ fn write_subscriptions(
             sub.lag.to_string(),
             age(sub.oldest_unprocessed_seconds),
             sub.status.as_str().to_owned(),
-            run_by(sub.lease_owner, lease_remaining(sub, measured_at)),
+            sub.attempts.to_string(),
+            run_by(sub.lease_owner, lease_remaining(sub, now)),
         ];
         (cells, last_error(sub.last_error.as_deref()))
     });
@@ -195,29 +207,11 @@ fn write_stall(out: &mut String, stall: &Stall) {
     }
 }
 
-/// The subscriptions as `ordo subscriptions` prints them: one line each, safe for a terminal.
+/// The subscriptions as `ordo subscriptions` prints them: one line each, with who runs each
+/// one now, safe for a terminal.
 pub fn subscriptions_table(subscriptions: &[SubscriptionStatus]) -> String {
     let mut out = String::new();
-    let columns = [
-        Column("NAME", 24, Left),
-        Column("LANE", 6, Left),
-        Column("POSITION", 10, Right),
-        Column("LAG", 8, Right),
-        Column("STATUS", 7, Left),
-        Column("ATTEMPTS", 8, Right),
-    ];
-    let rows = subscriptions.iter().map(|sub| {
-        let cells = [
-            printable(&sub.name).into_owned(),
-            sub.lane.to_string(),
-            sub.position.to_string(),
-            sub.lag.to_string(),
-            sub.status.as_str().to_owned(),
-            sub.attempts.to_string(),
-        ];
-        (cells, last_error(sub.last_error.as_deref()))
-    });
-    table(&mut out, &columns, "LAST ERROR", rows);
+    subscription_rows(&mut out, subscriptions, chrono::Utc::now());
     out
 }
 

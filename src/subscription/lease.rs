@@ -29,30 +29,28 @@ where
 
     /// Takes the lease if free, expired or ours; the row, or `None` if another runner holds it.
     pub(super) async fn claim(&self) -> Result<Option<Stored>, sqlx::Error> {
-        let config = &self.config;
-        let row = sql::claim(
-            &self.pool,
-            &config.name,
-            config.ordering,
-            self.owner,
-            config.lease,
-        )
-        .await?;
-        self.note_lease(row.is_some());
-        Ok(row)
+        let c = &self.config;
+        self.noted(sql::claim(
+            &self.pool, &c.name, c.ordering, self.owner, c.lease,
+        ))
+        .await
     }
 
     /// Extends a lease we hold; the row, or `None` if we lost it.
     pub(super) async fn renew(&self) -> Result<Option<Stored>, sqlx::Error> {
-        let config = &self.config;
-        let row = sql::renew(
-            &self.pool,
-            &config.name,
-            config.ordering,
-            self.owner,
-            config.lease,
-        )
-        .await?;
+        let c = &self.config;
+        self.noted(sql::renew(
+            &self.pool, &c.name, c.ordering, self.owner, c.lease,
+        ))
+        .await
+    }
+
+    /// The row a claim or renewal returned, with whether we hold the lease noted.
+    async fn noted(
+        &self,
+        statement: impl Future<Output = Result<Option<Stored>, sqlx::Error>>,
+    ) -> Result<Option<Stored>, sqlx::Error> {
+        let row = statement.await?;
         self.note_lease(row.is_some());
         Ok(row)
     }
