@@ -88,9 +88,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .wait_for_commit(&written, Duration::from_secs(10))
         .await?;
     let status = subscription.status();
+    let positions: Vec<String> = positions.iter().map(ToString::to_string).collect();
     println!(
-        "subscription {name}: {:?} at position {:?}, lag {}; the deposits sit at commit positions {positions:?}",
-        status.state, status.position, status.lag
+        "subscription {name}: {:?} at {} position {}, lag {}; the deposits sit at commit positions {}",
+        status.state,
+        status.lane,
+        status.position,
+        status.lag,
+        positions.join(", ")
     );
     let balances: Vec<(String, i64)> =
         sqlx::query_as("SELECT account, cents FROM projection_balances ORDER BY account")
