@@ -94,6 +94,19 @@ async fn publish_one(outbox: &Outbox<Note>, n: u32) -> i64 {
     sequences[0].get() as i64
 }
 
+/// Whether the event at `sequence` is handled (once) within `limit`.
+async fn handled_within(pool: &PgPool, sequence: i64, limit: Duration) -> bool {
+    eventually(limit, || async {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM handled WHERE sequence = $1")
+            .bind(sequence)
+            .fetch_one(pool)
+            .await
+            .expect("handled count");
+        count == 1
+    })
+    .await
+}
+
 /// (handled rows, stored position, lease owner) of the subscription `name`.
 async fn stored(pool: &PgPool, name: &str) -> (i64, i64, Option<uuid::Uuid>) {
     sqlx::query_as(
@@ -211,15 +224,7 @@ async fn a_standby_takes_over_a_released_lease_long_before_it_would_expire() {
         .expect("the exit task");
 
     let next = publish_one(&second, 2).await;
-    let taken_over = eventually(LONG_LEASE - Duration::from_secs(15), || async {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM handled WHERE sequence = $1")
-            .bind(next)
-            .fetch_one(&db.pool)
-            .await
-            .expect("handled count");
-        count == 1
-    })
-    .await;
+    let taken_over = handled_within(&db.pool, next, LONG_LEASE - Duration::from_secs(15)).await;
     assert!(
         taken_over,
         "the standby handles the next event before the first runner's lease would expire"
@@ -284,15 +289,7 @@ async fn a_subscription_handle_shutdown_is_bounded_and_releases_the_lease() {
         .expect("subscribe after")
         .detach();
     let next = publish_one(&outbox, 2).await;
-    let handled = eventually(PATIENCE, || async {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM handled WHERE sequence = $1")
-            .bind(next)
-            .fetch_one(&db.pool)
-            .await
-            .expect("handled count");
-        count == 1
-    })
-    .await;
+    let handled = handled_within(&db.pool, next, PATIENCE).await;
     assert!(
         handled,
         "the outbox goes on after one subscription's shutdown"
