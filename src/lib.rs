@@ -173,9 +173,9 @@ pub use ops::trace::TRACEPARENT;
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
-    Batch, DeadLetter, Delivery, HandlerError, JobConfig, OnExhaustion, Ordering, Position,
-    RetryPolicy, RunStatus, StartFrom, Subscriber, SubscriptionHandle, SubscriptionState,
-    SubscriptionStatus,
+    Batch, DEFAULT_KEYED_WINDOW, DeadLetter, Delivery, HandlerError, JobConfig, Keys,
+    MAX_CONCURRENCY, OnExhaustion, Ordering, Position, RetryPolicy, RunStatus, SERIAL_KEY,
+    StalledKey, StartFrom, Subscriber, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
 };
 pub use write::in_doubt::CommitStatus;
 pub use write::transaction::OutboxTransaction;
@@ -207,6 +207,9 @@ pub mod admin {
         delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
         resume_subscription,
     };
+
+    /// Keyed subscriptions' stalled keys: list them, retry them.
+    pub use crate::subscription::{list_stalled_keys, retry_stalled_keys};
 
     /// Dead letters: list, hand back to the subscription's runner, purge.
     pub use crate::subscription::{

@@ -21,7 +21,8 @@
 //! | `ordo_subscription_events_total` | counter | `subscription` | events it handled and checkpointed |
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
-//! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event |
+//! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) |
+//! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
 
 /// The metric `ordo_events_published_total` (see the table above).
@@ -60,6 +61,8 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+/// The metric `ordo_subscription_stalled_keys` (see the table above).
+pub const SUBSCRIPTION_STALLED_KEYS: &str = "ordo_subscription_stalled_keys";
 
 /// The metric `ordo_stream_retries_total` (see the table above).
 pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";

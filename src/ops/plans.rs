@@ -26,6 +26,7 @@ pub struct HotStatement {
 use crate::commit_lane::sql as commit;
 use crate::insert_lane::{resolve, rows};
 use crate::ops::sql as ops;
+use crate::subscription::keyed::progress as keyed;
 use crate::subscription::sql as sub;
 use crate::write::sql as write;
 
@@ -146,6 +147,36 @@ const HOT_PATH: &[HotStatement] = &[
         sub::CHECKPOINT,
         "text, uuid, bigint, bigint, bigint",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+    ),
+    s(
+        "keyed subscription: load progress",
+        keyed::LOAD,
+        "text, bigint",
+        "'s', 0",
+    ),
+    s(
+        "keyed subscription: completion",
+        keyed::COMPLETE,
+        "text, uuid, bigint",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10",
+    ),
+    s(
+        "keyed subscription: failed attempt",
+        keyed::FAILED,
+        "text, uuid, bigint, text, integer, text[], text",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 'failing', 1, ARRAY['k'], 'boom'",
+    ),
+    s(
+        "keyed subscription: watermark",
+        keyed::FLUSH,
+        "text, uuid, bigint, bigint, float8",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+    ),
+    s(
+        "keyed subscription: take retries",
+        keyed::TAKE_RETRIES,
+        "text, uuid",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid",
     ),
     s(
         "subscription: failed attempt",

@@ -135,7 +135,8 @@ pub(super) async fn subscriptions(
         .bind(commit_timestamps)
         .fetch_all(pool)
         .await?;
-    rows.iter()
+    let mut listed = rows
+        .iter()
         .map(|row| {
             let lane = read_lane(row, "lane")?;
             let status = row.try_get("status")?;
@@ -156,9 +157,12 @@ pub(super) async fn subscriptions(
                     .and_then(|s| chrono::Duration::try_milliseconds((s * 1e3) as i64))
                     .map(|left| measured_at + left),
                 oldest_unprocessed_seconds: row.try_get("oldest_unprocessed")?,
+                stalled: Vec::new(),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    crate::subscription::keyed::admin::attach_stalled(pool, &mut listed).await?;
+    Ok(listed)
 }
 
 /// What operators need to know about a backend. A role without `pg_read_all_stats` sees

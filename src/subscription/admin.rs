@@ -43,9 +43,17 @@ const INSERT_HEAD: &str = "SELECT coalesce(max(sequence), 0) FROM ordo.events";
 /// The commit lane's head: the rows in the log.
 const COMMIT_HEAD: &str = "SELECT last_commit_seq FROM ordo.sequencer_state LIMIT 1";
 
+/// Also forgets a keyed subscription's progress above the old position, and ends the lease:
+/// the runner's next completion, checkpoint or renewal fails its fence, and it claims again
+/// from the new position (a keyed runner's in-flight completions are fenced by the lease, not
+/// the position).
 const RESET: &str = r#"
+WITH forgotten AS (
+    DELETE FROM ordo.subscription_progress WHERE subscription = $1
+)
 UPDATE ordo.subscriptions
-SET position = $2, attempts = 0, last_error = NULL, updated_at = now()
+SET position = $2, attempts = 0, last_error = NULL, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
 WHERE name = $1
 "#;
 
@@ -68,7 +76,12 @@ SELECT free, lease_owner, lease_expires_at FROM target
 /// clock at the time of reading.
 async fn list(pool: &PgPool) -> Result<Vec<SubscriptionStatus>, sqlx::Error> {
     let rows = sqlx::query(LIST).fetch_all(pool).await?;
-    rows.iter().map(read_listed).collect()
+    let mut listed = rows
+        .iter()
+        .map(read_listed)
+        .collect::<Result<Vec<_>, _>>()?;
+    super::keyed::admin::attach_stalled(pool, &mut listed).await?;
+    Ok(listed)
 }
 
 fn read_listed(row: &PgRow) -> Result<SubscriptionStatus, sqlx::Error> {
@@ -90,6 +103,7 @@ fn read_listed(row: &PgRow) -> Result<SubscriptionStatus, sqlx::Error> {
         lease_owner,
         lease_expires_at,
         oldest_unprocessed_seconds: None,
+        stalled: Vec::new(),
     })
 }
 
@@ -178,7 +192,9 @@ pub async fn resume_subscription(pool: &PgPool, name: &str) -> Result<()> {
 
 /// Moves a subscription's position to `to`: everything at or below it counts as handled, so a
 /// lower position replays and a higher one skips. A running runner notices at its next
-/// checkpoint or renewal (its checkpoint is fenced by the position) and continues from `to`.
+/// checkpoint or renewal (the reset ends its lease) and continues from `to`. A keyed
+/// subscription's progress above the old position (finished, failing and stalled events) is
+/// forgotten with it.
 ///
 /// `to` must be of the subscription's lane ([`Position::Insert`] with an
 /// [`EventSequence`](crate::EventSequence), [`Position::Commit`] with a

@@ -191,16 +191,8 @@ where
         }
     }
 
-    /// The span a handler call runs in; its parent is the publisher's trace context, when the
-    /// event carries one (see `ops::trace`).
     fn handler_span(&self, event: &Envelope<P>, name: &'static str) -> tracing::Span {
-        let span = if name == "ordo.handle_group" {
-            tracing::info_span!("ordo.handle_group", subscription = %self.config.name, sequence = event.sequence.get())
-        } else {
-            tracing::info_span!("ordo.handle", subscription = %self.config.name, sequence = event.sequence.get())
-        };
-        crate::ops::trace::adopt(&span, &event.headers);
-        span
+        handler_span(&self.config.name, event, name)
     }
 
     /// Moves the position from `from` to `to` in `tx`; false when the fence refuses.
@@ -314,4 +306,20 @@ where
             Err(_) => Ok(Outcome::Flow(Flow::Reclaim)),
         }
     }
+}
+
+/// The span a handler call runs in; its parent is the publisher's trace context, when the
+/// event carries one (see `ops::trace`).
+pub(super) fn handler_span<P>(
+    subscription: &str,
+    event: &Envelope<P>,
+    name: &'static str,
+) -> tracing::Span {
+    let span = if name == "ordo.handle_group" {
+        tracing::info_span!("ordo.handle_group", subscription = %subscription, sequence = event.sequence.get())
+    } else {
+        tracing::info_span!("ordo.handle", subscription = %subscription, sequence = event.sequence.get())
+    };
+    crate::ops::trace::adopt(&span, &event.headers);
+    span
 }

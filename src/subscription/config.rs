@@ -104,7 +104,24 @@ pub struct JobConfig {
     pub(crate) batch: Batch,
     pub(crate) lease: Duration,
     pub(crate) types: TypeFilter,
+    pub(crate) keyed: Option<Keyed>,
 }
+
+/// A keyed subscription's limits (see [`JobConfig::keyed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Keyed {
+    /// Handlers running at once.
+    pub(crate) concurrency: usize,
+    /// Events held past the watermark, finished or not.
+    pub(crate) window: usize,
+}
+
+/// The most handlers a keyed subscription runs at once.
+pub const MAX_CONCURRENCY: usize = 4096;
+
+/// How many events past its low watermark a keyed subscription holds by default (see
+/// [`JobConfig::keyed_window`]).
+pub const DEFAULT_KEYED_WINDOW: usize = 10_000;
 
 impl JobConfig {
     /// A subscription named `name` (its key in `ordo.subscriptions`), with the defaults.
@@ -118,6 +135,7 @@ impl JobConfig {
             batch: Batch::PerEvent,
             lease: Duration::from_secs(30),
             types: TypeFilter::default(),
+            keyed: None,
         }
     }
 
@@ -185,6 +203,50 @@ impl JobConfig {
         self
     }
 
+    /// Makes the subscription **keyed**: each event is handled in order with the events that
+    /// share one of its keys ([`Subscriber::keys`](crate::Subscriber::keys)), and concurrently
+    /// with the others, up to `concurrency` handlers at once. Each handler runs in its own
+    /// transaction, which also records the event as done; a failing event holds only its own
+    /// keys (it backs off, and with [`OnExhaustion::Halt`] its keys stall until an operator
+    /// retries them, while every other key goes on). See `docs/keyed-subscriptions.md` for
+    /// the exact guarantee.
+    ///
+    /// Handlers hold a pool connection each: a `concurrency` above the pool's size waits for
+    /// connections. Only [`Batch::PerEvent`] applies (one event per transaction).
+    ///
+    /// ```
+    /// use ordo::{JobConfig, Ordering};
+    ///
+    /// let config = JobConfig::new("notify-recipients")
+    ///     .ordering(Ordering::Commit)
+    ///     .keyed(32);
+    /// ```
+    pub fn keyed(mut self, concurrency: usize) -> Self {
+        let window = self
+            .keyed
+            .map_or(DEFAULT_KEYED_WINDOW, |keyed| keyed.window);
+        self.keyed = Some(Keyed {
+            concurrency,
+            window,
+        });
+        self
+    }
+
+    /// How many events past its low watermark a keyed subscription holds (in memory, and as
+    /// rows of `ordo.subscription_progress`), finished or not. While a stalled key holds the
+    /// watermark, the other keys run on until this many events are held; then the subscription
+    /// waits for the stalled key (its status shows the stall). Default
+    /// [`DEFAULT_KEYED_WINDOW`]; at least the concurrency. Only for [`keyed`](Self::keyed)
+    /// subscriptions.
+    pub fn keyed_window(mut self, events: usize) -> Self {
+        let concurrency = self.keyed.map_or(0, |keyed| keyed.concurrency);
+        self.keyed = Some(Keyed {
+            concurrency,
+            window: events,
+        });
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = Error::invalid_config;
         if self.name.is_empty() || self.name.len() > 200 {
@@ -207,6 +269,26 @@ impl JobConfig {
                 "retry.max_backoff/lease",
                 "max_backoff must be at most half the lease: the lease is renewed before each wait, and must outlast it",
             );
+        }
+        if let Some(keyed) = self.keyed {
+            if keyed.concurrency == 0 || keyed.concurrency > MAX_CONCURRENCY {
+                return invalid(
+                    "keyed",
+                    "the concurrency must be 1 to 4096 (call JobConfig::keyed before keyed_window)",
+                );
+            }
+            if keyed.window < keyed.concurrency {
+                return invalid(
+                    "keyed_window",
+                    "the window must hold at least as many events as the concurrency",
+                );
+            }
+            if self.batch != Batch::PerEvent {
+                return invalid(
+                    "batch/keyed",
+                    "a keyed subscription handles one event per transaction: use Batch::PerEvent",
+                );
+            }
         }
         match self.batch {
             Batch::UpTo(0) => invalid("batch", "Batch::UpTo needs at least 1 event"),

@@ -132,6 +132,16 @@ pub struct SubscriptionHandle {
     pub(crate) detached: bool,
 }
 
+/// Shows the subscription's current status.
+impl std::fmt::Debug for SubscriptionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriptionHandle")
+            .field("status", &*self.status.borrow())
+            .field("detached", &self.detached)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where each lane's head is, for the lag.
 pub(crate) struct Heads {
     pub(crate) insert: watch::Receiver<u64>,

@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod dead_letters;
 mod delivery;
 pub(crate) mod handle;
+pub(crate) mod keyed;
 mod lease;
 mod runner;
 pub(crate) mod shutdown;
@@ -32,13 +33,17 @@ pub use admin::{
     delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
     resume_subscription,
 };
-pub use config::{Batch, JobConfig, OnExhaustion, Ordering, RetryPolicy, StartFrom};
+pub use config::{
+    Batch, DEFAULT_KEYED_WINDOW, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering, RetryPolicy,
+    StartFrom,
+};
 pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
 };
 pub use delivery::Delivery;
 pub use handle::{Position, SubscriptionHandle};
-pub use status::{RunStatus, SubscriptionState, SubscriptionStatus};
+pub use keyed::{Keys, SERIAL_KEY, list_stalled_keys, retry_stalled_keys};
+pub use status::{RunStatus, StalledKey, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
 
 use handle::Heads;
@@ -67,6 +72,12 @@ where
     };
     let start_at = Position::new(config.ordering, start_at);
     ensure_row(&pool, &config, start_at).await?;
+    if config.keyed.is_none() && keyed::progress::has_progress(&pool, &config.name).await? {
+        return Error::invalid_config(
+            "keyed",
+            "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
+        );
+    }
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -79,6 +90,7 @@ where
         lease_owner: None,
         lease_expires_at: None,
         oldest_unprocessed_seconds: None,
+        stalled: Vec::new(),
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {

@@ -94,7 +94,10 @@ where
             let flow = match self.claim().await {
                 Ok(Some(row)) if row.status == RunStatus::Active => {
                     self.set_state(SubscriptionState::Running, Some(&row));
-                    self.process_from(row.position, row.attempts).await
+                    match self.config.keyed {
+                        Some(keyed) => self.process_keyed(&row, keyed).await,
+                        None => self.process_from(row.position, row.attempts).await,
+                    }
                 }
                 Ok(Some(row)) => {
                     let state = if row.status == RunStatus::Halted {

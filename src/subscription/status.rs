@@ -167,6 +167,26 @@ pub struct SubscriptionStatus {
     /// [`status`](crate::admin::status) measures it; `None` from the other readers, and when every
     /// event is handled.
     pub oldest_unprocessed_seconds: Option<f64>,
+    /// A keyed subscription's stalled keys (empty for any other): each waits on an event whose
+    /// attempts ran out under [`OnExhaustion::Halt`](crate::OnExhaustion::Halt), until an
+    /// operator retries it ([`retry_stalled_keys`](crate::admin::retry_stalled_keys)).
+    pub stalled: Vec<StalledKey>,
+}
+
+/// A key of a keyed subscription that waits on a stalled event; every other key goes on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StalledKey {
+    /// The key, as [`Subscriber::keys`](crate::Subscriber::keys) gave it.
+    pub key: String,
+    /// The stalled event's position on the subscription's lane.
+    pub position: Position,
+    /// Its failed attempts.
+    pub attempts: u32,
+    /// Its last error.
+    pub error: String,
+    /// Whether an operator asked to retry it and the runner has not yet taken the request.
+    pub retry_requested: bool,
 }
 
 impl SubscriptionStatus {

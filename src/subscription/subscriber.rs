@@ -4,6 +4,8 @@ use sqlx::PgConnection;
 use std::future::Future;
 
 use super::delivery::Delivery;
+use super::keyed::keys::{Keys, SERIAL_KEY};
+use crate::envelope::Envelope;
 
 /// What a handler returns on failure: any error. It is retried per the job's
 /// [`RetryPolicy`](crate::RetryPolicy), and its message is stored in
@@ -76,5 +78,36 @@ where
             }
             Ok(())
         }
+    }
+
+    /// The keys of `event`, for a [keyed](crate::JobConfig::keyed) subscription (never called
+    /// for another): events sharing a key are handled in lane order, one at a time; events with
+    /// no key in common run concurrently. Called once per event as it is read, before its
+    /// handler runs; it should be cheap and must not fail (an event whose payload does not
+    /// decode never reaches it: it waits for every event before it and holds every one after).
+    ///
+    /// The default puts every event on one key ([`SERIAL_KEY`]): in order, one at a time.
+    ///
+    /// ```
+    /// use ordo::{Delivery, Envelope, HandlerError, Keys, Subscriber};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Transfer { from: i64, to: i64, cents: i64 }
+    ///
+    /// struct Ledger;
+    ///
+    /// impl Subscriber<Transfer> for Ledger {
+    ///     async fn handle(&self, tx: &mut sqlx::PgConnection, event: &Delivery<Transfer>)
+    ///         -> Result<(), HandlerError> { Ok(()) }
+    ///
+    ///     // A transfer waits for both accounts' earlier events, and holds both.
+    ///     fn keys(&self, event: &Envelope<Transfer>) -> Keys {
+    ///         [event.payload.from, event.payload.to].iter().map(i64::to_string).collect()
+    ///     }
+    /// }
+    /// ```
+    fn keys(&self, event: &Envelope<P>) -> Keys {
+        let _ = event;
+        Keys::one(SERIAL_KEY)
     }
 }

@@ -183,5 +183,6 @@ pub struct Note {
 pub mod counters;
 mod databases;
 pub mod invariants;
+pub mod keyed;
 pub mod proxy;
 pub mod subscribers;

@@ -1,0 +1,328 @@
+//! The keyed scheduler: which buffered events may run now.
+//!
+//! Every key is a lane: the queue of the unfinished events that carry it, in lane order. An
+//! event may run when it is first in every one of its lanes, so events sharing a key run one
+//! at a time in order, an event with several keys joins their lanes, and order holds
+//! transitively (an event waiting in one lane holds its other lanes for the events behind it).
+//! An event with no key is first in nothing and waits for nothing. A *barrier* (an event whose
+//! keys cannot be known: its payload does not decode) waits for every event before it and
+//! holds every event after it.
+//!
+//! A failed event stays first in its lanes while it backs off, and a stalled one (attempts
+//! exhausted under `Halt`) until an operator retries it: only its own lanes wait. The window
+//! holds every event from the low watermark on, finished or not; the watermark moves past
+//! finished events at its front. No I/O here: the runner (`runner.rs`) drives it.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::keys::Keys;
+
+/// An event's index in arrival order (not its lane position, which may have gaps).
+pub(super) type Slot = u64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum State {
+    Waiting,
+    Running,
+    /// Failed; waits until the instant, first in its lanes.
+    Backoff(Instant),
+    /// Attempts exhausted under `Halt`: first in its lanes until retried.
+    Stalled,
+    Done,
+}
+
+pub(super) struct Entry<T> {
+    pub(super) position: u64,
+    pub(super) keys: Keys,
+    pub(super) barrier: bool,
+    /// Dropped once done.
+    pub(super) item: Option<T>,
+    /// Failed attempts so far.
+    pub(super) attempts: u32,
+    pub(super) state: State,
+    /// The last error, while failing or stalled.
+    pub(super) error: Option<String>,
+}
+
+/// How an event enters the window (a restarted runner knows some from the stored progress).
+pub(super) enum Arrival {
+    /// To be handled, after `attempts` failed tries.
+    Pending { attempts: u32 },
+    /// Finished already (handled, dead-lettered, or not for this subscription).
+    Done,
+    /// Stalled by an earlier runner.
+    Stalled { attempts: u32, error: String },
+}
+
+pub(super) struct Lanes<T> {
+    window: VecDeque<Entry<T>>,
+    /// The slot of `window[0]`.
+    first: Slot,
+    watermark: u64,
+    queues: HashMap<Arc<str>, VecDeque<Slot>>,
+    barriers: BTreeSet<Slot>,
+    ready: BTreeSet<Slot>,
+    backoffs: BTreeSet<(Instant, Slot)>,
+}
+
+impl<T> Lanes<T> {
+    /// An empty window after `watermark`.
+    pub(super) fn new(watermark: u64) -> Self {
+        Self {
+            window: VecDeque::new(),
+            first: 0,
+            watermark,
+            queues: HashMap::new(),
+            barriers: BTreeSet::new(),
+            ready: BTreeSet::new(),
+            backoffs: BTreeSet::new(),
+        }
+    }
+
+    /// Every event at or below this position is finished.
+    pub(super) fn watermark(&self) -> u64 {
+        self.watermark
+    }
+
+    /// Events held, from the watermark on.
+    pub(super) fn len(&self) -> usize {
+        self.window.len()
+    }
+
+    /// Adds the next event of the lane (positions must grow).
+    pub(super) fn push(
+        &mut self,
+        position: u64,
+        keys: Keys,
+        barrier: bool,
+        item: T,
+        arrival: Arrival,
+    ) {
+        debug_assert!(
+            self.window
+                .back()
+                .is_none_or(|last| last.position < position)
+        );
+        let slot = self.first + self.window.len() as u64;
+        let (state, attempts, error) = match arrival {
+            Arrival::Done => (State::Done, 0, None),
+            Arrival::Pending { attempts } => (State::Waiting, attempts, None),
+            Arrival::Stalled { attempts, error } => (State::Stalled, attempts, Some(error)),
+        };
+        let done = state == State::Done;
+        if !done {
+            for key in keys.shared() {
+                self.queues
+                    .entry(Arc::clone(key))
+                    .or_default()
+                    .push_back(slot);
+            }
+            if barrier {
+                self.barriers.insert(slot);
+            }
+        }
+        self.window.push_back(Entry {
+            position,
+            keys,
+            barrier,
+            item: (!done).then_some(item),
+            attempts,
+            state,
+            error,
+        });
+        if done {
+            self.advance();
+        } else {
+            self.check(slot);
+        }
+    }
+
+    /// The oldest event that may run now, marked running.
+    pub(super) fn take_ready(&mut self) -> Option<(Slot, &Entry<T>)> {
+        let slot = self.ready.pop_first()?;
+        let index = self.index(slot)?;
+        let entry = &mut self.window[index];
+        entry.state = State::Running;
+        Some((slot, &self.window[index]))
+    }
+
+    /// Whether an event may run now.
+    pub(super) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    pub(super) fn entry(&self, slot: Slot) -> Option<&Entry<T>> {
+        self.index(slot).map(|index| &self.window[index])
+    }
+
+    /// The slot of the event at `position`, if the window holds it.
+    pub(super) fn find(&self, position: u64) -> Option<Slot> {
+        let index = self
+            .window
+            .binary_search_by_key(&position, |entry| entry.position)
+            .ok()?;
+        Some(self.first + index as u64)
+    }
+
+    /// The event finished (handled, or dead-lettered): its lanes move on. True if the
+    /// watermark moved.
+    pub(super) fn complete(&mut self, slot: Slot) -> bool {
+        let Some(index) = self.index(slot) else {
+            return false;
+        };
+        let entry = &mut self.window[index];
+        if entry.state == State::Done {
+            return false;
+        }
+        entry.state = State::Done;
+        entry.item = None;
+        entry.error = None;
+        let keys = entry.keys.clone();
+        let barrier = entry.barrier;
+        self.ready.remove(&slot);
+        for key in keys.shared() {
+            let Some(queue) = self.queues.get_mut(key) else {
+                continue;
+            };
+            queue.retain(|queued| *queued != slot);
+            match queue.front().copied() {
+                Some(next) => self.check(next),
+                None => {
+                    self.queues.remove(key);
+                }
+            }
+        }
+        if barrier {
+            self.barriers.remove(&slot);
+            self.check_all();
+        }
+        let before = self.watermark;
+        self.advance();
+        self.watermark != before
+    }
+
+    /// The event failed and will be tried again at `at`, first in its lanes until then.
+    pub(super) fn back_off(&mut self, slot: Slot, attempts: u32, error: String, at: Instant) {
+        if let Some(index) = self.index(slot) {
+            let entry = &mut self.window[index];
+            entry.state = State::Backoff(at);
+            entry.attempts = attempts;
+            entry.error = Some(error);
+            self.backoffs.insert((at, slot));
+        }
+    }
+
+    /// The event's attempts ran out under `Halt`: its lanes wait until [`retry`](Self::retry).
+    pub(super) fn stall(&mut self, slot: Slot, attempts: u32, error: String) {
+        if let Some(index) = self.index(slot) {
+            let entry = &mut self.window[index];
+            entry.state = State::Stalled;
+            entry.attempts = attempts;
+            entry.error = Some(error);
+        }
+    }
+
+    /// An operator retried a stalled event: it runs again, its attempts counted from zero.
+    pub(super) fn retry(&mut self, slot: Slot) {
+        if let Some(index) = self.index(slot)
+            && self.window[index].state == State::Stalled
+        {
+            let entry = &mut self.window[index];
+            entry.state = State::Waiting;
+            entry.attempts = 0;
+            self.check(slot);
+        }
+    }
+
+    /// When the next backoff ends.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.backoffs.first().map(|(at, _)| *at)
+    }
+
+    /// Events whose backoff has ended at `now` may run again.
+    pub(super) fn wake_due(&mut self, now: Instant) {
+        while let Some(&(at, slot)) = self.backoffs.first() {
+            if at > now {
+                break;
+            }
+            self.backoffs.pop_first();
+            if let Some(index) = self.index(slot)
+                && self.window[index].state == State::Backoff(at)
+            {
+                self.window[index].state = State::Waiting;
+                self.check(slot);
+            }
+        }
+    }
+
+    /// The stalled events, oldest first.
+    pub(super) fn stalled(&self) -> impl Iterator<Item = &Entry<T>> {
+        self.window
+            .iter()
+            .filter(|entry| entry.state == State::Stalled)
+    }
+
+    fn index(&self, slot: Slot) -> Option<usize> {
+        let index = usize::try_from(slot.checked_sub(self.first)?).ok()?;
+        (index < self.window.len()).then_some(index)
+    }
+
+    /// Marks `slot` ready if it is waiting, first in every lane, and no barrier holds it.
+    fn check(&mut self, slot: Slot) {
+        let Some(index) = self.index(slot) else {
+            return;
+        };
+        let entry = &self.window[index];
+        if entry.state != State::Waiting {
+            return;
+        }
+        if let Some(&barrier) = self.barriers.first() {
+            // A barrier holds everything after it, and waits for everything before it.
+            if barrier < slot || (barrier == slot && slot != self.first) {
+                return;
+            }
+        }
+        let first_everywhere = entry.keys.shared().iter().all(|key| {
+            self.queues
+                .get(key)
+                .and_then(|queue| queue.front())
+                .is_some_and(|front| *front == slot)
+        });
+        if first_everywhere {
+            self.ready.insert(slot);
+        }
+    }
+
+    fn check_all(&mut self) {
+        for slot in self.first..self.first + self.window.len() as u64 {
+            self.check(slot);
+        }
+    }
+
+    /// Moves the watermark past the finished events at the window's front.
+    fn advance(&mut self) {
+        while self
+            .window
+            .front()
+            .is_some_and(|entry| entry.state == State::Done)
+        {
+            if let Some(entry) = self.window.pop_front() {
+                self.watermark = entry.position;
+                self.first += 1;
+            }
+        }
+        // A barrier may now be first.
+        if let Some(&barrier) = self.barriers.first()
+            && barrier == self.first
+        {
+            self.check(barrier);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "lanes_tests.rs"]
+mod tests;

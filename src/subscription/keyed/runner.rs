@@ -1,0 +1,496 @@
+//! The keyed runner: reads the lane from the low watermark, hands events whose lanes are free
+//! to handler tasks (at most the configured concurrency), and records what happened.
+//!
+//! Each handler task runs one event in its own transaction, which also writes the event's
+//! completion (`progress::COMPLETE`). The runner keeps the schedule (`lanes.rs`); it moves the
+//! stored watermark past finished events every [`FLUSH_EVERY`] (one statement that also prunes
+//! their completion rows and extends the lease), never per event. Failures are recorded per
+//! event on the runner's own connection (attempts survive a restart); exhaustion stalls the
+//! event's keys (`Halt`) or dead-letters it (`DeadLetter`).
+//!
+//! On a lost lease, a pause, an operator's reset or a commit whose outcome is unknown, the
+//! runner drops its tasks (their transactions roll back) and claims again: the stored
+//! watermark and completions are the truth, so nothing finished runs twice and nothing
+//! unfinished is skipped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::lanes::{Arrival, Lanes, Slot};
+use super::progress::{self, Known};
+use super::task::{Attempt, Context, Outcome};
+use crate::subscription::config::{Keyed, OnExhaustion};
+use crate::subscription::handle::Position;
+use crate::subscription::keyed::keys::Keys;
+use crate::subscription::runner::{ERROR_BACKOFF, Flow, Runner};
+use crate::subscription::source::{Item, Source};
+use crate::subscription::sql::{self, Stored};
+use crate::subscription::status::{RunStatus, StalledKey, SubscriptionState};
+use crate::subscription::subscriber::Subscriber;
+
+/// The stored watermark follows the finished events this often (when it moved).
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// Operators' retries of stalled keys are looked for at least this often.
+const RETRIES_EVERY: Duration = Duration::from_secs(1);
+
+/// One claim's worth of keyed work.
+struct Work<P> {
+    lanes: Lanes<Item<P>>,
+    /// What the stored progress says about events not read yet.
+    known: HashMap<u64, Known>,
+    /// The watermark as stored.
+    stored: Position,
+    tasks: JoinSet<(Slot, Outcome)>,
+    flush_at: Instant,
+    renew_at: Instant,
+    retries_at: Instant,
+    /// The stalled events changed since the status last listed them.
+    stalled_changed: bool,
+}
+
+impl<P, S> Runner<P, S>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    /// Runs a keyed subscription from the claimed `row` until the lease is lost, the row
+    /// changes, or a stop.
+    pub(in crate::subscription) async fn process_keyed(
+        &mut self,
+        row: &Stored,
+        keyed: Keyed,
+    ) -> Flow {
+        let known = match progress::load(&self.pool, &self.config.name, row.position).await {
+            Ok(known) => known,
+            Err(error) => {
+                tracing::warn!(%error, subscription = %self.config.name, "reading keyed progress failed");
+                return self.pause(ERROR_BACKOFF).await;
+            }
+        };
+        let mut source = Source::new(
+            &self.lane,
+            &self.commit,
+            self.stop.clone(),
+            row.position,
+            self.config.types.clone(),
+        );
+        let now = Instant::now();
+        let mut work = Work {
+            lanes: Lanes::new(row.position.get()),
+            known,
+            stored: row.position,
+            tasks: JoinSet::new(),
+            flush_at: now + FLUSH_EVERY,
+            renew_at: now + self.renew_every(),
+            retries_at: now,
+            stalled_changed: true,
+        };
+        let context = Arc::new(Context::new(self));
+        let flow = self
+            .keyed_loop(&mut work, &mut source, &context, keyed)
+            .await;
+        if matches!(flow, Flow::Stop) {
+            // Shutdown waits for the handlers in hand (bounded by the outbox's shutdown), then
+            // stores how far they got.
+            while let Some(joined) = work.tasks.join_next().await {
+                if let Ok((slot, Outcome::Committed)) = joined {
+                    work.lanes.complete(slot);
+                }
+            }
+            let _ = self.flush(&mut work).await;
+        }
+        flow
+    }
+
+    async fn keyed_loop(
+        &mut self,
+        work: &mut Work<P>,
+        source: &mut Source<P>,
+        context: &Arc<Context<S>>,
+        keyed: Keyed,
+    ) -> Flow {
+        loop {
+            if self.stop.is_stopped() {
+                return Flow::Stop;
+            }
+            while work.lanes.len() < keyed.window {
+                let Some(item) = source.pop() else { break };
+                self.admit(work, item);
+            }
+            if let Some(flow) = self.start_ready(work, context, keyed.concurrency).await {
+                return flow;
+            }
+            self.publish_status(work);
+            let wake = [
+                Some(work.flush_at),
+                Some(work.renew_at),
+                Some(work.retries_at),
+                work.lanes.next_due(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(work.renew_at);
+            let may_read = work.lanes.len() < keyed.window && !source.has_buffered();
+            tokio::select! {
+                biased;
+                _ = self.stop.stopped() => return Flow::Stop,
+                Some(joined) = work.tasks.join_next(), if !work.tasks.is_empty() => {
+                    let Ok((slot, outcome)) = joined else {
+                        return Flow::Reclaim;
+                    };
+                    if let Some(flow) = self.finished(work, slot, outcome).await {
+                        return flow;
+                    }
+                }
+                filled = source.fill(), if may_read => match filled {
+                    None => return Flow::Stop,
+                    Some(Ok(())) => {}
+                    Some(Err(error)) => return self.read_failed(error, work.stored).await,
+                },
+                _ = tokio::time::sleep_until(wake) => {
+                    if let Some(flow) = self.on_timers(work).await {
+                        return flow;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A failed read of the lane: events below the retention floor halt the subscription
+    /// (nothing will make them readable again); anything else is retried.
+    async fn read_failed(&mut self, error: crate::Error, at: Position) -> Flow {
+        if let crate::Error::BelowRetentionFloor { .. } = error {
+            let message = error.to_string();
+            tracing::error!(subscription = %self.config.name, %message, "subscription halted");
+            let halted =
+                sql::halt(&self.pool, &self.config.name, self.owner, 0, &message, at).await;
+            if let Err(error) = halted {
+                tracing::warn!(%error, "halting the subscription failed");
+            }
+            return Flow::Reclaim;
+        }
+        tracing::warn!(%error, subscription = %self.config.name, "reading the lane failed");
+        self.pause(ERROR_BACKOFF).await
+    }
+
+    /// Takes the next event of the lane into the schedule, with what the stored progress knows.
+    fn admit(&self, work: &mut Work<P>, item: Item<P>) {
+        let position = item.position.get();
+        let arrival = match work.known.remove(&position) {
+            Some(Known::Done) => Arrival::Done,
+            Some(Known::Failing { attempts }) => Arrival::Pending { attempts },
+            Some(Known::Stalled { attempts, error }) => {
+                work.stalled_changed = true;
+                Arrival::Stalled { attempts, error }
+            }
+            None if item.skipped => Arrival::Done,
+            None => Arrival::Pending { attempts: 0 },
+        };
+        let (keys, barrier) = match &item.event {
+            Ok(event) if !item.skipped => (self.subscriber.keys(event), false),
+            Ok(_) => (Keys::none(), false),
+            // Its keys cannot be known: it waits for everything before it, holds everything after.
+            Err(_) => (Keys::none(), true),
+        };
+        work.lanes.push(position, keys, barrier, item, arrival);
+    }
+
+    /// Starts every event that may run, up to `concurrency` at once. An event whose payload
+    /// does not decode fails for good without a handler.
+    async fn start_ready(
+        &mut self,
+        work: &mut Work<P>,
+        context: &Arc<Context<S>>,
+        concurrency: usize,
+    ) -> Option<Flow> {
+        while work.tasks.len() < concurrency && work.lanes.has_ready() {
+            let (slot, entry) = work.lanes.take_ready()?;
+            let Some(item) = entry.item.as_ref() else {
+                continue;
+            };
+            match Attempt::new(item, entry.attempts + 1) {
+                Ok(attempt) => {
+                    let context = Arc::clone(context);
+                    work.tasks
+                        .spawn(async move { (slot, context.run(attempt).await) });
+                }
+                Err(message) => {
+                    let attempts = entry.attempts + 1;
+                    let flow = self.exhaust_keyed(work, slot, attempts, message).await;
+                    if flow.is_some() {
+                        return flow;
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// What a handler task's outcome does to the schedule; a flow when processing must end.
+    async fn finished(&mut self, work: &mut Work<P>, slot: Slot, outcome: Outcome) -> Option<Flow> {
+        match outcome {
+            Outcome::Committed => {
+                work.lanes.complete(slot);
+                self.handled(work);
+                None
+            }
+            Outcome::Fenced | Outcome::Unknown => Some(Flow::Reclaim),
+            Outcome::Failed { message, retryable } => {
+                let attempts = work.lanes.entry(slot).map_or(1, |entry| entry.attempts + 1);
+                tracing::warn!(subscription = %self.config.name, attempt = attempts, error = %message, "handler failed");
+                if !retryable || attempts >= self.config.retry.max_attempts {
+                    return self.exhaust_keyed(work, slot, attempts, message).await;
+                }
+                metrics::counter!(crate::ops::metrics::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
+                    .increment(1);
+                if let Some(flow) = self.record(work, slot, attempts, &message, false).await {
+                    return Some(flow);
+                }
+                let at = Instant::now() + self.config.retry.backoff(attempts);
+                work.lanes.back_off(slot, attempts, message, at);
+                None
+            }
+        }
+    }
+
+    /// Applies the exhaustion policy to the event at `slot`.
+    async fn exhaust_keyed(
+        &mut self,
+        work: &mut Work<P>,
+        slot: Slot,
+        attempts: u32,
+        message: String,
+    ) -> Option<Flow> {
+        match self.config.on_exhaustion {
+            OnExhaustion::Halt => {
+                if let Some(flow) = self.record(work, slot, attempts, &message, true).await {
+                    return Some(flow);
+                }
+                let position = work.lanes.entry(slot).map_or(0, |entry| entry.position);
+                tracing::error!(subscription = %self.config.name, position, error = %message, "event stalled: its keys wait for an operator's retry");
+                metrics::counter!(crate::ops::metrics::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
+                    .increment(1);
+                work.lanes.stall(slot, attempts, message);
+                work.stalled_changed = true;
+                None
+            }
+            OnExhaustion::DeadLetter => {
+                match self.dead_letter_one(work, slot, attempts, &message).await {
+                    Ok(true) => {
+                        work.lanes.complete(slot);
+                        metrics::counter!(crate::ops::metrics::DEAD_LETTERS, "subscription" => self.config.name.clone())
+                        .increment(1);
+                        None
+                    }
+                    Ok(false) => Some(Flow::Reclaim),
+                    Err(error) => {
+                        tracing::warn!(%error, "dead-lettering failed; will claim again");
+                        Some(self.pause(ERROR_BACKOFF).await)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores a failed attempt (`stalled`: the last one, under `Halt`); a flow if the lease is
+    /// lost.
+    async fn record(
+        &mut self,
+        work: &Work<P>,
+        slot: Slot,
+        attempts: u32,
+        message: &str,
+        stalled: bool,
+    ) -> Option<Flow> {
+        let entry = work.lanes.entry(slot)?;
+        let position = entry.item.as_ref().map(|item| item.position)?;
+        let failed = progress::Failed {
+            at: position,
+            stalled,
+            attempts,
+            keys: entry.keys.iter().map(str::to_owned).collect(),
+            error: message,
+        };
+        self.status.send_modify(|status| {
+            status.attempts = attempts;
+            status.last_error = Some(message.to_owned());
+        });
+        match progress::failed(&self.pool, &self.config.name, self.owner, failed).await {
+            Ok(true) => None,
+            Ok(false) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(%error, "recording a failed attempt failed");
+                Some(self.pause(ERROR_BACKOFF).await)
+            }
+        }
+    }
+
+    /// The event into `ordo.dead_letters` and marked done, in one transaction; false if the
+    /// fence refused.
+    async fn dead_letter_one(
+        &self,
+        work: &Work<P>,
+        slot: Slot,
+        attempts: u32,
+        message: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let Some(item) = work.lanes.entry(slot).and_then(|entry| entry.item.as_ref()) else {
+            return Ok(true);
+        };
+        let name = &self.config.name;
+        let mut tx = self
+            .pool
+            .begin_with(sql::begin_bounded(self.config.lease))
+            .await?;
+        sql::dead_letter(
+            &mut tx,
+            name,
+            item.position,
+            item.sequence,
+            message,
+            attempts,
+        )
+        .await?;
+        if !progress::complete(&mut tx, name, self.owner, item.position).await? {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        tx.commit().await?;
+        tracing::warn!(subscription = %name, position = item.position.get(), "dead-lettered");
+        Ok(true)
+    }
+
+    async fn on_timers(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let now = Instant::now();
+        work.lanes.wake_due(now);
+        if now >= work.retries_at {
+            work.retries_at = now + RETRIES_EVERY.min(self.renew_every());
+            if let Some(flow) = self.take_retries(work).await {
+                return Some(flow);
+            }
+        }
+        let moved = work.lanes.watermark() != work.stored.get();
+        if (moved && now >= work.flush_at) || now >= work.renew_at {
+            return self.flush(work).await;
+        }
+        if now >= work.flush_at {
+            work.flush_at = now + FLUSH_EVERY;
+        }
+        None
+    }
+
+    /// Stores the watermark (and extends the lease); a flow when the row changed under us.
+    async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let to = Position::new(self.config.ordering, work.lanes.watermark());
+        let flushed = progress::flush(
+            &self.pool,
+            &self.config.name,
+            self.owner,
+            work.stored,
+            to,
+            self.config.lease,
+        )
+        .await;
+        let now = Instant::now();
+        match flushed {
+            Ok(Some(RunStatus::Active)) => {
+                work.stored = to;
+                work.flush_at = now + FLUSH_EVERY;
+                work.renew_at = now + self.renew_every();
+                let expires = self.lease_expiry();
+                self.status
+                    .send_modify(|status| status.lease_expires_at = expires);
+                None
+            }
+            // Lost, paused, or moved by an operator.
+            Ok(_) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(%error, subscription = %self.config.name, "storing the watermark failed");
+                work.flush_at = now + ERROR_BACKOFF;
+                (now >= work.renew_at).then_some(Flow::Reclaim)
+            }
+        }
+    }
+
+    /// Takes operators' retries of stalled events.
+    async fn take_retries(&self, work: &mut Work<P>) -> Option<Flow> {
+        let positions = match progress::take_retries(&self.pool, &self.config.name, self.owner)
+            .await
+        {
+            Ok(positions) => positions,
+            Err(error) => {
+                tracing::warn!(%error, subscription = %self.config.name, "looking for retries failed");
+                return None;
+            }
+        };
+        for position in positions {
+            work.stalled_changed = true;
+            match work.lanes.find(position) {
+                Some(slot) => work.lanes.retry(slot),
+                None => {
+                    work.known.insert(position, Known::Failing { attempts: 0 });
+                }
+            }
+            tracing::info!(subscription = %self.config.name, position, "stalled event retried by an operator");
+        }
+        None
+    }
+
+    fn handled(&self, work: &Work<P>) {
+        metrics::counter!(crate::ops::metrics::SUBSCRIPTION_EVENTS, "subscription" => self.config.name.clone())
+            .increment(1);
+        let head = match self.config.ordering {
+            crate::Ordering::Insert => self.lane.frontier(),
+            crate::Ordering::Commit => self.commit.head(),
+        };
+        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
+            .set(head.saturating_sub(work.lanes.watermark()) as f64);
+    }
+
+    /// The handle's status: the watermark and the stalled keys.
+    fn publish_status(&self, work: &mut Work<P>) {
+        let position = Position::new(self.config.ordering, work.lanes.watermark());
+        if !std::mem::take(&mut work.stalled_changed) {
+            self.status.send_if_modified(|status| {
+                let changed = status.position != position;
+                status.position = position;
+                changed
+            });
+            return;
+        }
+        let stalled: Vec<StalledKey> = work
+            .lanes
+            .stalled()
+            .flat_map(|entry| {
+                let at = Position::new(self.config.ordering, entry.position);
+                let error = entry.error.clone().unwrap_or_default();
+                let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
+                if keys.is_empty() {
+                    keys.push(String::new());
+                }
+                keys.into_iter().map(move |key| StalledKey {
+                    key,
+                    position: at,
+                    attempts: entry.attempts,
+                    error: error.clone(),
+                    retry_requested: false,
+                })
+            })
+            .collect();
+        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_STALLED_KEYS, "subscription" => self.config.name.clone())
+            .set(stalled.len() as f64);
+        self.status.send_if_modified(|status| {
+            let changed = status.position != position || status.stalled != stalled;
+            status.position = position;
+            status.stalled = stalled;
+            status.state = SubscriptionState::Running;
+            changed
+        });
+    }
+}

@@ -1,0 +1,120 @@
+//! One keyed handler task: an event's handler and its completion in one transaction.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::progress;
+use crate::subscription::attempt::handler_span;
+use crate::subscription::delivery::Delivery;
+use crate::subscription::handle::Position;
+use crate::subscription::runner::Runner;
+use crate::subscription::source::Item;
+use crate::subscription::sql;
+use crate::subscription::subscriber::Subscriber;
+
+/// What the tasks share with the runner.
+pub(super) struct Context<S> {
+    pool: PgPool,
+    subscriber: Arc<S>,
+    name: String,
+    owner: Uuid,
+    lease: Duration,
+}
+
+/// One try at one event.
+pub(super) struct Attempt<P> {
+    delivery: Delivery<P>,
+    position: Position,
+}
+
+/// How a task ended.
+pub(super) enum Outcome {
+    /// Handled, and its completion committed with the handler's writes.
+    Committed,
+    /// The fence refused the completion (lease lost, paused, moved): rolled back.
+    Fenced,
+    /// The COMMIT's outcome is unknown (e.g. the connection dropped): the stored progress says.
+    Unknown,
+    /// The handler (or its transaction) failed: rolled back.
+    Failed { message: String, retryable: bool },
+}
+
+impl<P> Attempt<P> {
+    /// Attempt number `attempt` at `item`; the error to record if its payload does not decode.
+    pub(super) fn new(item: &Item<P>, attempt: u32) -> Result<Self, String> {
+        match &item.event {
+            Ok(event) => Ok(Self {
+                delivery: Delivery::new(Arc::clone(event))
+                    .with_position(item.position)
+                    .with_ends_group(item.boundary)
+                    .with_attempt(attempt),
+                position: item.position,
+            }),
+            Err(row) => Err(format!(
+                "the payload of ordo.events sequence {} does not decode: {}",
+                item.sequence, row.error
+            )),
+        }
+    }
+}
+
+impl<S> Context<S> {
+    pub(super) fn new<P>(runner: &Runner<P, S>) -> Self
+    where
+        P: DeserializeOwned + Send + Sync + 'static,
+        S: Subscriber<P>,
+    {
+        Self {
+            pool: runner.pool.clone(),
+            subscriber: Arc::clone(&runner.subscriber),
+            name: runner.config.name.clone(),
+            owner: runner.owner,
+            lease: runner.config.lease,
+        }
+    }
+
+    /// The handler and the completion, in one transaction bounded by the lease.
+    pub(super) async fn run<P>(&self, attempt: Attempt<P>) -> Outcome
+    where
+        P: DeserializeOwned + Send + Sync + 'static,
+        S: Subscriber<P>,
+    {
+        let failed = |error: &dyn std::fmt::Display| Outcome::Failed {
+            message: error.to_string(),
+            retryable: true,
+        };
+        let mut tx = match self.pool.begin_with(sql::begin_bounded(self.lease)).await {
+            Ok(tx) => tx,
+            Err(error) => return failed(&error),
+        };
+        let span = handler_span(&self.name, &attempt.delivery, "ordo.handle");
+        let handled = AssertUnwindSafe(self.subscriber.handle(&mut tx, &attempt.delivery))
+            .catch_unwind()
+            .instrument(span)
+            .await;
+        match handled {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return failed(&error),
+            Err(_) => return failed(&"the handler panicked"),
+        }
+        match progress::complete(&mut tx, &self.name, self.owner, attempt.position).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = tx.rollback().await;
+                return Outcome::Fenced;
+            }
+            Err(error) => return failed(&error),
+        }
+        match tx.commit().await {
+            Ok(()) => Outcome::Committed,
+            Err(_) => Outcome::Unknown,
+        }
+    }
+}
