@@ -193,7 +193,8 @@ pub mod admin {
     /// The status, the subscriptions, dead letters and a retention report as tables, and any
     /// text made safe for a terminal.
     pub use crate::ops::render::{
-        dead_letters_table, printable, retention_table, status_table, subscriptions_table,
+        dead_letters_table, printable, retention_table, stalled_keys_table, status_table,
+        subscriptions_table,
     };
 
     /// Partitions: what retention would do, and doing it.

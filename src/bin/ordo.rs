@@ -195,6 +195,25 @@ enum SubscriptionAction {
         #[arg(long)]
         force: bool,
     },
+    /// List a keyed subscription's stalled keys: each waits on an event whose attempts ran
+    /// out, while every other key goes on.
+    Stalled {
+        name: String,
+        /// Print JSON (one object per key) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask a keyed subscription's runner to retry the stalled event holding KEY (or every
+    /// stalled event with --all); the events waiting behind it follow in order.
+    RetryKeys {
+        name: String,
+        /// The stalled key (`ordo subscriptions stalled NAME`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        key: Option<String>,
+        /// Every stalled key of the subscription.
+        #[arg(long)]
+        all: bool,
+    },
     /// Delete a subscription's row (its dead letters stay until purged).
     Delete {
         name: String,
@@ -603,6 +622,26 @@ async fn subscriptions(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             Ok(())
         }
         SubscriptionAction::Reset { name, to, force } => reset(&pool, &name, to, force).await,
+        SubscriptionAction::Stalled { name, json } => {
+            let stalled = admin::list_stalled_keys(&pool, &name).await?;
+            let mut out = io::stdout().lock();
+            if json {
+                for key in &stalled {
+                    writeln!(out, "{}", json_line(key)?)?;
+                }
+                return Ok(());
+            }
+            write!(out, "{}", admin::stalled_keys_table(&stalled))?;
+            Ok(())
+        }
+        SubscriptionAction::RetryKeys { name, key, all: _ } => {
+            let asked = admin::retry_stalled_keys(&pool, &name, key.as_deref()).await?;
+            let which = key.map_or_else(|| "every key".to_owned(), |key| format!("key {key:?}"));
+            eprintln!(
+                "ordo: {asked} stalled events of {name:?} ({which}) marked for retry by its runner"
+            );
+            Ok(())
+        }
         SubscriptionAction::Delete { name, force } => {
             admin::delete_subscription(&pool, &name, force).await?;
             eprintln!("ordo: subscription {name:?} deleted");

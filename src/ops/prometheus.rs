@@ -94,7 +94,7 @@ fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
     ]
 }
 
-fn subscriptions(status: &OutboxStatus) -> [Gauge; 4] {
+fn subscriptions(status: &OutboxStatus) -> [Gauge; 5] {
     let samples = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
         status
             .subscriptions
@@ -129,6 +129,11 @@ fn subscriptions(status: &OutboxStatus) -> [Gauge; 4] {
             "ordo_subscription_halted",
             "1 when a subscription is halted.",
             samples(&|s| Some(f64::from(u8::from(s.status == RunStatus::Halted)))),
+        ),
+        (
+            "ordo_subscription_stalled_keys",
+            "A keyed subscription's keys waiting on a stalled event.",
+            samples(&|s| Some(s.stalled.len() as f64)),
         ),
     ]
 }

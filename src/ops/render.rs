@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall};
 use crate::position::Ordering;
-use crate::subscription::{DeadLetter, SubscriptionStatus};
+use crate::subscription::{DeadLetter, StalledKey, SubscriptionStatus};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
 /// the bidirectional overrides that reorder what a line appears to say are shown as escapes
@@ -135,9 +135,20 @@ fn subscription_rows(
         Column("OLDEST", 10, Right),
         Column("STATUS", 7, Left),
         Column("ATTEMPTS", 8, Right),
+        Column("STALLED", 7, Right),
         Column("RUN BY", 22, Left),
     ];
     let rows = subscriptions.iter().map(|sub| {
+        // A keyed subscription's stalled key says more than its last failure elsewhere.
+        let error = match sub.stalled.first() {
+            Some(stalled) => format!(
+                "key {:?} stalled at {}: {}",
+                printable(&stalled.key),
+                stalled.position,
+                printable(&stalled.error)
+            ),
+            None => last_error(sub.last_error.as_deref()),
+        };
         let cells = [
             printable(&sub.name).into_owned(),
             sub.lane.to_string(),
@@ -146,9 +157,10 @@ fn subscription_rows(
             age(sub.oldest_unprocessed_seconds),
             sub.status.as_str().to_owned(),
             sub.attempts.to_string(),
+            sub.stalled.len().to_string(),
             run_by(sub.lease_owner, lease_remaining(sub, now)),
         ];
-        (cells, last_error(sub.last_error.as_deref()))
+        (cells, error)
     });
     table(out, &columns, "LAST ERROR", rows);
 }
@@ -212,6 +224,39 @@ fn write_stall(out: &mut String, stall: &Stall) {
 pub fn subscriptions_table(subscriptions: &[SubscriptionStatus]) -> String {
     let mut out = String::new();
     subscription_rows(&mut out, subscriptions, chrono::Utc::now());
+    out
+}
+
+/// A keyed subscription's stalled keys as `ordo subscriptions stalled NAME` prints them: one
+/// line per key, oldest event first, safe for a terminal.
+pub fn stalled_keys_table(stalled: &[StalledKey]) -> String {
+    let mut out = String::new();
+    let columns = [
+        Column("KEY", 24, Left),
+        Column("POSITION", 10, Right),
+        Column("ATTEMPTS", 8, Right),
+        Column("RETRY", 9, Left),
+    ];
+    let rows = stalled.iter().map(|key| {
+        let shown = if key.key.is_empty() {
+            "(no key)".to_owned()
+        } else {
+            printable(&key.key).into_owned()
+        };
+        let retry = if key.retry_requested {
+            "requested"
+        } else {
+            "-"
+        };
+        let cells = [
+            shown,
+            key.position.to_string(),
+            key.attempts.to_string(),
+            retry.to_owned(),
+        ];
+        (cells, printable(&key.error).into_owned())
+    });
+    table(&mut out, &columns, "ERROR", rows);
     out
 }
 
