@@ -1,6 +1,6 @@
 //! Throughput of keyed subscriptions: a handler that waits 5 ms of I/O per event, keyed over
 //! 1,000 keys, at concurrency 1, 8, 32 and 128 (each as a ratio to concurrency 1 measured in
-//! the same run); and a no-op handler keyed vs unkeyed. Runs are alternated (A B B A) so drift
+//! the same run); and a no-op handler keyed (concurrency 1, 8, 32) vs unkeyed. Runs are alternated (A B B A) so drift
 //! of the machine shows up as disagreement between the two runs of a case.
 //!
 //! ```sh
@@ -114,12 +114,12 @@ async fn io_phase(server: &str, max_pool: u32) -> Result<()> {
     Ok(())
 }
 
-/// A no-op handler, unkeyed and keyed (concurrency 8 and 32), in the order A B C C B A.
+/// A no-op handler, unkeyed and keyed (concurrency 1, 8 and 32), in the order A B C D D C B A.
 async fn noop_phase(server: &str, max_pool: u32) -> Result<()> {
     let events = env("ORDO_NOOP_EVENTS", 5_000) as u64;
     println!("no-op handler, {events} events, 1,000 keys, insert lane");
     println!("{:>11} {:>8} {:>10}", "mode", "events", "events/s");
-    for concurrency in [None, Some(8), Some(32), Some(32), Some(8), None] {
+    for concurrency in [None, Some(1), Some(8), Some(32), Some(32), Some(8), Some(1), None] {
         let case = Case {
             concurrency,
             io: Duration::ZERO,
