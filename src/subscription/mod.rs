@@ -65,19 +65,79 @@ where
     S: Subscriber<P>,
 {
     config.validate()?;
+    let shared = Shared {
+        pool: pool.clone(),
+        lane: Arc::clone(&lane),
+        commit: Arc::clone(&commit),
+    };
+    // A subscription not created yet has no progress.
+    if config.keyed.is_none() {
+        if keyed::progress::has_progress(&pool, &config.name).await? {
+            return Error::invalid_config(
+                "keyed",
+                "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
+            );
+        }
+    }
+    let job = config.clone();
+    start(shared, runners, &job, "subscription", move |run| {
+        let runner = Runner {
+            pool: run.pool,
+            lane,
+            commit,
+            config,
+            subscriber: Arc::new(subscriber),
+            owner: run.owner,
+            stop: run.stop,
+            status: run.status,
+        };
+        runner.run()
+    })
+    .await
+}
+
+/// What every runner reads from: the pool and both lanes.
+pub(crate) struct Shared<P> {
+    pub(crate) pool: PgPool,
+    pub(crate) lane: Arc<LaneShared<P>>,
+    pub(crate) commit: Arc<CommitShared>,
+}
+
+/// What a runner is started with.
+pub(crate) struct Run {
+    pub(crate) pool: PgPool,
+    pub(crate) owner: Uuid,
+    pub(crate) stop: crate::task::StopSignal,
+    pub(crate) status: watch::Sender<SubscriptionStatus>,
+}
+
+/// Where a new subscription starts, per its configuration.
+fn start_position<P>(shared: &Shared<P>, config: &JobConfig) -> Position {
     let start_at = match (config.start, config.ordering) {
         (StartFrom::Beginning, _) => 0,
-        (StartFrom::Now, Ordering::Insert) => lane.frontier(),
-        (StartFrom::Now, Ordering::Commit) => commit.head(),
+        (StartFrom::Now, Ordering::Insert) => shared.lane.frontier(),
+        (StartFrom::Now, Ordering::Commit) => shared.commit.head(),
     };
-    let start_at = Position::new(config.ordering, start_at);
-    ensure_row(&pool, &config, start_at).await?;
-    if config.keyed.is_none() && keyed::progress::has_progress(&pool, &config.name).await? {
-        return Error::invalid_config(
-            "keyed",
-            "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
-        );
-    }
+    Position::new(config.ordering, start_at)
+}
+
+/// Creates the row of `config` if it is new (refusing a lane mismatch) and spawns the runner
+/// `make` builds, in the care of `runners`: the machinery subscriptions and relays share
+/// (status, supervision, shutdown bounded by the lease).
+pub(crate) async fn start<P, F, Fut>(
+    shared: Shared<P>,
+    runners: &Runners,
+    config: &JobConfig,
+    kind: &'static str,
+    make: F,
+) -> Result<SubscriptionHandle>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    F: FnOnce(Run) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let start_at = start_position(&shared, config);
+    ensure_row(&shared.pool, config, start_at).await?;
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -94,37 +154,31 @@ where
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {
-        insert: lane.frontier.subscribe(),
-        commit: Arc::clone(&commit),
+        insert: shared.lane.frontier.subscribe(),
+        commit: Arc::clone(&shared.commit),
     };
-    let span = tracing::info_span!("ordo", task = "subscription", subscription = %config.name);
+    let span = tracing::info_span!("ordo", task = kind, subscription = %config.name);
     let owner = Uuid::new_v4();
-    let name = config.name.clone();
-    let grace = config.lease;
-    let runner_pool = pool.clone();
-    let task = Supervised::spawn("subscription", span, |stop| {
+    let pool = shared.pool.clone();
+    let task = Supervised::spawn(kind, span, |stop| {
         let stopped = MarkStopped(status.clone());
-        let runner = Runner {
-            pool: runner_pool,
-            lane,
-            commit,
-            config,
-            subscriber: Arc::new(subscriber),
+        let work = make(Run {
+            pool: shared.pool,
             owner,
             stop,
             status,
-        };
+        });
         async move {
             let _stopped = stopped;
-            runner.run().await;
+            work.await;
         }
     });
     let running = Arc::new(Running {
         task,
         pool,
-        name,
+        name: config.name.clone(),
         owner,
-        grace,
+        grace: config.lease,
         stopped: tokio::sync::Mutex::new(false),
     });
     runners.add(&running);
