@@ -1,0 +1,432 @@
+//! Latest values: one row per event type, newest wins, delivered to every process's streams,
+//! a late stream gets the current value first, nothing enters the lanes' history.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::TestDb;
+use futures::StreamExt;
+use ordo::{Error, Latest, LatestStream, Outbox, OutboxConfig};
+use sqlx::PgPool;
+use tokio::time::timeout;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A latest value as the tests publish it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Rate {
+    writer: u32,
+    n: u32,
+}
+
+async fn outbox(pool: &PgPool) -> Outbox<serde_json::Value> {
+    Outbox::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("start the outbox")
+}
+
+/// The next item of `stream` within `limit`, which must be a value.
+async fn next_within<T>(stream: &mut LatestStream<T>, limit: Duration) -> Latest<T> {
+    timeout(limit, stream.next())
+        .await
+        .expect("a latest value in time")
+        .expect("the stream ended early")
+        .expect("a value, not an error")
+}
+
+async fn next<T>(stream: &mut LatestStream<T>) -> Latest<T> {
+    next_within(stream, PATIENCE).await
+}
+
+/// Items until one of `event_type` at `version` (every item must be a value).
+async fn until<T>(stream: &mut LatestStream<T>, event_type: &str, version: u64) -> Vec<Latest<T>> {
+    let mut items = Vec::new();
+    loop {
+        let item = next(stream).await;
+        let done = item.event_type == event_type && item.version >= version;
+        items.push(item);
+        if done {
+            return items;
+        }
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_outboxes_on_different_pools_see_each_others_values() {
+    let db = TestDb::new().await;
+    let a = outbox(&db.pool).await;
+    let b = outbox(&db.another_pool(4).await).await;
+    let mut at_a = a.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let mut at_b = b.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+
+    let v1 = a
+        .publish_latest("fx.rate", &Rate { writer: 1, n: 1 })
+        .await
+        .expect("publish");
+    assert_eq!(v1, 1);
+    for stream in [&mut at_a, &mut at_b] {
+        let got = next(stream).await;
+        assert_eq!((got.version, &*got.payload), (1, &Rate { writer: 1, n: 1 }));
+        assert_eq!(got.event_type, "fx.rate");
+    }
+
+    let v2 = b
+        .publish_latest("fx.rate", &Rate { writer: 2, n: 1 })
+        .await
+        .expect("publish");
+    assert_eq!(v2, 2);
+    for stream in [&mut at_a, &mut at_b] {
+        let got = next(stream).await;
+        assert_eq!((got.version, &*got.payload), (2, &Rate { writer: 2, n: 1 }));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_listener_gets_the_current_value_first_then_newer_ones() {
+    let db = TestDb::new().await;
+    let writer = outbox(&db.pool).await;
+    for n in 1..=3 {
+        writer
+            .publish_latest("fx.rate", &Rate { writer: 0, n })
+            .await
+            .expect("publish");
+    }
+    let reader = outbox(&db.another_pool(4).await).await;
+    let mut rates = reader.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let first = next(&mut rates).await;
+    assert_eq!((first.version, first.payload.n), (3, 3));
+
+    let mut headers = ordo::Headers::new();
+    headers.insert("source".to_owned(), "ecb".into());
+    writer
+        .publish_latest_with_headers("fx.rate", &Rate { writer: 0, n: 4 }, &headers)
+        .await
+        .expect("publish");
+    let second = next(&mut rates).await;
+    assert_eq!((second.version, second.payload.n), (4, 4));
+    assert_eq!(second.headers, headers);
+    let stored = reader
+        .latest_value::<Rate>("fx.rate")
+        .await
+        .expect("read")
+        .expect("a value");
+    assert_eq!((stored.version, stored.payload.n), (4, 4));
+    let never = reader.latest_value::<Rate>("never").await.expect("read");
+    assert!(never.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_several_types_gets_each_and_no_other() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    for event_type in ["fx.rate", "flags", "other"] {
+        outbox
+            .publish_latest(event_type, &Rate { writer: 0, n: 1 })
+            .await
+            .expect("publish");
+    }
+    let mut selected = outbox
+        .latest::<Rate, _, _>(["fx.rate", "flags"])
+        .expect("stream");
+    let mut current: Vec<String> = Vec::new();
+    for _ in 0..2 {
+        current.push(next(&mut selected).await.event_type);
+    }
+    current.sort();
+    assert_eq!(current, ["flags", "fx.rate"]);
+
+    // Another type moves first: the stream passes it over.
+    outbox
+        .publish_latest("other", &Rate { writer: 0, n: 2 })
+        .await
+        .expect("publish");
+    outbox
+        .publish_latest("flags", &Rate { writer: 0, n: 2 })
+        .await
+        .expect("publish");
+    let items = until(&mut selected, "flags", 2).await;
+    assert!(
+        items.iter().all(|item| item.event_type == "flags"),
+        "only flags moved among the selected types: {:?}",
+        items.iter().map(|i| &i.event_type).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishers_converge_every_listener_on_the_final_value() {
+    const TYPES: [&str; 2] = ["fx.rate", "flags"];
+    const PUBLISHERS: u32 = 4;
+    const EACH: u32 = 40;
+    let db = TestDb::new().await;
+    let a = outbox(&db.pool).await;
+    let b = outbox(&db.another_pool(6).await).await;
+    // Every publisher publishes each type EACH / 2 times: that many versions per type.
+    let final_version = u64::from(PUBLISHERS * EACH / 2);
+
+    let streams = vec![
+        a.latest::<Rate, _, _>(TYPES).expect("stream"),
+        a.latest::<Rate, _, _>(TYPES).expect("stream"),
+        b.latest::<Rate, _, _>(TYPES).expect("stream"),
+    ];
+    let listeners: Vec<_> = streams
+        .into_iter()
+        .map(|stream| tokio::spawn(follow(stream, final_version)))
+        .collect();
+
+    let publishers: Vec<_> = (0..PUBLISHERS)
+        .map(|writer| {
+            let outbox = if writer % 2 == 0 {
+                a.clone()
+            } else {
+                b.clone()
+            };
+            tokio::spawn(async move {
+                for n in 0..EACH {
+                    let event_type = TYPES[(n % 2) as usize];
+                    let value = Rate { writer, n };
+                    if n % 3 == 0 {
+                        // Some in a transaction with other writes, committed.
+                        let mut tx = outbox.begin().await.expect("begin");
+                        tx.publish_latest(event_type, &value)
+                            .await
+                            .expect("publish");
+                        tx.commit().await.expect("commit");
+                    } else {
+                        outbox
+                            .publish_latest(event_type, &value)
+                            .await
+                            .expect("publish");
+                    }
+                }
+            })
+        })
+        .collect();
+    for publisher in publishers {
+        publisher.await.expect("publisher");
+    }
+
+    let mut table = HashMap::new();
+    for event_type in TYPES {
+        let stored = a
+            .latest_value::<Rate>(event_type)
+            .await
+            .expect("read")
+            .expect("a value");
+        assert_eq!(stored.version, final_version, "{event_type}");
+        table.insert(event_type.to_owned(), stored.payload);
+    }
+    for listener in listeners {
+        let last = listener.await.expect("listener");
+        for event_type in TYPES {
+            let seen = &last[event_type];
+            assert_eq!(seen.version, final_version, "{event_type}");
+            assert_eq!(seen.payload, table[event_type], "{event_type}");
+        }
+    }
+}
+
+/// Follows `stream` until every type reached `final_version`, checking that versions only
+/// grow per type; returns the last item of each type.
+async fn follow(
+    mut stream: LatestStream<Rate>,
+    final_version: u64,
+) -> HashMap<String, Latest<Rate>> {
+    let mut last: HashMap<String, Latest<Rate>> = HashMap::new();
+    while last.len() < 2 || last.values().any(|item| item.version < final_version) {
+        let item = next(&mut stream).await;
+        if let Some(before) = last.get(&item.event_type) {
+            assert!(
+                item.version > before.version,
+                "{}: version went {} -> {}",
+                item.event_type,
+                before.version,
+                item.version
+            );
+        }
+        last.insert(item.event_type.clone(), item);
+    }
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_in_a_rolled_back_transaction_is_never_seen() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    let mut flags = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
+
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_latest("flags", &Rate { writer: 9, n: 9 })
+        .await
+        .expect("publish");
+    tx.rollback().await.expect("rollback");
+    let mut dropped = outbox.begin().await.expect("begin");
+    dropped
+        .publish_latest("flags", &Rate { writer: 9, n: 9 })
+        .await
+        .expect("publish");
+    drop(dropped);
+    let mut own = db.pool.begin().await.expect("begin");
+    outbox
+        .publish_latest_in(&mut own, "flags", &Rate { writer: 9, n: 9 })
+        .await
+        .expect("publish");
+    own.rollback().await.expect("rollback");
+
+    // A caller-owned transaction that commits is seen, as version 1: rollbacks took none.
+    let mut own = db.pool.begin().await.expect("begin");
+    let version = outbox
+        .publish_latest_in(&mut own, "flags", &Rate { writer: 1, n: 1 })
+        .await
+        .expect("publish");
+    own.commit().await.expect("commit");
+    assert_eq!(version, 1);
+    let got = next(&mut flags).await;
+    assert_eq!((got.version, &*got.payload), (1, &Rate { writer: 1, n: 1 }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_values_never_enter_the_events_or_the_commit_log() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    let mut flags = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
+    for n in 1..=5 {
+        outbox
+            .publish_latest("flags", &Rate { writer: 0, n })
+            .await
+            .expect("publish");
+    }
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish_latest("flags", &Rate { writer: 0, n: 6 })
+        .await
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    until(&mut flags, "flags", 6).await;
+
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM ordo.events").await, 0);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM ordo.commit_log").await,
+        0
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM ordo.latest_values").await,
+        1
+    );
+    assert_eq!(outbox.insert_frontier().get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_listen_connection_is_followed_by_a_read_of_the_table() {
+    let db = TestDb::new().await;
+    let writer = outbox(&db.pool).await;
+    let reader = outbox(&db.another_pool(4).await).await;
+    let mut flags = reader.latest::<Rate, _, _>(["flags"]).expect("stream");
+    // Shorter than the periodic resync (30 s): only the reconnect's read can deliver in time.
+    let limit = Duration::from_secs(10);
+
+    let listening = "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND application_name = 'ordo.latest' \
+                     AND query LIKE 'LISTEN%'";
+    for round in 1..=4u32 {
+        // Connected (at first, or again after the last round's termination).
+        assert!(
+            common::eventually(PATIENCE, || async { count(&db.pool, listening).await == 1 }).await,
+            "round {round}: the LISTEN connection is up"
+        );
+        let terminated = count(
+            &db.pool,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'ordo.latest'",
+        )
+        .await;
+        assert_eq!(terminated, 1, "round {round}: the LISTEN connection");
+        // Published while the connection is down (it reconnects after a backoff).
+        writer
+            .publish_latest(
+                "flags",
+                &Rate {
+                    writer: 0,
+                    n: round,
+                },
+            )
+            .await
+            .expect("publish");
+        let got = next_within(&mut flags, limit).await;
+        assert_eq!((got.version, got.payload.n), (u64::from(round), round));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    let mut rates = outbox.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    outbox
+        .publish_latest("fx.rate", &"not a rate")
+        .await
+        .expect("publish");
+    let error = timeout(PATIENCE, rates.next())
+        .await
+        .expect("an item in time")
+        .expect("the stream goes on")
+        .expect_err("an undecodable value");
+    assert!(
+        matches!(&error, Error::UndecodableLatest { event_type, version: 1, .. } if event_type == "fx.rate"),
+        "{error:?}"
+    );
+    outbox
+        .publish_latest("fx.rate", &Rate { writer: 0, n: 2 })
+        .await
+        .expect("publish");
+    let got = next(&mut rates).await;
+    assert_eq!((got.version, got.payload.n), (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdown() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    let listening = "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND application_name = 'ordo.latest'";
+    assert_eq!(count(&db.pool, listening).await, 0);
+    assert!(matches!(
+        outbox.latest::<Rate, _, _>(Vec::<String>::new()),
+        Err(Error::InvalidConfig { .. })
+    ));
+    let mut first = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
+    let mut second = outbox.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    outbox
+        .publish_latest("flags", &Rate { writer: 0, n: 1 })
+        .await
+        .expect("publish");
+    next(&mut first).await;
+    assert_eq!(count(&db.pool, listening).await, 1, "one per outbox");
+
+    outbox.shutdown().await;
+    for stream in [&mut first, &mut second] {
+        let end = timeout(PATIENCE, stream.next())
+            .await
+            .expect("the end in time");
+        assert!(end.is_none(), "the stream ends at shutdown");
+    }
+    assert!(matches!(
+        outbox.latest::<Rate, _, _>(["flags"]),
+        Err(Error::Shutdown)
+    ));
+    assert!(matches!(
+        outbox.publish_latest("flags", &1).await,
+        Err(Error::Shutdown)
+    ));
+    assert!(
+        common::eventually(PATIENCE, || async { count(&db.pool, listening).await == 0 }).await,
+        "the LISTEN connection is closed"
+    );
+}
