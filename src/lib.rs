@@ -43,6 +43,12 @@
 //!   payload is decoded, so a foreign row never fails a typed consumer. Untyped events are
 //!   handed on unless [`JobConfig::skip_untyped`].
 //!
+//! - **Latest values** ([`Outbox::publish_latest`], [`Outbox::latest`]): an exchange rate, the
+//!   feature flags: one row per type in `ordo.latest_values`, overwritten by each publish
+//!   (alone, in an [`OutboxTransaction`], or in your transaction), with a `version` that grows
+//!   by one per committed publish. A [`LatestStream`] in any process gets the current value of
+//!   each type it selects, then every newer one (it may skip versions, never go back). Nothing
+//!   of it enters `ordo.events` or the commit log. See `docs/latest-values.md`.
 //! - **Durable subscriptions** ([`Outbox::subscribe`]): a named [`Subscriber`] whose handler
 //!   runs in a transaction that also moves the subscription's position in
 //!   `ordo.subscriptions`, so its database effects happen exactly once. One process runs a

@@ -14,6 +14,10 @@ use tokio::time::timeout;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Counts the latest-value LISTEN connections of the test's database.
+const LATEST_BACKENDS: &str = "SELECT count(*) FROM pg_stat_activity \
+    WHERE datname = current_database() AND application_name = 'ordo.latest'";
+
 /// A latest value as the tests publish it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Rate {
@@ -53,6 +57,14 @@ async fn until<T>(stream: &mut LatestStream<T>, event_type: &str, version: u64) 
     }
 }
 
+/// Publishes `Rate { writer, n }` as `event_type` through `outbox`; returns the version.
+async fn put(outbox: &Outbox<serde_json::Value>, event_type: &str, writer: u32, n: u32) -> u64 {
+    outbox
+        .publish_latest(event_type, &Rate { writer, n })
+        .await
+        .expect("publish")
+}
+
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .fetch_one(pool)
@@ -68,10 +80,7 @@ async fn two_outboxes_on_different_pools_see_each_others_values() {
     let mut at_a = a.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
     let mut at_b = b.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
 
-    let v1 = a
-        .publish_latest("fx.rate", &Rate { writer: 1, n: 1 })
-        .await
-        .expect("publish");
+    let v1 = put(&a, "fx.rate", 1, 1).await;
     assert_eq!(v1, 1);
     for stream in [&mut at_a, &mut at_b] {
         let got = next(stream).await;
@@ -79,10 +88,7 @@ async fn two_outboxes_on_different_pools_see_each_others_values() {
         assert_eq!(got.event_type, "fx.rate");
     }
 
-    let v2 = b
-        .publish_latest("fx.rate", &Rate { writer: 2, n: 1 })
-        .await
-        .expect("publish");
+    let v2 = put(&b, "fx.rate", 2, 1).await;
     assert_eq!(v2, 2);
     for stream in [&mut at_a, &mut at_b] {
         let got = next(stream).await;
@@ -95,10 +101,7 @@ async fn a_late_listener_gets_the_current_value_first_then_newer_ones() {
     let db = TestDb::new().await;
     let writer = outbox(&db.pool).await;
     for n in 1..=3 {
-        writer
-            .publish_latest("fx.rate", &Rate { writer: 0, n })
-            .await
-            .expect("publish");
+        put(&writer, "fx.rate", 0, n).await;
     }
     let reader = outbox(&db.another_pool(4).await).await;
     let mut rates = reader.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
@@ -129,10 +132,7 @@ async fn a_listener_of_several_types_gets_each_and_no_other() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
     for event_type in ["fx.rate", "flags", "other"] {
-        outbox
-            .publish_latest(event_type, &Rate { writer: 0, n: 1 })
-            .await
-            .expect("publish");
+        put(&outbox, event_type, 0, 1).await;
     }
     let mut selected = outbox
         .latest::<Rate, _, _>(["fx.rate", "flags"])
@@ -145,14 +145,8 @@ async fn a_listener_of_several_types_gets_each_and_no_other() {
     assert_eq!(current, ["flags", "fx.rate"]);
 
     // Another type moves first: the stream passes it over.
-    outbox
-        .publish_latest("other", &Rate { writer: 0, n: 2 })
-        .await
-        .expect("publish");
-    outbox
-        .publish_latest("flags", &Rate { writer: 0, n: 2 })
-        .await
-        .expect("publish");
+    put(&outbox, "other", 0, 2).await;
+    put(&outbox, "flags", 0, 2).await;
     let items = until(&mut selected, "flags", 2).await;
     assert!(
         items.iter().all(|item| item.event_type == "flags"),
@@ -269,8 +263,9 @@ async fn a_publish_in_a_rolled_back_transaction_is_never_seen() {
         .expect("publish");
     tx.rollback().await.expect("rollback");
     let mut dropped = outbox.begin().await.expect("begin");
+    let rate = Rate { writer: 9, n: 9 };
     dropped
-        .publish_latest("flags", &Rate { writer: 9, n: 9 })
+        .publish_latest("flags", &rate)
         .await
         .expect("publish");
     drop(dropped);
@@ -299,10 +294,7 @@ async fn latest_values_never_enter_the_events_or_the_commit_log() {
     let outbox = outbox(&db.pool).await;
     let mut flags = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
     for n in 1..=5 {
-        outbox
-            .publish_latest("flags", &Rate { writer: 0, n })
-            .await
-            .expect("publish");
+        put(&outbox, "flags", 0, n).await;
     }
     let mut tx = outbox.begin().await.expect("begin");
     tx.publish_latest("flags", &Rate { writer: 0, n: 6 })
@@ -311,15 +303,10 @@ async fn latest_values_never_enter_the_events_or_the_commit_log() {
     tx.commit().await.expect("commit");
     until(&mut flags, "flags", 6).await;
 
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM ordo.events").await, 0);
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM ordo.commit_log").await,
-        0
-    );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM ordo.latest_values").await,
-        1
-    );
+    for (table, rows) in [("events", 0), ("commit_log", 0), ("latest_values", 1)] {
+        let sql = format!("SELECT count(*) FROM ordo.{table}");
+        assert_eq!(count(&db.pool, &sql).await, rows, "ordo.{table}");
+    }
     assert_eq!(outbox.insert_frontier().get(), 0);
 }
 
@@ -332,33 +319,21 @@ async fn a_terminated_listen_connection_is_followed_by_a_read_of_the_table() {
     // Shorter than the periodic resync (30 s): only the reconnect's read can deliver in time.
     let limit = Duration::from_secs(10);
 
-    let listening = "SELECT count(*) FROM pg_stat_activity \
-                     WHERE datname = current_database() AND application_name = 'ordo.latest' \
-                     AND query LIKE 'LISTEN%'";
+    let listening = format!("{LATEST_BACKENDS} AND query LIKE 'LISTEN%'");
     for round in 1..=4u32 {
         // Connected (at first, or again after the last round's termination).
         assert!(
-            common::eventually(PATIENCE, || async { count(&db.pool, listening).await == 1 }).await,
+            common::eventually(PATIENCE, || async {
+                count(&db.pool, &listening).await == 1
+            })
+            .await,
             "round {round}: the LISTEN connection is up"
         );
-        let terminated = count(
-            &db.pool,
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND application_name = 'ordo.latest'",
-        )
-        .await;
+        let terminate = LATEST_BACKENDS.replace("count(*)", "count(pg_terminate_backend(pid))");
+        let terminated = count(&db.pool, &terminate).await;
         assert_eq!(terminated, 1, "round {round}: the LISTEN connection");
         // Published while the connection is down (it reconnects after a backoff).
-        writer
-            .publish_latest(
-                "flags",
-                &Rate {
-                    writer: 0,
-                    n: round,
-                },
-            )
-            .await
-            .expect("publish");
+        put(&writer, "flags", 0, round).await;
         let got = next_within(&mut flags, limit).await;
         assert_eq!((got.version, got.payload.n), (u64::from(round), round));
     }
@@ -382,10 +357,7 @@ async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
         matches!(&error, Error::UndecodableLatest { event_type, version: 1, .. } if event_type == "fx.rate"),
         "{error:?}"
     );
-    outbox
-        .publish_latest("fx.rate", &Rate { writer: 0, n: 2 })
-        .await
-        .expect("publish");
+    put(&outbox, "fx.rate", 0, 2).await;
     let got = next(&mut rates).await;
     assert_eq!((got.version, got.payload.n), (2, 2));
 }
@@ -394,8 +366,7 @@ async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
 async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdown() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
-    let listening = "SELECT count(*) FROM pg_stat_activity \
-                     WHERE datname = current_database() AND application_name = 'ordo.latest'";
+    let listening = LATEST_BACKENDS;
     assert_eq!(count(&db.pool, listening).await, 0);
     assert!(matches!(
         outbox.latest::<Rate, _, _>(Vec::<String>::new()),
@@ -403,10 +374,7 @@ async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdo
     ));
     let mut first = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
     let mut second = outbox.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
-    outbox
-        .publish_latest("flags", &Rate { writer: 0, n: 1 })
-        .await
-        .expect("publish");
+    put(&outbox, "flags", 0, 1).await;
     next(&mut first).await;
     assert_eq!(count(&db.pool, listening).await, 1, "one per outbox");
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{broadcast, watch};
 
 use super::{HubShared, Latest, LatestRow, sql};
 use crate::error::{Error, Result};
@@ -52,6 +53,28 @@ enum Wake {
     Stop,
 }
 
+/// How a read of the selected types ended.
+enum Read {
+    Rows(Vec<LatestRow>),
+    /// Failed transiently; the backoff was waited out: read again.
+    Retry,
+    /// Failed for good: yield it and end.
+    Failed(Error),
+    Stop,
+}
+
+/// A stream's state between items.
+struct Follower {
+    hub: Arc<HubShared>,
+    types: Vec<String>,
+    rows: broadcast::Receiver<Arc<LatestRow>>,
+    epoch: watch::Receiver<u64>,
+    stop: StopSignal,
+    backoff: Duration,
+    /// The highest version yielded per selected type (0: none yet).
+    seen: HashMap<String, u64>,
+}
+
 /// The stream of `types` over `hub`'s rows; ends on `stop`.
 pub(crate) fn stream<T>(
     hub: Arc<HubShared>,
@@ -61,79 +84,100 @@ pub(crate) fn stream<T>(
 where
     T: DeserializeOwned + Send + Sync + 'static,
 {
-    // Subscribed before the first read: a row broadcast after it is not missed.
-    let mut rows = hub.rows.subscribe();
-    let mut epoch = hub.epoch.subscribe();
-    let mut stop = stop;
-    // The highest version yielded per selected type (0: none yet).
-    let mut seen: HashMap<String, u64> = types.iter().map(|t| (t.clone(), 0)).collect();
+    let mut follower = Follower {
+        // Subscribed before the first read: a row broadcast after it is not missed.
+        rows: hub.rows.subscribe(),
+        epoch: hub.epoch.subscribe(),
+        seen: types.iter().map(|t| (t.clone(), 0)).collect(),
+        hub,
+        types,
+        stop,
+        backoff: FIRST_BACKOFF,
+    };
     Box::pin(async_stream::stream! {
         let mut reread = true;
-        let mut backoff = FIRST_BACKOFF;
         loop {
             if reread {
-                // The LISTEN must be up before the read, or a commit between the two is lost.
-                let up = tokio::select! {
-                    biased;
-                    _ = stop.stopped() => false,
-                    up = epoch.wait_for(|epoch| *epoch >= 1) => up.is_ok(),
-                };
-                if !up {
-                    break;
-                }
-                match sql::read(&hub.pool, &types).await {
-                    Ok(current) => {
+                match follower.read().await {
+                    Read::Rows(current) => {
                         reread = false;
-                        backoff = FIRST_BACKOFF;
                         for row in current {
-                            if let Some(item) = accept(&mut seen, &row) {
+                            if let Some(item) = accept(&mut follower.seen, &row) {
                                 yield item;
                             }
                         }
                     }
-                    Err(error) => {
-                        let error = Error::from(error);
-                        if !error.is_transient() {
-                            tracing::error!(%error, "latest-value stream stopped on an error it cannot retry");
-                            yield Err(error);
-                            break;
-                        }
-                        let wait = jittered(backoff);
-                        tracing::warn!(%error, ?wait, "reading latest values failed transiently; retrying");
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
-                        tokio::select! {
-                            biased;
-                            _ = stop.stopped() => break,
-                            _ = tokio::time::sleep(wait) => continue,
-                        }
+                    Read::Retry => continue,
+                    Read::Failed(error) => {
+                        yield Err(error);
+                        break;
                     }
+                    Read::Stop => break,
                 }
             }
-            let wake = tokio::select! {
-                biased;
-                _ = stop.stopped() => Wake::Stop,
-                changed = epoch.changed() => match changed {
-                    Ok(()) => Wake::Reread,
-                    Err(_) => Wake::Stop,
-                },
-                row = rows.recv() => match row {
-                    Ok(row) => Wake::Row(row),
-                    // Rows were dropped for this stream: the table has the newest.
-                    Err(RecvError::Lagged(_)) => Wake::Reread,
-                    Err(RecvError::Closed) => Wake::Stop,
-                },
-            };
-            match wake {
+            match follower.wake().await {
                 Wake::Stop => break,
                 Wake::Reread => reread = true,
                 Wake::Row(row) => {
-                    if let Some(item) = accept(&mut seen, &row) {
+                    if let Some(item) = accept(&mut follower.seen, &row) {
                         yield item;
                     }
                 }
             }
         }
     })
+}
+
+impl Follower {
+    /// Reads the selected types from the table, once the LISTEN is up (or a commit between
+    /// the read and the LISTEN would be lost); waits out the backoff after a transient failure.
+    async fn read(&mut self) -> Read {
+        let up = tokio::select! {
+            biased;
+            _ = self.stop.stopped() => false,
+            up = self.epoch.wait_for(|epoch| *epoch >= 1) => up.is_ok(),
+        };
+        if !up {
+            return Read::Stop;
+        }
+        let error = match sql::read(&self.hub.pool, &self.types).await {
+            Ok(rows) => {
+                self.backoff = FIRST_BACKOFF;
+                return Read::Rows(rows);
+            }
+            Err(error) => Error::from(error),
+        };
+        if !error.is_transient() {
+            tracing::error!(%error, "latest-value stream stopped on an error it cannot retry");
+            return Read::Failed(error);
+        }
+        let wait = jittered(self.backoff);
+        tracing::warn!(%error, ?wait, "reading latest values failed transiently; retrying");
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        tokio::select! {
+            biased;
+            _ = self.stop.stopped() => Read::Stop,
+            _ = tokio::time::sleep(wait) => Read::Retry,
+        }
+    }
+
+    /// Waits for a row, a request to read again, or the stop.
+    async fn wake(&mut self) -> Wake {
+        tokio::select! {
+            biased;
+            _ = self.stop.stopped() => Wake::Stop,
+            changed = self.epoch.changed() => match changed {
+                Ok(()) => Wake::Reread,
+                Err(_) => Wake::Stop,
+            },
+            row = self.rows.recv() => match row {
+                Ok(row) => Wake::Row(row),
+                // Rows were dropped for this stream: the table has the newest.
+                Err(RecvError::Lagged(_)) => Wake::Reread,
+                Err(RecvError::Closed) => Wake::Stop,
+            },
+        }
+    }
 }
 
 /// The item for `row` if its type is selected and its version newer than any yielded; records

@@ -247,10 +247,10 @@ where
     ///    transaction back. Every lease this process holds is released before the next step,
     ///    so a standby elsewhere takes over at its next claim rather than when the lease
     ///    expires.
-    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher) and
-    ///    maintainer stop after the step in hand (each waited for up to 10 s, then aborted),
-    ///    and every listener stream ends. [`begin`](Self::begin) returns [`Error::Shutdown`]
-    ///    from here on.
+    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher),
+    ///    maintainer and latest-value listener stop after the step in hand (each waited for
+    ///    up to 10 s, then aborted), and every listener stream (latest values included) ends.
+    ///    [`begin`](Self::begin) returns [`Error::Shutdown`] from here on.
     ///
     /// Subscriptions go first because they read the lanes: a runner must not find its lane
     /// gone mid-unit.
