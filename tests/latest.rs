@@ -77,8 +77,8 @@ async fn two_outboxes_on_different_pools_see_each_others_values() {
     let db = TestDb::new().await;
     let a = outbox(&db.pool).await;
     let b = outbox(&db.another_pool(4).await).await;
-    let mut at_a = a.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
-    let mut at_b = b.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let mut at_a = a.latest::<Rate>(["fx.rate"]).expect("stream");
+    let mut at_b = b.latest::<Rate>(["fx.rate"]).expect("stream");
 
     let v1 = put(&a, "fx.rate", 1, 1).await;
     assert_eq!(v1, 1);
@@ -104,7 +104,7 @@ async fn a_late_listener_gets_the_current_value_first_then_newer_ones() {
         put(&writer, "fx.rate", 0, n).await;
     }
     let reader = outbox(&db.another_pool(4).await).await;
-    let mut rates = reader.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let mut rates = reader.latest::<Rate>(["fx.rate"]).expect("stream");
     let first = next(&mut rates).await;
     assert_eq!((first.version, first.payload.n), (3, 3));
 
@@ -134,9 +134,7 @@ async fn a_listener_of_several_types_gets_each_and_no_other() {
     for event_type in ["fx.rate", "flags", "other"] {
         put(&outbox, event_type, 0, 1).await;
     }
-    let mut selected = outbox
-        .latest::<Rate, _, _>(["fx.rate", "flags"])
-        .expect("stream");
+    let mut selected = outbox.latest::<Rate>(["fx.rate", "flags"]).expect("stream");
     let mut current: Vec<String> = Vec::new();
     for _ in 0..2 {
         current.push(next(&mut selected).await.event_type);
@@ -167,9 +165,9 @@ async fn concurrent_publishers_converge_every_listener_on_the_final_value() {
     let final_version = u64::from(PUBLISHERS * EACH / 2);
 
     let streams = vec![
-        a.latest::<Rate, _, _>(TYPES).expect("stream"),
-        a.latest::<Rate, _, _>(TYPES).expect("stream"),
-        b.latest::<Rate, _, _>(TYPES).expect("stream"),
+        a.latest::<Rate>(TYPES).expect("stream"),
+        a.latest::<Rate>(TYPES).expect("stream"),
+        b.latest::<Rate>(TYPES).expect("stream"),
     ];
     let listeners: Vec<_> = streams
         .into_iter()
@@ -255,7 +253,7 @@ async fn follow(
 async fn a_publish_in_a_rolled_back_transaction_is_never_seen() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
-    let mut flags = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
+    let mut flags = outbox.latest::<Rate>(["flags"]).expect("stream");
 
     let mut tx = outbox.begin().await.expect("begin");
     tx.publish_latest("flags", &Rate { writer: 9, n: 9 })
@@ -292,7 +290,7 @@ async fn a_publish_in_a_rolled_back_transaction_is_never_seen() {
 async fn latest_values_never_enter_the_events_or_the_commit_log() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
-    let mut flags = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
+    let mut flags = outbox.latest::<Rate>(["flags"]).expect("stream");
     for n in 1..=5 {
         put(&outbox, "flags", 0, n).await;
     }
@@ -315,7 +313,7 @@ async fn a_terminated_listen_connection_is_followed_by_a_read_of_the_table() {
     let db = TestDb::new().await;
     let writer = outbox(&db.pool).await;
     let reader = outbox(&db.another_pool(4).await).await;
-    let mut flags = reader.latest::<Rate, _, _>(["flags"]).expect("stream");
+    let mut flags = reader.latest::<Rate>(["flags"]).expect("stream");
     // Shorter than the periodic resync (30 s): only the reconnect's read can deliver in time.
     let limit = Duration::from_secs(10);
 
@@ -343,7 +341,7 @@ async fn a_terminated_listen_connection_is_followed_by_a_read_of_the_table() {
 async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
-    let mut rates = outbox.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let mut rates = outbox.latest::<Rate>(["fx.rate"]).expect("stream");
     outbox
         .publish_latest("fx.rate", &"not a rate")
         .await
@@ -369,11 +367,11 @@ async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdo
     let listening = LATEST_BACKENDS;
     assert_eq!(count(&db.pool, listening).await, 0);
     assert!(matches!(
-        outbox.latest::<Rate, _, _>(Vec::<String>::new()),
+        outbox.latest::<Rate>(Vec::<String>::new()),
         Err(Error::InvalidConfig { .. })
     ));
-    let mut first = outbox.latest::<Rate, _, _>(["flags"]).expect("stream");
-    let mut second = outbox.latest::<Rate, _, _>(["fx.rate"]).expect("stream");
+    let mut first = outbox.latest::<Rate>(["flags"]).expect("stream");
+    let mut second = outbox.latest::<Rate>(["fx.rate"]).expect("stream");
     put(&outbox, "flags", 0, 1).await;
     next(&mut first).await;
     assert_eq!(count(&db.pool, listening).await, 1, "one per outbox");
@@ -386,7 +384,7 @@ async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdo
         assert!(end.is_none(), "the stream ends at shutdown");
     }
     assert!(matches!(
-        outbox.latest::<Rate, _, _>(["flags"]),
+        outbox.latest::<Rate>(["flags"]),
         Err(Error::Shutdown)
     ));
     assert!(matches!(

@@ -98,7 +98,7 @@ where
     /// #[derive(serde::Deserialize)]
     /// struct Rate { pair: String, micros: i64 }
     ///
-    /// let mut rates = outbox.latest::<Rate, _, _>(["fx.rate"])?;
+    /// let mut rates = outbox.latest::<Rate>(["fx.rate"])?;
     /// while let Some(rate) = rates.next().await {
     ///     let rate = rate?;
     ///     println!("{} = {} (version {})", rate.payload.pair, rate.payload.micros, rate.version);
@@ -109,11 +109,12 @@ where
     /// # Errors
     /// [`Error::InvalidConfig`] if `types` is empty or holds an empty type or one over 200
     /// bytes; [`Error::Shutdown`] after [`shutdown`](Self::shutdown).
-    pub fn latest<T, I, S>(&self, types: I) -> Result<LatestStream<T>>
+    pub fn latest<T>(
+        &self,
+        types: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Result<LatestStream<T>>
     where
         T: DeserializeOwned + Send + Sync + 'static,
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
     {
         let types = latest::selection(types)?;
         let stop = self.inner.tasks.signal();
