@@ -75,6 +75,26 @@ pub struct Latest<T> {
     pub updated_at: DateTime<Utc>,
 }
 
+impl<T> Latest<T> {
+    /// A value built by hand, for unit tests of code that consumes a [`LatestStream`] (no
+    /// database needed): no headers, published now.
+    ///
+    /// ```
+    /// let flags = ordo::Latest::new("flags", 3, vec!["dark_mode"]);
+    /// assert_eq!((flags.event_type.as_str(), flags.version), ("flags", 3));
+    /// assert_eq!(flags.payload[0], "dark_mode");
+    /// ```
+    pub fn new(event_type: impl Into<String>, version: u64, payload: T) -> Self {
+        Self {
+            event_type: event_type.into(),
+            version,
+            payload: Arc::new(payload),
+            headers: Headers::new(),
+            updated_at: Utc::now(),
+        }
+    }
+}
+
 impl<T> Clone for Latest<T> {
     fn clone(&self) -> Self {
         Self {
@@ -242,13 +262,7 @@ mod tests {
 
     #[test]
     fn a_latest_item_clones_share_the_payload() {
-        let item = Latest {
-            event_type: "flags".to_owned(),
-            version: 1,
-            payload: Arc::new(vec![1, 2, 3]),
-            headers: Headers::new(),
-            updated_at: chrono::Utc::now(),
-        };
+        let item = Latest::new("flags", 1, vec![1, 2, 3]);
         let copy = item.clone();
         assert!(Arc::ptr_eq(&item.payload, &copy.payload));
     }
