@@ -1,5 +1,6 @@
 //! Latest values: one row per event type, newest wins, delivered to every process's streams,
-//! a late stream gets the current value first, nothing enters the lanes' history.
+//! a late stream gets the current value first, nothing enters the lanes' history. The LISTEN
+//! connection's lifecycle and loss: `tests/latest_listen.rs`; privileges: `tests/latest_roles.rs`.
 
 mod common;
 
@@ -14,10 +15,6 @@ use tokio::time::timeout;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// Counts the latest-value LISTEN connections of the test's database.
-const LATEST_BACKENDS: &str = "SELECT count(*) FROM pg_stat_activity \
-    WHERE datname = current_database() AND application_name = 'ordo.latest'";
-
 /// A latest value as the tests publish it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Rate {
@@ -31,17 +28,13 @@ async fn outbox(pool: &PgPool) -> Outbox<serde_json::Value> {
         .expect("start the outbox")
 }
 
-/// The next item of `stream` within `limit`, which must be a value.
-async fn next_within<T>(stream: &mut LatestStream<T>, limit: Duration) -> Latest<T> {
-    timeout(limit, stream.next())
+/// The next item of `stream`, which must be a value.
+async fn next<T>(stream: &mut LatestStream<T>) -> Latest<T> {
+    timeout(PATIENCE, stream.next())
         .await
         .expect("a latest value in time")
         .expect("the stream ended early")
         .expect("a value, not an error")
-}
-
-async fn next<T>(stream: &mut LatestStream<T>) -> Latest<T> {
-    next_within(stream, PATIENCE).await
 }
 
 /// Items until one of `event_type` at `version` (every item must be a value).
@@ -309,35 +302,6 @@ async fn latest_values_never_enter_the_events_or_the_commit_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_terminated_listen_connection_is_followed_by_a_read_of_the_table() {
-    let db = TestDb::new().await;
-    let writer = outbox(&db.pool).await;
-    let reader = outbox(&db.another_pool(4).await).await;
-    let mut flags = reader.latest::<Rate>(["flags"]).expect("stream");
-    // Shorter than the periodic resync (30 s): only the reconnect's read can deliver in time.
-    let limit = Duration::from_secs(10);
-
-    let listening = format!("{LATEST_BACKENDS} AND query LIKE 'LISTEN%'");
-    for round in 1..=4u32 {
-        // Connected (at first, or again after the last round's termination).
-        assert!(
-            common::eventually(PATIENCE, || async {
-                count(&db.pool, &listening).await == 1
-            })
-            .await,
-            "round {round}: the LISTEN connection is up"
-        );
-        let terminate = LATEST_BACKENDS.replace("count(*)", "count(pg_terminate_backend(pid))");
-        let terminated = count(&db.pool, &terminate).await;
-        assert_eq!(terminated, 1, "round {round}: the LISTEN connection");
-        // Published while the connection is down (it reconnects after a backoff).
-        put(&writer, "flags", 0, round).await;
-        let got = next_within(&mut flags, limit).await;
-        assert_eq!((got.version, got.payload.n), (u64::from(round), round));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
     let db = TestDb::new().await;
     let outbox = outbox(&db.pool).await;
@@ -358,41 +322,4 @@ async fn an_undecodable_value_is_an_error_item_and_the_stream_goes_on() {
     put(&outbox, "fx.rate", 0, 2).await;
     let got = next(&mut rates).await;
     assert_eq!((got.version, got.payload.n), (2, 2));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_listen_connection_starts_with_the_first_stream_and_ends_with_shutdown() {
-    let db = TestDb::new().await;
-    let outbox = outbox(&db.pool).await;
-    let listening = LATEST_BACKENDS;
-    assert_eq!(count(&db.pool, listening).await, 0);
-    assert!(matches!(
-        outbox.latest::<Rate>(Vec::<String>::new()),
-        Err(Error::InvalidConfig { .. })
-    ));
-    let mut first = outbox.latest::<Rate>(["flags"]).expect("stream");
-    let mut second = outbox.latest::<Rate>(["fx.rate"]).expect("stream");
-    put(&outbox, "flags", 0, 1).await;
-    next(&mut first).await;
-    assert_eq!(count(&db.pool, listening).await, 1, "one per outbox");
-
-    outbox.shutdown().await;
-    for stream in [&mut first, &mut second] {
-        let end = timeout(PATIENCE, stream.next())
-            .await
-            .expect("the end in time");
-        assert!(end.is_none(), "the stream ends at shutdown");
-    }
-    assert!(matches!(
-        outbox.latest::<Rate>(["flags"]),
-        Err(Error::Shutdown)
-    ));
-    assert!(matches!(
-        outbox.publish_latest("flags", &1).await,
-        Err(Error::Shutdown)
-    ));
-    assert!(
-        common::eventually(PATIENCE, || async { count(&db.pool, listening).await == 0 }).await,
-        "the LISTEN connection is closed"
-    );
 }
