@@ -34,6 +34,21 @@ pub enum Error {
         source: Arc<serde_json::Error>,
     },
 
+    /// The value stored in `ordo.latest_values` for `event_type` does not decode as the
+    /// latest-value stream's type. The stream goes on.
+    #[error(
+        "the latest value of {event_type:?} (version {version}) in ordo.latest_values does not decode: {source}"
+    )]
+    UndecodableLatest {
+        /// The event type.
+        event_type: String,
+        /// The version that failed to decode.
+        version: u64,
+        /// What serde said.
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+
     /// A configuration value is out of range, or two settings contradict each other.
     #[error("invalid ordo configuration: {setting}: {reason}")]
     InvalidConfig {

@@ -43,6 +43,12 @@
 //!   payload is decoded, so a foreign row never fails a typed consumer. Untyped events are
 //!   handed on unless [`JobConfig::skip_untyped`].
 //!
+//! - **Latest values** ([`Outbox::publish_latest`], [`Outbox::latest`]): an exchange rate, the
+//!   feature flags: one row per type in `ordo.latest_values`, overwritten by each publish
+//!   (alone, in an [`OutboxTransaction`], or in your transaction), with a `version` that grows
+//!   by one per committed publish. A [`LatestStream`] in any process gets the current value of
+//!   each type it selects, then every newer one (it may skip versions, never go back). Nothing
+//!   of it enters `ordo.events` or the commit log. See `docs/latest-values.md`.
 //! - **Durable subscriptions** ([`Outbox::subscribe`]): a named [`Subscriber`] whose handler
 //!   runs in a transaction that also moves the subscription's position in
 //!   `ordo.subscriptions`, so its database effects happen exactly once. One process runs a
@@ -148,6 +154,7 @@ mod envelope;
 mod error;
 mod event_type;
 mod insert_lane;
+mod latest;
 mod listener;
 mod migrate;
 mod ops;
@@ -162,6 +169,7 @@ pub use config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use insert_lane::listener::EventStream;
+pub use latest::{Latest, LatestStream};
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::grants::{Grants, RoleKind};
 pub use ops::metrics;

@@ -145,7 +145,7 @@ where
 
 /// Between half of `backoff` and all of it, so that many listeners failing together (a server
 /// restart, a drained pool) do not come back in step.
-fn jittered(backoff: Duration) -> Duration {
+pub(crate) fn jittered(backoff: Duration) -> Duration {
     let half = backoff / 2;
     half + half.mul_f64(fastrand::f64())
 }

@@ -25,6 +25,7 @@ pub struct HotStatement {
 
 use crate::commit_lane::sql as commit;
 use crate::insert_lane::{resolve, rows};
+use crate::latest::sql as latest;
 use crate::ops::sql as ops;
 use crate::subscription::keyed::progress as keyed;
 use crate::subscription::sql as sub;
@@ -214,6 +215,18 @@ const HOT_PATH: &[HotStatement] = &[
         ops::SUBSCRIPTIONS,
         "bigint, bigint, boolean",
         "100, 100, false",
+    ),
+    s(
+        "latest values: publish",
+        latest::PUBLISH,
+        "text, text, text",
+        "'fx.rate', '{\"micros\": 1}', '{}'",
+    ),
+    s(
+        "latest values: read",
+        latest::READ,
+        "text[]",
+        "ARRAY['fx.rate', 'flags']::text[]",
     ),
 ];
 

@@ -6,6 +6,7 @@
 //! `subscription::spawn`); what is left here ties them together: construction, and the
 //! ordered shutdown.
 
+mod latest;
 mod read;
 mod wait;
 
@@ -21,6 +22,7 @@ use crate::commit_lane::{self, CommitShared};
 use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
+use crate::latest::LatestHub;
 use crate::position::EventSequence;
 use crate::subscription::shutdown::Runners;
 use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
@@ -68,6 +70,8 @@ struct Inner<P> {
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
     sink: Arc<CommitSink<P>>,
+    /// Latest values: its tasks start with the first latest stream, under `tasks`.
+    latest: LatestHub,
     /// Subscription runners: stopped before the lanes they read.
     runners: Runners,
     /// The lanes' and operations' tasks.
@@ -107,6 +111,7 @@ where
         let commit = commit_lane::spawn(&tasks, &pool, &config, &lane).await?;
         Ok(Self {
             inner: Arc::new(Inner {
+                latest: LatestHub::new(pool.clone()),
                 pool,
                 config,
                 lane,
@@ -242,10 +247,10 @@ where
     ///    transaction back. Every lease this process holds is released before the next step,
     ///    so a standby elsewhere takes over at its next claim rather than when the lease
     ///    expires.
-    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher) and
-    ///    maintainer stop after the step in hand (each waited for up to 10 s, then aborted),
-    ///    and every listener stream ends. [`begin`](Self::begin) returns [`Error::Shutdown`]
-    ///    from here on.
+    /// 2. **Lanes and operations**: the frontier task, wake-ups, sequencer (or watcher),
+    ///    maintainer and latest-value listener stop after the step in hand (each waited for
+    ///    up to 10 s, then aborted), and every listener stream (latest values included) ends.
+    ///    [`begin`](Self::begin) returns [`Error::Shutdown`] from here on.
     ///
     /// Subscriptions go first because they read the lanes: a runner must not find its lane
     /// gone mid-unit.

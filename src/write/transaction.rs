@@ -101,6 +101,26 @@ where
         Ok(())
     }
 
+    /// Publishes `value` as the newest value of `event_type` in this transaction: it takes
+    /// effect, and listeners hear of it, only if the transaction commits. Unlike
+    /// [`publish`](Self::publish) it is written now, not at commit, and returns its version.
+    ///
+    /// The upsert locks the type's row until the transaction ends: another publisher of the
+    /// same type waits for it (so versions follow commit order and the last to commit wins).
+    /// Publish latest values late in a transaction. Under `REPEATABLE READ` or `SERIALIZABLE`,
+    /// a concurrent publish of the same type fails this one with a serialization failure.
+    /// See [`Outbox::publish_latest`](crate::Outbox::publish_latest).
+    ///
+    /// # Errors
+    /// As [`Outbox::publish_latest`](crate::Outbox::publish_latest); a failed upsert aborts
+    /// the transaction.
+    pub async fn publish_latest<V>(&mut self, event_type: &str, value: &V) -> Result<u64>
+    where
+        V: Serialize + ?Sized,
+    {
+        crate::latest::publish(&mut self.tx, event_type, value, &Headers::new()).await
+    }
+
     /// How many events are buffered.
     pub fn buffered(&self) -> usize {
         self.buffer.len()
