@@ -94,17 +94,6 @@ async fn a_writer_publishes_only_through_the_function_and_a_reader_follows() {
     let (writer, reader) = (&roles.0[0], &roles.0[1]);
     let grants = Grants::writer(writer).and(Grants::reader(reader));
     ordo::admin::grant(&db.pool, &grants).await.expect("grant");
-    // What the grant functions are to add for latest values.
-    exec(
-        &db.pool,
-        &format!("GRANT EXECUTE ON FUNCTION ordo.publish_latest(TEXT, JSONB, JSONB) TO {writer}"),
-    )
-    .await;
-    exec(
-        &db.pool,
-        &format!("GRANT SELECT ON ordo.latest_values TO {writer}, {reader}"),
-    )
-    .await;
 
     let writer_pool = pool_as(&db, writer).await;
     let reader_pool = pool_as(&db, reader).await;
