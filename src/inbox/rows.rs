@@ -1,0 +1,259 @@
+//! Row-per-message mode: a message's row in `ordo.inbox`, claimed under a session advisory
+//! lock, completed in the handler's transaction.
+//!
+//! One attempt, on one pooled connection:
+//! 1. `pg_try_advisory_lock(hash(consumer, id))`: taken, or [`Receipt::Busy`] at once.
+//! 2. The claim ([`sql::CLAIM`]), committed on its own: the row becomes `processing`. A row
+//!    already `completed` or `failed` is answered without running anything. A row found
+//!    `processing` while we hold the lock is an attempt that died: it is counted.
+//! 3. `BEGIN`; the row is set `completed` ([`sql::COMPLETE`]); the handler runs; `COMMIT`.
+//!    The record and the handler's effects commit together or not at all.
+//! 4. On a handler error: `ROLLBACK`, then the attempt, error and payload are written in a
+//!    transaction of their own ([`sql::FAIL`]), still under the lock, so no other receiver
+//!    runs the message between the rollback and the record. If this connection is broken,
+//!    through another one from the pool.
+//! 5. The lock is released. A connection whose lock could not be released (a cancelled
+//!    future, a lost connection) is closed instead of returned to the pool, which releases it.
+//!
+//! Why a session lock and not a transaction lock: the claim commits before the handler's
+//! transaction begins, and both must be covered. Why the same connection for the failure
+//! record: the handler's transaction is over by then (its rollback is what must not take the
+//! count with it), and asking the pool for a second connection while holding one could
+//! deadlock a pool whose every connection is held by a receiver waiting the same way.
+
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgPool, Postgres, Row};
+
+use super::config::InboxConfig;
+use super::handler::InboxHandler;
+use super::message::{InboxMessage, Receipt};
+use super::sql;
+use crate::error::Result;
+
+/// A pooled connection holding (or trying to take) a message's advisory lock.
+struct Held {
+    conn: PoolConnection<Postgres>,
+    /// True once the lock is known not to be held: never taken, or released.
+    free: bool,
+}
+
+impl Held {
+    /// The lock on `consumer`/`id`, or `None` when another session holds it.
+    async fn take(pool: &PgPool, consumer: &str, id: &str) -> Result<Option<Held>> {
+        let conn = pool.acquire().await?;
+        let mut held = Held { conn, free: false };
+        let locked: bool = sqlx::query_scalar(sql::LOCK)
+            .bind(consumer)
+            .bind(id)
+            .fetch_one(&mut *held.conn)
+            .await?;
+        if !locked {
+            held.free = true;
+            return Ok(None);
+        }
+        Ok(Some(held))
+    }
+
+    /// Releases the lock; if that fails, the connection is closed on drop (which releases it).
+    async fn release(mut self, consumer: &str, id: &str) {
+        let released = sqlx::query_scalar::<_, bool>(sql::UNLOCK)
+            .bind(consumer)
+            .bind(id)
+            .fetch_one(&mut *self.conn)
+            .await;
+        self.free = matches!(released, Ok(true));
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.free {
+            // A session lock outlives a cancelled future: never hand it back to the pool.
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Receives `message` in row-per-message mode (see the module docs).
+pub(crate) async fn receive<H: InboxHandler>(
+    pool: &PgPool,
+    config: &InboxConfig,
+    message: &InboxMessage,
+    handler: &H,
+) -> Result<Receipt> {
+    let consumer = config.consumer.as_str();
+    let Some(mut held) = Held::take(pool, consumer, &message.id).await? else {
+        return Ok(Receipt::Busy);
+    };
+    let receipt = attempt(pool, &mut held, config, message, handler).await;
+    held.release(consumer, &message.id).await;
+    receipt
+}
+
+/// Steps 2 to 4, under the lock.
+async fn attempt<H: InboxHandler>(
+    pool: &PgPool,
+    held: &mut Held,
+    config: &InboxConfig,
+    message: &InboxMessage,
+    handler: &H,
+) -> Result<Receipt> {
+    let consumer = config.consumer.as_str();
+    let claimed: Option<i32> = sqlx::query_scalar(sql::CLAIM)
+        .bind(consumer)
+        .bind(&message.id)
+        .bind(message.source.as_deref())
+        .bind(message.position.map(position_column))
+        .bind(sql::ABANDONED)
+        .fetch_optional(&mut *held.conn)
+        .await?;
+    let Some(attempts) = claimed else {
+        return settled(&mut held.conn, consumer, &message.id).await;
+    };
+    let attempts = count(attempts);
+    if attempts >= config.max_attempts {
+        give_up(&mut held.conn, consumer, message).await?;
+        return Ok(Receipt::Failed {
+            attempts,
+            error: sql::ABANDONED.to_owned(),
+        });
+    }
+    match run(&mut held.conn, consumer, message, handler).await? {
+        Ran::Committed => Ok(Receipt::Handled),
+        // The claim was taken from us: whoever took it answers for the message.
+        Ran::Taken => Ok(Receipt::Busy),
+        Ran::Failed(error) => {
+            tracing::warn!(consumer, message = %message.id, %error, "inbox handler failed");
+            record_failure(pool, held, config, message, error).await
+        }
+    }
+}
+
+/// How the handler's transaction ended.
+enum Ran {
+    Committed,
+    Taken,
+    Failed(String),
+}
+
+/// Step 3: the record, the handler and the commit, in one transaction.
+async fn run<H: InboxHandler>(
+    conn: &mut PoolConnection<Postgres>,
+    consumer: &str,
+    message: &InboxMessage,
+    handler: &H,
+) -> Result<Ran> {
+    let mut tx = conn.begin().await?;
+    let recorded = sqlx::query(sql::COMPLETE)
+        .bind(consumer)
+        .bind(&message.id)
+        .execute(&mut *tx)
+        .await?;
+    if recorded.rows_affected() == 0 {
+        tx.rollback().await?;
+        return Ok(Ran::Taken);
+    }
+    let handled = AssertUnwindSafe(handler.handle(&mut tx, message))
+        .catch_unwind()
+        .await;
+    let error = match handled {
+        Ok(Ok(())) => {
+            tx.commit().await?;
+            return Ok(Ran::Committed);
+        }
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => "the handler panicked".to_owned(),
+    };
+    // A failed rollback means a broken connection, which rolls back as well.
+    let _ = tx.rollback().await;
+    Ok(Ran::Failed(error))
+}
+
+/// Step 4: the failed attempt, in a transaction of its own; through the pool if this
+/// connection is broken.
+async fn record_failure(
+    pool: &PgPool,
+    held: &mut Held,
+    config: &InboxConfig,
+    message: &InboxMessage,
+    error: String,
+) -> Result<Receipt> {
+    let fail = || {
+        sqlx::query(sql::FAIL)
+            .bind(&config.consumer)
+            .bind(&message.id)
+            .bind(&error)
+            .bind(i32::try_from(config.max_attempts).unwrap_or(i32::MAX))
+            .bind(&message.payload)
+            .bind(sqlx::types::Json(&message.headers))
+            .bind(message.source.as_deref())
+            .bind(message.position.map(position_column))
+    };
+    let row = match fail().fetch_optional(&mut *held.conn).await {
+        Ok(row) => row,
+        Err(_) => fail().fetch_optional(pool).await?,
+    };
+    let Some(row) = row else {
+        // Completed or failed meanwhile, by a receiver that found our connection dead.
+        return settled(&mut held.conn, &config.consumer, &message.id).await;
+    };
+    let status: String = row.try_get("status")?;
+    let attempts = count(row.try_get("attempts")?);
+    Ok(if status == "failed" {
+        Receipt::Failed { attempts, error }
+    } else {
+        Receipt::Retry { attempts, error }
+    })
+}
+
+/// Attempts that died reached the maximum: the message is `failed` with its payload.
+async fn give_up(
+    conn: &mut PoolConnection<Postgres>,
+    consumer: &str,
+    message: &InboxMessage,
+) -> Result<()> {
+    sqlx::query(sql::GIVE_UP)
+        .bind(consumer)
+        .bind(&message.id)
+        .bind(&message.payload)
+        .bind(sqlx::types::Json(&message.headers))
+        .execute(&mut **conn)
+        .await?;
+    Ok(())
+}
+
+/// The answer for a message that could not be claimed: its row is not claimable.
+async fn settled(conn: &mut PoolConnection<Postgres>, consumer: &str, id: &str) -> Result<Receipt> {
+    let row = sqlx::query(sql::READ)
+        .bind(consumer)
+        .bind(id)
+        .fetch_optional(&mut **conn)
+        .await?;
+    let Some(row) = row else {
+        return Ok(Receipt::Busy);
+    };
+    let status: String = row.try_get("status")?;
+    Ok(match status.as_str() {
+        "completed" => Receipt::Duplicate,
+        "failed" => Receipt::Failed {
+            attempts: count(row.try_get("attempts")?),
+            error: row
+                .try_get::<Option<String>, _>("last_error")?
+                .unwrap_or_default(),
+        },
+        _ => Receipt::Busy,
+    })
+}
+
+/// A stored attempt count (never negative: a CHECK) as a `u32`.
+pub(crate) fn count(attempts: i32) -> u32 {
+    u32::try_from(attempts).unwrap_or(0)
+}
+
+/// A position as its `BIGINT` column (checked to fit by [`InboxMessage::check`]).
+pub(crate) fn position_column(position: u64) -> i64 {
+    i64::try_from(position).unwrap_or(i64::MAX)
+}
