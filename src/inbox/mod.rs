@@ -58,6 +58,7 @@ pub use config::{InboxConfig, InboxMode};
 pub use handler::InboxHandler;
 pub use message::{InboxMessage, Receipt};
 pub use purge::InboxPurger;
+pub(crate) use sql::HOT_PATH;
 
 use crate::envelope::Headers;
 use crate::error::Result;

@@ -1,5 +1,7 @@
 //! The inbox's statements, each behind a named constant, in one place.
 
+use crate::ops::plans::HotStatement;
+
 /// The advisory lock key of one message of one consumer: a 64-bit hash, so that it stays
 /// clear of an application's own small advisory keys. Two messages whose keys collide only
 /// answer [`Receipt::Busy`](super::Receipt::Busy) while the other runs.
@@ -178,3 +180,56 @@ ON CONFLICT (consumer, source) DO UPDATE
 SET position = EXCLUDED.position, failing_position = NULL, attempts = 0, last_error = NULL,
     updated_at = now()
 "#;
+
+const fn hot(
+    name: &'static str,
+    sql: &'static str,
+    types: &'static str,
+    args: &'static str,
+) -> HotStatement {
+    HotStatement {
+        name,
+        sql,
+        types,
+        args,
+    }
+}
+
+/// The statements every received message runs, for `ops::plans` (checked for JIT plans).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    hot("inbox: lock", LOCK, "text, text", "'c', 'm'"),
+    hot(
+        "inbox: claim",
+        CLAIM,
+        "text, text, text, bigint, text",
+        "'c', 'm', NULL, NULL, 'abandoned'",
+    ),
+    hot("inbox: read", READ, "text, text", "'c', 'm'"),
+    hot("inbox: complete", COMPLETE, "text, text", "'c', 'm'"),
+    hot(
+        "inbox: fail",
+        FAIL,
+        "text, text, text, integer, text, jsonb, text, bigint",
+        "'c', 'm', 'error', 5, '{}', '{}', NULL, NULL",
+    ),
+    hot("inbox: unlock", UNLOCK, "text, text", "'c', 'm'"),
+    hot(
+        "inbox: purge",
+        PURGE,
+        "text, float8, bigint",
+        "'c', 1000, 10000",
+    ),
+    hot("inbox: watermark", MARK, "text, text", "'c', 's'"),
+    hot(
+        "inbox: advance watermark",
+        ADVANCE,
+        "text, text, bigint",
+        "'c', 's', 1",
+    ),
+    hot(
+        "inbox: watermark failure",
+        MARK_FAILED,
+        "text, text, bigint, text",
+        "'c', 's', 1, 'error'",
+    ),
+];
