@@ -3,9 +3,10 @@
 //!
 //! One attempt, on one pooled connection:
 //! 1. `pg_try_advisory_lock(hash(consumer, id))`: taken, or [`Receipt::Busy`] at once.
-//! 2. The claim ([`sql::CLAIM`]), committed on its own: the row becomes `processing`. A row
-//!    already `completed` or `failed` is answered without running anything. A row found
-//!    `processing` while we hold the lock is an attempt that died: it is counted.
+//! 2. The claim, committed on its own: the row becomes `processing`. A row already
+//!    `completed` or `failed` is answered without running anything. A row found `processing`
+//!    while we hold the lock is an attempt that died: it is counted. Steps 1 and 2 are one
+//!    statement ([`sql::LOCK_AND_CLAIM`]).
 //! 3. `BEGIN`; the row is set `completed` ([`sql::COMPLETE`]); the handler runs; `COMMIT`.
 //!    The record and the handler's effects commit together or not at all.
 //! 4. On a handler error: `ROLLBACK`, then the attempt, error and payload are written in a
@@ -41,20 +42,28 @@ struct Held {
 }
 
 impl Held {
-    /// The lock on `consumer`/`id`, or `None` when another session holds it.
-    async fn take(pool: &PgPool, consumer: &str, id: &str) -> Result<Option<Held>> {
+    /// Takes the lock on `message` and claims it: `None` when another session holds the lock;
+    /// otherwise the claimed row's attempts so far, or `None` if it is not claimable.
+    async fn take(
+        pool: &PgPool,
+        consumer: &str,
+        message: &InboxMessage,
+    ) -> Result<Option<(Held, Option<i32>)>> {
         let conn = pool.acquire().await?;
         let mut held = Held { conn, free: false };
-        let locked: bool = sqlx::query_scalar(sql::LOCK)
+        let (locked, attempts): (bool, Option<i32>) = sqlx::query_as(sql::LOCK_AND_CLAIM)
             .bind(consumer)
-            .bind(id)
+            .bind(&message.id)
+            .bind(message.source.as_deref())
+            .bind(message.position.map(position_column))
+            .bind(sql::ABANDONED)
             .fetch_one(&mut *held.conn)
             .await?;
         if !locked {
             held.free = true;
             return Ok(None);
         }
-        Ok(Some(held))
+        Ok(Some((held, attempts)))
     }
 
     /// Releases the lock; if that fails, the connection is closed on drop (which releases it).
@@ -85,31 +94,25 @@ pub(crate) async fn receive<H: InboxHandler>(
     handler: &H,
 ) -> Result<Receipt> {
     let consumer = config.consumer.as_str();
-    let Some(mut held) = Held::take(pool, consumer, &message.id).await? else {
+    let Some((mut held, claimed)) = Held::take(pool, consumer, message).await? else {
         return Ok(Receipt::Busy);
     };
-    let receipt = attempt(pool, &mut held, config, message, handler).await;
+    let receipt = attempt(pool, &mut held, claimed, config, message, handler).await;
     held.release(consumer, &message.id).await;
     receipt
 }
 
-/// Steps 2 to 4, under the lock.
+/// Steps 3 and 4, under the lock, for a message claimed with `claimed` attempts so far (none:
+/// not claimable).
 async fn attempt<H: InboxHandler>(
     pool: &PgPool,
     held: &mut Held,
+    claimed: Option<i32>,
     config: &InboxConfig,
     message: &InboxMessage,
     handler: &H,
 ) -> Result<Receipt> {
     let consumer = config.consumer.as_str();
-    let claimed: Option<i32> = sqlx::query_scalar(sql::CLAIM)
-        .bind(consumer)
-        .bind(&message.id)
-        .bind(message.source.as_deref())
-        .bind(message.position.map(position_column))
-        .bind(sql::ABANDONED)
-        .fetch_optional(&mut *held.conn)
-        .await?;
     let Some(attempts) = claimed else {
         return settled(&mut held.conn, consumer, &message.id).await;
     };

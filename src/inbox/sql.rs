@@ -11,31 +11,44 @@ macro_rules! message_key {
     };
 }
 
-/// Session-level, so that the lock spans the claim (committed on its own) and the handler's
-/// transaction; `try`, so that a receiver never waits behind another.
-pub(crate) const LOCK: &str = concat!("SELECT pg_try_advisory_lock(", message_key!(), ")");
-
-pub(crate) const UNLOCK: &str = concat!("SELECT pg_advisory_unlock(", message_key!(), ")");
-
-/// The claim, committed before the handler runs (under [`LOCK`]), so that `processing` is
-/// visible and an attempt that dies without an outcome is seen and counted by the next one.
-/// Returns nothing when the row is `completed` or `failed`.
+/// The lock and the claim, in one round trip.
+///
+/// The lock is session-level, so that it spans the claim (committed on its own) and the
+/// handler's transaction; `try`, so that a receiver never waits behind another. Without it,
+/// nothing is claimed. `held` says which.
+///
+/// The claim, committed before the handler runs, makes the row `processing`, so that it is
+/// visible and an attempt that dies without an outcome is seen and counted by the next one
+/// (a `processing` row found while we hold the lock has nobody working on it). It returns no
+/// `attempts` when the row is `completed` or `failed`. The statement's snapshot may predate the
+/// lock, but `ON CONFLICT DO UPDATE` judges the latest committed version of the row, so a
+/// completion committed just before we got the lock is seen.
 ///
 /// Committed asynchronously (`synchronous_commit` off for this statement's own transaction):
 /// the handler's transaction commits synchronously later, which flushes the WAL up to it, the
 /// claim included; a claim lost in a server crash only forgets that attempt.
-pub(crate) const CLAIM: &str = r#"
-INSERT INTO ordo.inbox AS i (consumer, message_id, status, source, position)
-SELECT $1, $2, 'processing', $3, $4
-FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-ON CONFLICT (consumer, message_id) DO UPDATE
-SET status = 'processing',
-    attempts = i.attempts + (i.status = 'processing')::int,
-    last_error = CASE WHEN i.status = 'processing' THEN $5 ELSE i.last_error END,
-    updated_at = now()
-WHERE i.status IN ('pending', 'processing')
-RETURNING i.attempts
-"#;
+pub(crate) const LOCK_AND_CLAIM: &str = concat!(
+    "WITH lock AS (SELECT pg_try_advisory_lock(",
+    message_key!(),
+    r#") AS held),
+claim AS (
+    INSERT INTO ordo.inbox AS i (consumer, message_id, status, source, position)
+    SELECT $1, $2, 'processing', $3, $4
+    FROM lock, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+    WHERE lock.held
+    ON CONFLICT (consumer, message_id) DO UPDATE
+    SET status = 'processing',
+        attempts = i.attempts + (i.status = 'processing')::int,
+        last_error = CASE WHEN i.status = 'processing' THEN $5 ELSE i.last_error END,
+        updated_at = now()
+    WHERE i.status IN ('pending', 'processing')
+    RETURNING i.attempts
+)
+SELECT lock.held, claim.attempts FROM lock LEFT JOIN claim ON true
+"#
+);
+
+pub(crate) const UNLOCK: &str = concat!("SELECT pg_advisory_unlock(", message_key!(), ")");
 
 /// What a stale claim means, stored as its error.
 pub(crate) const ABANDONED: &str = "an earlier attempt ended without an outcome (the process or its connection died in the handler)";
@@ -197,10 +210,9 @@ const fn hot(
 
 /// The statements every received message runs, for `ops::plans` (checked for JIT plans).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
-    hot("inbox: lock", LOCK, "text, text", "'c', 'm'"),
     hot(
-        "inbox: claim",
-        CLAIM,
+        "inbox: lock and claim",
+        LOCK_AND_CLAIM,
         "text, text, text, bigint, text",
         "'c', 'm', NULL, NULL, 'abandoned'",
     ),
