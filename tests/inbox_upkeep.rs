@@ -115,6 +115,7 @@ async fn bad_configuration_and_unstorable_messages_are_refused_with_the_reason()
         InboxMessage::new("x".repeat(201), "{}"),
         InboxMessage::new("m", "{}").with_source("", 1),
         InboxMessage::new("m", "{}").with_source("s", 0),
+        InboxMessage::new("m", "{\"a\":\"\0\"}"),
     ] {
         let error = inbox
             .receive(&message, &handler)

@@ -67,7 +67,8 @@ impl InboxMessage {
         serde_json::from_str(&self.payload)
     }
 
-    /// Refuses what cannot be stored or deduplicated: an empty or over-long id or source.
+    /// Refuses what cannot be stored or deduplicated: an empty or over-long id or source, a
+    /// position out of range, NUL characters.
     pub(crate) fn check(&self, consumer: &str) -> Result<()> {
         let refuse = |reason: &str| {
             Err(Error::InvalidInboxMessage {
@@ -83,6 +84,11 @@ impl InboxMessage {
             && (source.is_empty() || source.len() > MAX_NAME)
         {
             return refuse("the source must be 1 to 200 bytes");
+        }
+        // PostgreSQL's text cannot hold NUL; refused now rather than when a failure is stored.
+        let nul = |text: &str| text.contains('\0');
+        if nul(&self.id) || nul(&self.payload) || self.source.as_deref().is_some_and(nul) {
+            return refuse("the id, payload and source must not contain NUL characters");
         }
         if self.position.is_some_and(|p| p == 0 || p > i64::MAX as u64) {
             return refuse("a position is 1 or more (dense, from 1), at most i64::MAX");
