@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestDb;
 use common::inbox::{Recording, all_effects, effects, effects_table};
+use common::{TestDb, eventually};
 use ordo::inbox::{self, Inbox, InboxConfig, InboxMessage, InboxMode, Receipt};
 use rand::seq::SliceRandom;
 
@@ -124,6 +124,44 @@ async fn concurrent_out_of_order_redeliveries_take_effect_once_each_in_order() {
     assert_eq!(order, expected);
     assert_eq!(handler.calls(), N as u32);
     assert_eq!(marks(&db).await, [("a".to_owned(), N)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_being_handled_elsewhere_is_busy_at_once() {
+    let (db, inbox) = setup(5).await;
+    let slow = Arc::new(Recording::holding(Duration::from_secs(2)));
+    let running = {
+        let (inbox, slow) = (inbox.clone(), Arc::clone(&slow));
+        tokio::spawn(async move { inbox.receive(&at("a", 1), &*slow).await })
+    };
+    // The handler has written its effect (after the mark moved, under the mark's row lock).
+    let in_handler = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'effects'::regclass
+                 AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid())",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("locks")
+    })
+    .await;
+    assert!(in_handler);
+    let other = Recording::default();
+    for position in [1, 2] {
+        let receipt = inbox.receive(&at("a", position), &other).await;
+        assert_eq!(
+            receipt.expect("receive"),
+            Receipt::Busy,
+            "position {position}"
+        );
+    }
+    assert_eq!(other.calls(), 0);
+    assert_eq!(
+        running.await.expect("task").expect("receive"),
+        Receipt::Handled
+    );
+    let next = inbox.receive(&at("a", 2), &other).await.expect("receive");
+    assert_eq!(next, Receipt::Handled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
