@@ -144,4 +144,17 @@ impl Receipt {
     pub fn settled(&self) -> bool {
         matches!(self, Self::Handled | Self::Duplicate | Self::Failed { .. })
     }
+
+    /// The receipt's name, as the `receipt` label of `ordo_inbox_receipts_total` carries it:
+    /// `handled`, `duplicate`, `busy`, `retry`, `failed` or `gap`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Handled => "handled",
+            Self::Duplicate => "duplicate",
+            Self::Busy => "busy",
+            Self::Retry { .. } => "retry",
+            Self::Failed { .. } => "failed",
+            Self::Gap { .. } => "gap",
+        }
+    }
 }

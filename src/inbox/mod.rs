@@ -62,6 +62,7 @@ pub(crate) use sql::HOT_PATH;
 
 use crate::envelope::Headers;
 use crate::error::Result;
+use crate::ops::metrics::INBOX_RECEIPTS;
 
 /// One inbox consumer: receives messages for one name in `ordo.inbox` (see the
 /// [module docs](self)). Cheap to clone; any number of receivers (tasks, processes) may share
@@ -121,14 +122,23 @@ impl Inbox {
         handler: &H,
     ) -> Result<Receipt> {
         message.check(&self.config.consumer)?;
-        match self.config.mode {
+        let receipt = match self.config.mode {
             InboxMode::RowPerMessage => {
-                rows::receive(&self.pool, &self.config, message, handler).await
+                rows::receive(&self.pool, &self.config, message, handler).await?
             }
             InboxMode::Watermark => {
-                watermark::receive(&self.pool, &self.config, message, handler).await
+                watermark::receive(&self.pool, &self.config, message, handler).await?
             }
-        }
+        };
+        self.count(&receipt);
+        Ok(receipt)
+    }
+
+    /// One more `ordo_inbox_receipts_total`.
+    fn count(&self, receipt: &Receipt) {
+        let consumer = self.config.consumer.clone();
+        metrics::counter!(INBOX_RECEIPTS, "consumer" => consumer, "receipt" => receipt.as_str())
+            .increment(1);
     }
 
     /// Runs up to `limit` of this consumer's `pending` messages that have a stored payload
@@ -164,6 +174,7 @@ impl Inbox {
                 .try_get::<Option<i64>, _>("position")?
                 .and_then(|p| u64::try_from(p).ok());
             let receipt = rows::receive(&self.pool, &self.config, &message, handler).await?;
+            self.count(&receipt);
             receipts.push((message.id, receipt));
         }
         Ok(receipts)

@@ -23,6 +23,7 @@
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
+//! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed` or `gap` | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
 /// The metric `ordo_events_published_total` (see the table above).
 pub const EVENTS_PUBLISHED: &str = "ordo_events_published_total";
@@ -63,6 +64,9 @@ pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
 
 /// The metric `ordo_stream_retries_total` (see the table above).
 pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
+
+/// The metric `ordo_inbox_receipts_total` (see the table above).
+pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
 
 /// Seconds from `recorded_at` to now, for the delivery histogram.
 pub(crate) fn since(recorded_at: chrono::DateTime<chrono::Utc>) -> f64 {
