@@ -42,25 +42,8 @@ pub(crate) async fn receive<H: InboxHandler>(
         });
     };
     let consumer = config.consumer.as_str();
-    let mut tx = pool.begin().await?;
-    let mark = match lock_mark(&mut tx, consumer, source).await? {
-        Locked::Mark(mark) => mark,
-        Locked::Busy => return Ok(Receipt::Busy),
-        Locked::Missing => {
-            tx.rollback().await?;
-            // Committed on its own: created inside the handler's transaction, a concurrent
-            // receiver's insert of the same row would wait for that transaction to end.
-            sqlx::query(sql::CREATE_MARK)
-                .bind(consumer)
-                .bind(source)
-                .execute(pool)
-                .await?;
-            tx = pool.begin().await?;
-            match lock_mark(&mut tx, consumer, source).await? {
-                Locked::Mark(mark) => mark,
-                Locked::Busy | Locked::Missing => return Ok(Receipt::Busy),
-            }
-        }
+    let Some((mut tx, mark)) = begin_at_mark(pool, consumer, source).await? else {
+        return Ok(Receipt::Busy);
     };
     if position <= mark {
         tx.rollback().await?;
@@ -90,6 +73,34 @@ pub(crate) async fn receive<H: InboxHandler>(
     let _ = tx.rollback().await;
     tracing::warn!(consumer, source, position, %error, "inbox handler failed");
     record_failure(pool, config, message, source, position, error).await
+}
+
+/// A transaction holding `source`'s mark locked, and the mark; `None` when another receiver
+/// holds it. A source seen for the first time gets its row (mark 0) first.
+async fn begin_at_mark(
+    pool: &PgPool,
+    consumer: &str,
+    source: &str,
+) -> Result<Option<(Transaction<'static, Postgres>, u64)>> {
+    let mut tx = pool.begin().await?;
+    match lock_mark(&mut tx, consumer, source).await? {
+        Locked::Mark(mark) => return Ok(Some((tx, mark))),
+        Locked::Busy => return Ok(None),
+        Locked::Missing => tx.rollback().await?,
+    }
+    // Committed on its own: created inside the handler's transaction, a concurrent receiver's
+    // insert of the same row would wait for that transaction to end.
+    sqlx::query(sql::CREATE_MARK)
+        .bind(consumer)
+        .bind(source)
+        .execute(pool)
+        .await?;
+    let mut tx = pool.begin().await?;
+    match lock_mark(&mut tx, consumer, source).await? {
+        Locked::Mark(mark) => Ok(Some((tx, mark))),
+        // Deleted by hand meanwhile, or locked by a receiver that got there first.
+        Locked::Busy | Locked::Missing => Ok(None),
+    }
 }
 
 /// What locking a source's mark found.
