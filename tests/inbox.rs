@@ -288,3 +288,53 @@ async fn an_attempt_that_dies_in_the_handler_is_counted_and_the_message_runs_aga
     );
     assert_eq!(effects(&db.pool, "m-2").await, 0);
 }
+
+/// Writes a row whose deferred foreign key fails only at `COMMIT`.
+struct ViolatesAtCommit;
+
+impl ordo::inbox::InboxHandler for ViolatesAtCommit {
+    async fn handle(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        _message: &InboxMessage,
+    ) -> Result<(), ordo::HandlerError> {
+        sqlx::query("INSERT INTO child (parent) VALUES (1)")
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_refused_by_the_server_is_a_failed_attempt() {
+    let (db, inbox) = setup("billing").await;
+    for statement in [
+        "CREATE TABLE parent (id INT PRIMARY KEY)",
+        "CREATE TABLE child (parent INT REFERENCES parent DEFERRABLE INITIALLY DEFERRED)",
+    ] {
+        sqlx::query(statement)
+            .execute(&db.pool)
+            .await
+            .expect("table");
+    }
+    let message = InboxMessage::new("m-1", "{}");
+    let receipt = inbox
+        .receive(&message, &ViolatesAtCommit)
+        .await
+        .expect("receive");
+    let Receipt::Retry { attempts, error } = receipt else {
+        panic!("{receipt:?}");
+    };
+    assert_eq!(attempts, 1);
+    assert!(
+        error.contains("did not commit") && error.contains("foreign key"),
+        "{error}"
+    );
+    assert_eq!(
+        status(&db.pool, "billing", "m-1").await.as_deref(),
+        Some("pending")
+    );
+    let handler = Recording::default();
+    let receipt = inbox.receive(&message, &handler).await.expect("receive");
+    assert_eq!(receipt, Receipt::Handled);
+}

@@ -163,10 +163,18 @@ async fn run<H: InboxHandler>(
         .catch_unwind()
         .await;
     let error = match handled {
-        Ok(Ok(())) => {
-            tx.commit().await?;
-            return Ok(Ran::Committed);
-        }
+        // A COMMIT refused (a deferred constraint, a serialization failure) fails the attempt
+        // like a handler error. One whose answer was lost may have committed: the failure
+        // record then finds the row completed and says so.
+        Ok(Ok(())) => match tx.commit().await {
+            Ok(()) => return Ok(Ran::Committed),
+            Err(error) => {
+                return Ok(Ran::Failed(format!(
+                    "the handler's transaction did not commit: {}",
+                    crate::error::Error::from(error)
+                )));
+            }
+        },
         Ok(Err(error)) => error.to_string(),
         Err(_) => "the handler panicked".to_owned(),
     };
@@ -197,10 +205,19 @@ async fn record_failure(
     };
     let row = match fail().fetch_optional(&mut *held.conn).await {
         Ok(row) => row,
-        Err(_) => fail().fetch_optional(pool).await?,
+        Err(_) => {
+            // This connection is broken (its lock went with it): through another one.
+            let row = fail().fetch_optional(pool).await?;
+            if row.is_none() {
+                let mut conn = pool.acquire().await?;
+                return settled(&mut conn, &config.consumer, &message.id).await;
+            }
+            row
+        }
     };
     let Some(row) = row else {
-        // Completed or failed meanwhile, by a receiver that found our connection dead.
+        // Not claimable any more: a commit whose answer was lost took effect, or a receiver
+        // that found our connection dead got there first.
         return settled(&mut held.conn, &config.consumer, &message.id).await;
     };
     let status: String = row.try_get("status")?;
