@@ -63,10 +63,16 @@ pub(crate) async fn receive<H: InboxHandler>(
         .catch_unwind()
         .await;
     let error = match handled {
-        Ok(Ok(())) => {
-            tx.commit().await?;
-            return Ok(Receipt::Handled);
-        }
+        // A COMMIT refused fails the attempt like a handler error; one whose answer was lost
+        // and that took effect moved the mark, which the failure record sees.
+        Ok(Ok(())) => match tx.commit().await {
+            Ok(()) => return Ok(Receipt::Handled),
+            Err(error) => {
+                let error = Error::from(error);
+                let error = format!("the handler's transaction did not commit: {error}");
+                return record_failure(pool, config, message, source, position, error).await;
+            }
+        },
         Ok(Err(error)) => error.to_string(),
         Err(_) => "the handler panicked".to_owned(),
     };
