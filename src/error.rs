@@ -289,6 +289,31 @@ pub enum Error {
         /// The id asked for.
         id: i64,
     },
+
+    /// An inbox was handed a message it cannot store or deduplicate (an empty or over-long id
+    /// or source, or a watermark-mode message without a source and position). Fix the
+    /// transport's mapping; retrying the same message fails the same way.
+    #[error("inbox consumer {consumer:?} refused message {id:?}: {reason}")]
+    InvalidInboxMessage {
+        /// The inbox consumer.
+        consumer: String,
+        /// The message's id (cut to 200 characters).
+        id: String,
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
+
+    /// No failed message with that id in `ordo.inbox` (of that consumer, when one was named).
+    #[error(
+        "no failed message {id:?} in ordo.inbox{}: `ordo inbox failed` lists them",
+        consumer.as_deref().map(|c| format!(" for consumer {c:?}")).unwrap_or_default()
+    )]
+    UnknownInboxMessage {
+        /// The message id asked for.
+        id: String,
+        /// The consumer asked for, if any.
+        consumer: Option<String>,
+    },
 }
 
 /// Every database error converts here, so that the one that means "not migrated" says so

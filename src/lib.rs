@@ -55,6 +55,10 @@
 //!   subscription at a time under a lease; a runner that lost its lease cannot commit. Failures
 //!   are retried ([`RetryPolicy`]) and then halt the subscription or dead-letter the event
 //!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start.
+//! - **The consumer inbox** ([`Inbox`], module [`inbox`]): the receiving side. Messages from a
+//!   broker, an endpoint or another ordo's relay are handled in a transaction that also
+//!   records them (a row per message id, or a high-water mark per source for dense
+//!   positions), so a redelivery is a [`Receipt::Duplicate`] and the effects happen once.
 //! - **Operations** ([`admin`]): [`admin::status`] names what holds a lane (the transaction,
 //!   by pid) and how far behind each consumer is; [`metrics`] lists the metrics emitted through
 //!   the `metrics` facade; [`admin::run_retention`] drops old partitions of events with their
@@ -153,6 +157,7 @@ mod config;
 mod envelope;
 mod error;
 mod event_type;
+pub mod inbox;
 mod insert_lane;
 mod latest;
 mod listener;
@@ -168,6 +173,7 @@ pub use commit_lane::listener::CommitStream;
 pub use config::{MIN_POOL_CONNECTIONS, OutboxConfig};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
+pub use inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
 pub use insert_lane::listener::EventStream;
 pub use latest::{Latest, LatestStream};
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};

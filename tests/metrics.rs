@@ -126,6 +126,19 @@ async fn every_documented_metric_is_emitted() {
     assert!(stopped);
     halted.shutdown().await;
 
+    // An inbox consumer receives one message twice.
+    sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL, payload TEXT NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("effects table");
+    let inbox =
+        ordo::Inbox::new(db.pool.clone(), ordo::InboxConfig::new("metered-inbox")).expect("inbox");
+    let message = ordo::InboxMessage::new("m-1", "{}");
+    for _ in 0..2 {
+        let handler = common::inbox::Recording::default();
+        inbox.receive(&message, &handler).await.expect("receive");
+    }
+
     let ready = eventually(Duration::from_secs(10), || async {
         outbox.commit_head().get() >= 4
     })
@@ -155,6 +168,8 @@ async fn every_documented_metric_is_emitted() {
             Some(("subscription", "halting")),
             1.0,
         ),
+        (names::INBOX_RECEIPTS, Some(("receipt", "handled")), 1.0),
+        (names::INBOX_RECEIPTS, Some(("receipt", "duplicate")), 1.0),
     ];
     for (name, label, at_least) in expectations {
         let got = value(&snapshot, name, *label);

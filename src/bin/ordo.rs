@@ -14,6 +14,7 @@
 //! ordo dead-letters retry (ID | --subscription NAME)
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
+//! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
@@ -35,6 +36,8 @@ use std::str::FromStr;
 
 #[path = "ordo/diagnose.rs"]
 mod diagnose;
+#[path = "cli/inbox.rs"]
+mod inbox;
 
 #[derive(Parser)]
 #[command(name = "ordo", version, about = "Operate an ordo outbox on PostgreSQL")]
@@ -69,6 +72,8 @@ enum Command {
     Grant(GrantArgs),
     /// List or purge the events subscriptions gave up on.
     DeadLetters(DeadLettersArgs),
+    /// The consumer inbox: failed messages, replays, watermarks.
+    Inbox(inbox::InboxArgs),
 }
 
 #[derive(clap::Args)]
@@ -344,6 +349,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Retention(args) => retention(pool, args).await,
         Command::Grant(args) => grant(pool, args).await,
         Command::DeadLetters(args) => dead_letters(pool, args).await,
+        Command::Inbox(args) => inbox::run(pool, args).await,
     }
 }
 

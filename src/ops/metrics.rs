@@ -24,6 +24,7 @@
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
+//! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed` or `gap` | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
 /// The metric `ordo_events_published_total` (see the table above).
 pub const EVENTS_PUBLISHED: &str = "ordo_events_published_total";
@@ -66,6 +67,9 @@ pub const SUBSCRIPTION_STALLED_KEYS: &str = "ordo_subscription_stalled_keys";
 
 /// The metric `ordo_stream_retries_total` (see the table above).
 pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
+
+/// The metric `ordo_inbox_receipts_total` (see the table above).
+pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
 
 /// Seconds from `recorded_at` to now, for the delivery histogram.
 pub(crate) fn since(recorded_at: chrono::DateTime<chrono::Utc>) -> f64 {

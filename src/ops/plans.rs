@@ -34,7 +34,11 @@ use crate::write::sql as write;
 /// Every statement on ordo's hot paths (writes, both lanes, subscriptions, status).
 #[doc(hidden)]
 pub fn hot_path_statements() -> Vec<HotStatement> {
-    HOT_PATH.to_vec()
+    HOT_PATH
+        .iter()
+        .chain(crate::inbox::HOT_PATH)
+        .copied()
+        .collect()
 }
 
 const fn s(

@@ -182,6 +182,7 @@ pub struct Note {
 }
 pub mod counters;
 mod databases;
+pub mod inbox;
 pub mod invariants;
 pub mod keyed;
 pub mod proxy;

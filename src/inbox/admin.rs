@@ -1,0 +1,190 @@
+//! The operator's side of the inbox: failed messages, replays, watermarks. Pool-based, like
+//! [`ordo::admin`](crate::admin): none needs a running [`Inbox`](super::Inbox).
+//!
+//! **What a replay means.** [`replay`] sets a `failed` message back to `pending` with its
+//! attempts at zero; its payload stays stored. It then runs (once, with exactly-once effect
+//! like any message) on whichever comes first: the consumer's next
+//! [`Inbox::run_pending`](super::Inbox::run_pending), which runs stored payloads, or a
+//! redelivery of the same id by the transport. A transport that was told the message was
+//! settled ([`Receipt::Failed`](super::Receipt::Failed)) will not redeliver it, so a consumer
+//! calls `run_pending` (at start-up and every so often) to pick replays up.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use super::rows::{count, position_column};
+use super::sql;
+use crate::envelope::Headers;
+use crate::error::{Error, Result};
+
+/// A message an inbox consumer gave up on (`failed` in `ordo.inbox`).
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct FailedMessage {
+    /// The consumer.
+    pub consumer: String,
+    /// The message's id.
+    pub id: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last error.
+    pub error: Option<String>,
+    /// The payload as received.
+    pub payload: Option<String>,
+    /// The headers as received.
+    pub headers: Option<Headers>,
+    /// The sending ordo and the position there (watermark mode).
+    pub source: Option<String>,
+    /// The message's position at `source`.
+    pub position: Option<i64>,
+    /// When the message was first recorded.
+    pub received_at: DateTime<Utc>,
+    /// When it failed.
+    pub failed_at: DateTime<Utc>,
+}
+
+impl FailedMessage {
+    fn read(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let headers: Option<sqlx::types::Json<Headers>> = row.try_get("headers")?;
+        Ok(Self {
+            consumer: row.try_get("consumer")?,
+            id: row.try_get("message_id")?,
+            attempts: count(row.try_get("attempts")?),
+            error: row.try_get("last_error")?,
+            payload: row.try_get("payload")?,
+            headers: headers.map(|json| json.0),
+            source: row.try_get("source")?,
+            position: row.try_get("position")?,
+            received_at: row.try_get("received_at")?,
+            failed_at: row.try_get("updated_at")?,
+        })
+    }
+}
+
+/// Failed messages, oldest failure first: of one consumer, or of all when `consumer` is
+/// `None`.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// for failed in ordo::inbox::list_failed(&pool, Some("billing")).await? {
+///     println!("{} failed {} times: {:?}", failed.id, failed.attempts, failed.error);
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::Database`] if `ordo.inbox` cannot be read.
+pub async fn list_failed(pool: &PgPool, consumer: Option<&str>) -> Result<Vec<FailedMessage>> {
+    let rows = sqlx::query(sql::LIST_FAILED)
+        .bind(consumer)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(FailedMessage::read)
+        .collect::<Result<_, _>>()?)
+}
+
+/// Replays the failed message `id` (of `consumer`, or of every consumer that failed it when
+/// `None`): see the module docs for when it runs. Returns how many rows were replayed.
+///
+/// # Errors
+/// [`Error::UnknownInboxMessage`] if no such message is `failed`; [`Error::Database`] if the
+/// update fails.
+pub async fn replay(pool: &PgPool, consumer: Option<&str>, id: &str) -> Result<u64> {
+    let replayed = sqlx::query(sql::REPLAY)
+        .bind(Some(id))
+        .bind(consumer)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    if replayed == 0 {
+        return Err(Error::UnknownInboxMessage {
+            id: id.to_owned(),
+            consumer: consumer.map(str::to_owned),
+        });
+    }
+    Ok(replayed)
+}
+
+/// Replays every failed message of `consumer` (of every consumer when `None`); returns how
+/// many.
+///
+/// # Errors
+/// [`Error::Database`] if the update fails.
+pub async fn replay_all(pool: &PgPool, consumer: Option<&str>) -> Result<u64> {
+    let replayed = sqlx::query(sql::REPLAY)
+        .bind(None::<&str>)
+        .bind(consumer)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(replayed)
+}
+
+/// One row of `ordo.inbox_watermarks`: how far a consumer has handled a source.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct Watermark {
+    /// The consumer.
+    pub consumer: String,
+    /// The sending ordo.
+    pub source: String,
+    /// The highest position handled (0: none yet).
+    pub position: u64,
+    /// The position failing now, if any (always `position` + 1).
+    pub failing_position: Option<i64>,
+    /// Its failed attempts.
+    pub attempts: u32,
+    /// Its last error.
+    pub last_error: Option<String>,
+    /// When the row last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The watermarks of one consumer, or of all when `consumer` is `None`.
+///
+/// # Errors
+/// [`Error::Database`] if `ordo.inbox_watermarks` cannot be read.
+pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Vec<Watermark>> {
+    let rows = sqlx::query(sql::LIST_MARKS)
+        .bind(consumer)
+        .fetch_all(pool)
+        .await?;
+    let read = |row: &PgRow| -> Result<Watermark, sqlx::Error> {
+        Ok(Watermark {
+            consumer: row.try_get("consumer")?,
+            source: row.try_get("source")?,
+            position: u64::try_from(row.try_get::<i64, _>("position")?).unwrap_or(0),
+            failing_position: row.try_get("failing_position")?,
+            attempts: count(row.try_get("attempts")?),
+            last_error: row.try_get("last_error")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    };
+    Ok(rows.iter().map(read).collect::<Result<_, _>>()?)
+}
+
+/// Sets `consumer`'s mark for `source` to `position`: the next message it handles from there
+/// is `position + 1`. For a consumer that joins a source whose history it does not need (the
+/// mark of a new source starts at 0), or to handle a range again. Moving it back makes the
+/// messages above run again when they are redelivered.
+///
+/// # Errors
+/// [`Error::Database`] if the upsert fails (it waits while a receiver of that source is in
+/// its handler's transaction).
+pub async fn set_watermark(
+    pool: &PgPool,
+    consumer: &str,
+    source: &str,
+    position: u64,
+) -> Result<()> {
+    sqlx::query(sql::SET_MARK)
+        .bind(consumer)
+        .bind(source)
+        .bind(position_column(position))
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! The consumer inbox: messages received from outside (a broker, an HTTP endpoint, another
+//! ordo's relay) handled with exactly-once effect.
+//!
+//! A transport (a broker adapter, an endpoint) hands each message it receives to
+//! [`Inbox::receive`] with a handler, and acknowledges the message to its sender only when the
+//! [`Receipt`] is [`settled`](Receipt::settled). The handler runs in a transaction that also
+//! records the message as handled, so its database effects happen once however many times the
+//! message is delivered.
+//!
+//! ## Guarantees
+//!
+//! - **Deduplicated:** within one consumer, a message id whose handler transaction committed
+//!   is answered [`Receipt::Duplicate`] without running the handler, for as long as its row is
+//!   kept ([`InboxConfig::retention`], default 7 days, counted from completion). In
+//!   [`InboxMode::Watermark`], a position at or below the source's mark, for ever.
+//! - **Never twice at once:** a message (row mode) or a source (watermark mode) being handled
+//!   by another receiver, in this process or another, is answered [`Receipt::Busy`] at once,
+//!   without waiting.
+//! - **Failures:** a handler error or panic rolls its transaction back; the attempt, error and
+//!   payload are recorded outside it. After [`InboxConfig::max_attempts`] the message is
+//!   `failed` (dead-lettered in `ordo.inbox`, kept for ever) and is not run again until
+//!   [`replay`]ed.
+//! - **Crash between the inbox commit and the transport's acknowledgement:** the transport
+//!   redelivers; the inbox answers `Duplicate` and the transport acknowledges then. A crash
+//!   inside the handler leaves the row `processing`; the next delivery counts that attempt as
+//!   failed and runs the message again.
+//!
+//! ## States (row mode, `ordo.inbox.status`)
+//!
+//! ```text
+//!            claim                 handler commits
+//! (none) ──────────▶ processing ─────────────────▶ completed ──(retention)──▶ purged
+//!                     │  ▲    │
+//!      handler fails, │  │    │ handler fails at the maximum
+//!      attempts < max ▼  │    ▼
+//!                   pending   failed ──(replay)──▶ pending
+//!                    (next delivery or run_pending claims it again)
+//! ```
+
+mod admin;
+mod config;
+mod handler;
+mod message;
+mod purge;
+mod rows;
+mod sql;
+mod watermark;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+
+pub use admin::{
+    FailedMessage, Watermark, list_failed, list_watermarks, replay, replay_all, set_watermark,
+};
+pub use config::{InboxConfig, InboxMode};
+pub use handler::InboxHandler;
+pub use message::{InboxMessage, Receipt};
+pub use purge::InboxPurger;
+pub(crate) use sql::HOT_PATH;
+
+use crate::envelope::Headers;
+use crate::error::Result;
+use crate::ops::metrics::INBOX_RECEIPTS;
+
+/// One inbox consumer: receives messages for one name in `ordo.inbox` (see the
+/// [module docs](self)). Cheap to clone; any number of receivers (tasks, processes) may share
+/// a consumer name.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool, handler: impl ordo::inbox::InboxHandler) -> ordo::Result<()> {
+/// use ordo::inbox::{Inbox, InboxConfig, InboxMessage};
+///
+/// let inbox = Inbox::new(pool, InboxConfig::new("billing").max_attempts(3))?;
+/// let message = InboxMessage::new("0190c3a4-7d1e-7c42-9f7a-2b1c1e0d5a11", r#"{"order_id":7}"#);
+/// let receipt = inbox.receive(&message, &handler).await?;
+/// if receipt.settled() {
+///     // acknowledge the message to the broker
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    pool: PgPool,
+    config: Arc<InboxConfig>,
+}
+
+impl Inbox {
+    /// An inbox consumer on `pool` (a database migrated with [`migrate`](crate::migrate)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting at fault.
+    pub fn new(pool: PgPool, config: InboxConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            pool,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InboxConfig {
+        &self.config
+    }
+
+    /// Receives one message: handles it with `handler` unless it was handled already, is
+    /// being handled elsewhere, has failed for good, or (watermark mode) arrives out of order.
+    /// The [`Receipt`] says which, and whether the transport may acknowledge it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInboxMessage`](crate::Error::InvalidInboxMessage) for a message that
+    /// cannot be stored (retrying it fails the same way); [`Error::Database`](crate::Error::Database)
+    /// when the inbox's own statements fail: nothing was settled, so do not acknowledge.
+    ///
+    /// # Cancel safety
+    /// Dropping the future rolls the handler's transaction back. A claim already committed
+    /// stays `processing` and is counted as a failed attempt by the next delivery.
+    pub async fn receive<H: InboxHandler>(
+        &self,
+        message: &InboxMessage,
+        handler: &H,
+    ) -> Result<Receipt> {
+        message.check(&self.config.consumer)?;
+        let receipt = match self.config.mode {
+            InboxMode::RowPerMessage => {
+                rows::receive(&self.pool, &self.config, message, handler).await?
+            }
+            InboxMode::Watermark => {
+                watermark::receive(&self.pool, &self.config, message, handler).await?
+            }
+        };
+        self.count(&receipt);
+        Ok(receipt)
+    }
+
+    /// One more `ordo_inbox_receipts_total`.
+    fn count(&self, receipt: &Receipt) {
+        let consumer = self.config.consumer.clone();
+        metrics::counter!(INBOX_RECEIPTS, "consumer" => consumer, "receipt" => receipt.as_str())
+            .increment(1);
+    }
+
+    /// Runs up to `limit` of this consumer's `pending` messages that have a stored payload
+    /// (replayed ones, and ones whose last attempt failed), oldest first, through the
+    /// row-per-message path: each runs once, whatever the mode, and a redelivery of it is a
+    /// duplicate afterwards. Returns each message's id and receipt. Call it at start-up and
+    /// every so often to run what operators replayed.
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if the rows cannot be read or a receipt not
+    /// recorded (the messages before it were handled).
+    pub async fn run_pending<H: InboxHandler>(
+        &self,
+        handler: &H,
+        limit: usize,
+    ) -> Result<Vec<(String, Receipt)>> {
+        let rows = sqlx::query(sql::PENDING)
+            .bind(&self.config.consumer)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut receipts = Vec::with_capacity(rows.len());
+        for row in rows {
+            let headers: Option<sqlx::types::Json<Headers>> = row.try_get("headers")?;
+            let mut message = InboxMessage::new(
+                row.try_get::<String, _>("message_id")?,
+                row.try_get::<Option<String>, _>("payload")?
+                    .unwrap_or_default(),
+            )
+            .with_headers(headers.map(|json| json.0).unwrap_or_default());
+            message.source = row.try_get("source")?;
+            message.position = row
+                .try_get::<Option<i64>, _>("position")?
+                .and_then(|p| u64::try_from(p).ok());
+            let receipt = rows::receive(&self.pool, &self.config, &message, handler).await?;
+            self.count(&receipt);
+            receipts.push((message.id, receipt));
+        }
+        Ok(receipts)
+    }
+
+    /// Deletes this consumer's completed rows older than [`InboxConfig::retention`]; returns
+    /// how many. Failed, pending and processing rows are never deleted, nor watermarks.
+    ///
+    /// # Errors
+    /// [`Error::Database`](crate::Error::Database) if a delete fails (the batches before it
+    /// stay deleted).
+    pub async fn purge(&self) -> Result<u64> {
+        purge::purge(&self.pool, &self.config.consumer, self.config.retention).await
+    }
+
+    /// Starts a background task that runs [`purge`](Self::purge) now and then every `every`,
+    /// until the returned handle is shut down or dropped. Needs a tokio runtime.
+    pub fn spawn_purge(&self, every: Duration) -> InboxPurger {
+        InboxPurger::spawn(
+            self.pool.clone(),
+            self.config.consumer.clone(),
+            self.config.retention,
+            every,
+        )
+    }
+}
