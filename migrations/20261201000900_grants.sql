@@ -6,7 +6,9 @@
 --   20261201000100): SELECT for readers (status), and INSERT, UPDATE, DELETE for writers (an
 --   Outbox running keyed subscriptions or relays writes completions and prunes them);
 -- - latest values (`ordo.latest_values`, migration 20261201000300): SELECT for readers, and
---   EXECUTE on `ordo.publish_latest` for writers (the table itself stays unwritable to them).
+--   EXECUTE on `ordo.publish_latest` for writers (the table itself stays unwritable to them);
+-- - the inbox (`ordo.inbox`, `ordo.inbox_watermarks`, migration 20261201000400): SELECT for
+--   readers; INSERT, UPDATE (and DELETE on `ordo.inbox`, for the purge) for writers.
 -- Run `ordo grant` (or the functions) again after migrating: grants are not retroactive.
 
 CREATE OR REPLACE FUNCTION ordo.grant_reader(grantee TEXT)
@@ -21,7 +23,8 @@ BEGIN
     -- 20261130000600); these functions run after every migration, so they may name both.
     EXECUTE format('GRANT SELECT ON ordo.events, ordo.commit_log, ordo.commit_chunks, '
                    'ordo.sequencer_state, ordo.subscriptions, ordo.dead_letters, '
-                   'ordo.partitioning, ordo.subscription_progress, ordo.latest_values TO %I', grantee);
+                   'ordo.partitioning, ordo.subscription_progress, ordo.latest_values, '
+                   'ordo.inbox, ordo.inbox_watermarks TO %I', grantee);
     EXECUTE format('GRANT SELECT ON SEQUENCE ordo.events_sequence TO %I', grantee);
 END
 $$;
@@ -56,5 +59,9 @@ BEGIN
     EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.subscription_progress TO %I', grantee);
     -- Latest values: written only through the function (no INSERT or UPDATE on the table).
     EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.publish_latest(TEXT, JSONB, JSONB) TO %I', grantee);
+    -- The inbox: received messages (DELETE for the purge of old completed ones) and the
+    -- watermark per source.
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.inbox TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE ON ordo.inbox_watermarks TO %I', grantee);
 END
 $$;
