@@ -279,7 +279,13 @@ impl RabbitSink {
         confirm: lapin::Result<Confirmation>,
     ) -> Result<Result<(), SendError>, SendError> {
         match confirm {
-            Ok(Confirmation::Ack(_)) => Ok(Ok(())),
+            Ok(Confirmation::Ack(None)) => Ok(Ok(())),
+            // Only a `mandatory` publish comes back; this sink never sets it (module docs), so
+            // a returned message means the flag crept in: fail loudly rather than lose it.
+            Ok(Confirmation::Ack(Some(returned))) => Ok(Err(SendError::transient(format!(
+                "the broker returned the message as unroutable ({})",
+                returned.reply_text
+            )))),
             Ok(Confirmation::Nack(_)) => Ok(Err(SendError::transient(
                 "the broker nacked the message (it could not store it)",
             ))),
