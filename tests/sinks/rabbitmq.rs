@@ -188,3 +188,32 @@ async fn rabbit_send_after_a_cancelled_send_rebuilds_the_connection_itself() {
     // No reset: the sink knows its last send was dropped midway.
     assert!(delivered(&send(&mut sink, &stalled).await, 2));
 }
+
+#[tokio::test]
+async fn rabbit_slow_link_delays_delivery_without_failing_it() {
+    let queue = TestQueue::new().await;
+    let proxy = TcpFault::start(addr(RABBIT_ADDR)).await;
+    proxy.set(Fault::Slow(std::time::Duration::from_millis(50)));
+    let mut sink = RabbitSink::builder(amqp_uri(proxy.addr()))
+        .exchange(queue.exchange.as_str())
+        .pipeline_depth(2)
+        .build()
+        .expect("valid settings");
+    let batch = batch(6);
+    let result = send(&mut sink, &batch).await;
+    assert!(delivered(&result, 6), "{result:?}");
+    let ids: Vec<String> = queue
+        .drain()
+        .await
+        .iter()
+        .filter_map(|delivery| {
+            delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+        })
+        .collect();
+    let sent: Vec<String> = batch.iter().map(|message| message.id.to_string()).collect();
+    assert_eq!(ids, sent, "in batch order");
+}

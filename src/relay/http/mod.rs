@@ -181,7 +181,7 @@ fn client(timeout: Duration, connect_timeout: Duration) -> Result<Client> {
 /// use std::time::Duration;
 /// use ordo::relay::{Message, Sink, http::WebhookSink};
 ///
-/// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_…".to_vec())
+/// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_example".to_vec())
 ///     .timeout(Duration::from_secs(5))
 ///     .build()?;
 /// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice())];
