@@ -164,3 +164,26 @@ async fn nats_wedged_connection_is_replaced_by_reset() {
     assert!(delivered(&send(&mut sink, &stalled).await, 2));
     assert_eq!(stream.len().await, 3);
 }
+
+#[tokio::test]
+async fn nats_send_after_a_cancelled_send_rebuilds_the_connection_itself() {
+    let stream = TestStream::new().await;
+    let proxy = TcpFault::start(addr(NATS_ADDR)).await;
+    let mut sink = NatsSink::builder(nats_url(proxy.addr()))
+        .subject_prefix(stream.prefix.as_str())
+        .ack_timeout(Duration::from_secs(120))
+        .build()
+        .expect("valid settings");
+    assert!(delivered(&send(&mut sink, &batch(1)).await, 1));
+
+    proxy.wedge();
+    let stalled = batch(2);
+    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    assert!(
+        outcome.is_err(),
+        "send finished on a wedged connection: {outcome:?}"
+    );
+    // No reset: the sink knows its last send was dropped midway.
+    assert!(delivered(&send(&mut sink, &stalled).await, 2));
+    assert_eq!(stream.len().await, 3);
+}
