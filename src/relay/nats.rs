@@ -3,7 +3,8 @@
 //! Each message is published with `Nats-Msg-Id` = the event id, so JetStream's duplicate
 //! window (the stream's `duplicate_window`, 2 minutes by default) drops a redelivery: the
 //! stream acknowledges it with `duplicate: true`, which counts as delivered. A batch is
-//! pipelined: every message is sent, then the acks are awaited.
+//! pipelined: messages are published without waiting for their acks, up to
+//! [`max_in_flight`](NatsSinkBuilder::max_in_flight) awaited at once.
 //!
 //! # Subjects
 //!
@@ -28,6 +29,7 @@
 //! `last_error` naming the subject. Parking at once would turn a stream created a minute late
 //! into an operator's `requeue --all`.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,8 +96,8 @@ impl NatsSinkBuilder {
         self
     }
 
-    /// How many acks may be awaited at once; a larger batch waits for permits. Default 1,024;
-    /// not zero.
+    /// How many acks may be awaited at once; past it, the next publish waits for the oldest
+    /// ack. Default 1,024; not zero.
     pub fn max_in_flight(mut self, max: usize) -> Self {
         self.max_in_flight = max;
         self
@@ -248,26 +250,37 @@ impl NatsSink {
         if let Some(lost) = self.lost(&client) {
             return Err(lost);
         }
-        // Pipelined: every publish is sent before any ack is awaited.
-        let mut pending: Vec<Result<PublishAckFuture, SendError>> = Vec::with_capacity(batch.len());
-        for message in batch {
+        // Pipelined: publishes go out without waiting for acks, up to `max_in_flight`
+        // awaited at once (each holds one of the context's permits, so publishing more before
+        // awaiting the oldest would wait for ever).
+        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
+        let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+        for (index, message) in batch.iter().enumerate() {
+            if in_flight.len() >= self.max_in_flight
+                && let Some((at, ack)) = in_flight.pop_front()
+            {
+                results[at] = Some(acked(ack).await);
+            }
+            let subject = subject(message);
+            if let Err(invalid) = check_subject(&subject) {
+                results[index] = Some(Err(invalid));
+                continue;
+            }
             let publish = PublishMessage::build()
                 .payload(message.payload.clone())
                 .headers(headers(message));
-            let subject = subject(message);
-            if let Err(invalid) = check_subject(&subject) {
-                pending.push(Err(invalid));
-                continue;
+            match jetstream.send_publish(subject, publish).await {
+                Ok(ack) => in_flight.push_back((index, ack)),
+                Err(error) => results[index] = Some(Err(classify(&error))),
             }
-            let sent = jetstream.send_publish(subject, publish).await;
-            pending.push(sent.map_err(|error| classify(&error)));
         }
-        let acks = pending.into_iter().map(|sent| async move {
-            // A duplicate ack (`duplicate: true`) means the stream already holds this id:
-            // delivered.
-            sent?.await.map(drop).map_err(|error| classify(&error))
-        });
-        let results = futures::future::join_all(acks).await;
+        while let Some((at, ack)) = in_flight.pop_front() {
+            results[at] = Some(acked(ack).await);
+        }
+        let results: Vec<Result<(), SendError>> = results
+            .into_iter()
+            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not published"))))
+            .collect();
         if results.iter().any(Result::is_err) && client.connection_state() != State::Connected {
             return Err(SendError::transient(format!(
                 "the connection to {} was lost during the batch",
@@ -276,6 +289,12 @@ impl NatsSink {
         }
         Ok(results)
     }
+}
+
+/// One stream ack as a message's result. A duplicate ack (`duplicate: true`: the stream already
+/// holds this id) is delivered.
+async fn acked(ack: PublishAckFuture) -> Result<(), SendError> {
+    ack.await.map(drop).map_err(|error| classify(&error))
 }
 
 /// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body.

@@ -143,7 +143,7 @@ impl RabbitSinkBuilder {
 
 struct Open {
     /// Kept so the connection lives as long as the channel; dropping it closes the socket.
-    _connection: Connection,
+    connection: Connection,
     channel: Channel,
 }
 
@@ -254,7 +254,7 @@ impl RabbitSink {
                 .await;
             match published {
                 Ok(confirm) => in_flight.push_back((index, confirm)),
-                Err(error) if error.is_amqp_soft_error() || !channel.status().connected() => {
+                Err(error) if self.connection_alive() => {
                     // The broker closed the channel over an earlier message: this one was
                     // not sent; the connection may still be fine.
                     results[index] = Some(Err(SendError::transient(format!(
@@ -295,11 +295,19 @@ impl RabbitSink {
             // A channel-level error: the broker refused something on this channel (a missing
             // exchange, an oversized message). Every unconfirmed message of it fails; the
             // connection is fine.
-            Err(error) if error.is_amqp_soft_error() => Ok(Err(SendError::transient(format!(
-                "the broker closed the channel: {error}"
-            )))),
+            Err(error) if error.is_amqp_soft_error() && self.connection_alive() => Ok(Err(
+                SendError::transient(format!("the broker closed the channel: {error}")),
+            )),
             Err(error) => Err(self.lost(&error)),
         }
+    }
+
+    /// Whether the connection still stands: a failure on a live connection is the channel's
+    /// (blamed on the messages), on a dead one the batch's (no message blamed).
+    fn connection_alive(&self) -> bool {
+        self.connection
+            .as_ref()
+            .is_some_and(|open| open.connection.status().connected())
     }
 
     fn lost(&self, error: &lapin::Error) -> SendError {
@@ -317,7 +325,7 @@ async fn open(uri: &str) -> lapin::Result<Open> {
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     Ok(Open {
-        _connection: connection,
+        connection,
         channel,
     })
 }

@@ -39,6 +39,8 @@ async fn nats_stream_deduplicates_a_resent_batch_by_message_id() {
     let stream = TestStream::new().await;
     let mut sink = NatsSink::builder(nats_url(addr(NATS_ADDR)))
         .subject_prefix(stream.prefix.as_str())
+        // Fewer than the batch: publishing waits for earlier acks instead of deadlocking.
+        .max_in_flight(2)
         .build()
         .expect("valid settings");
     let batch = batch(5);
