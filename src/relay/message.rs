@@ -109,6 +109,7 @@ impl Message {
 
     /// The header map as JSON text, or `None` when it is empty: how the built-in sinks carry
     /// it (one `Ordo-Headers` header), so no header name has to pass a broker's rules.
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn headers_json(&self) -> Option<String> {
         if self.headers.is_empty() {
             return None;
@@ -119,6 +120,7 @@ impl Message {
     /// The W3C `traceparent` header, when the publisher stored one (see
     /// [`TRACEPARENT`](crate::TRACEPARENT)): the built-in sinks forward it under its own name
     /// so a receiver's tracing joins the publisher's trace.
+    #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn traceparent(&self) -> Option<&str> {
         self.headers
             .get(crate::ops::trace::TRACEPARENT)
