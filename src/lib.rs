@@ -65,6 +65,9 @@
 //!   log entries; the subscription and dead-letter functions list and steer consumers. The
 //!   `ordo` CLI (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a
 //!   figure is bad.
+//! - **Relays** ([`relay`]): events delivered to NATS JetStream, RabbitMQ or HTTP webhooks (each
+//!   behind a cargo feature: `nats`, `rabbitmq`, `http`), or to your own [`relay::Sink`], at
+//!   least once, the event id travelling as the message id; `docs/relays.md` is the guide.
 //! - **Roles**: [`admin::grant`] gives an application role only what it needs ([`Grants::writer`]:
 //!   it cannot write `sequence` or `commit_xid`, nor create partitions), a read-only role
 //!   ([`Grants::reader`]) and an operator ([`Grants::operator`], partitions and retention).
@@ -165,6 +168,7 @@ mod migrate;
 mod ops;
 mod outbox;
 mod position;
+pub mod relay;
 mod subscription;
 mod task;
 mod write;

@@ -180,10 +180,14 @@ pub struct Note {
     pub writer: u32,
     pub n: u32,
 }
+#[cfg(all(feature = "nats", feature = "rabbitmq"))]
+pub mod brokers;
 pub mod counters;
 mod databases;
+pub mod http_responder;
 pub mod inbox;
 pub mod invariants;
 pub mod keyed;
 pub mod proxy;
 pub mod subscribers;
+pub mod tcp_fault;

@@ -1,0 +1,341 @@
+//! [`WebhookSink`]: POST each event to an HTTP endpoint, signed; delivered on a 2xx.
+//!
+//! # The request
+//!
+//! `POST {url}` with the payload's JSON text as the body (exactly as stored) and these headers:
+//!
+//! | header | value |
+//! | --- | --- |
+//! | `Content-Type` | `application/json` |
+//! | `Ordo-Event-Id` | the event id (UUID): deduplicate on it, a redelivery carries the same |
+//! | `Ordo-Event-Type` | the event type (absent when untyped) |
+//! | `Ordo-Sequence` | the event's insert-lane sequence |
+//! | `Ordo-Key` | the ordering key (absent without one) |
+//! | `Ordo-Timestamp` | when this request was signed, Unix seconds |
+//! | `Ordo-Signature` | lowercase hex HMAC-SHA256 of `"{Ordo-Timestamp}.{body}"` keyed with the secret |
+//! | `traceparent` | the publisher's W3C trace context, when it stored one |
+//!
+//! A receiver checks the signature with [`verify_signature`] (or the same HMAC in any language:
+//! `docs/relays.md` has a Python snippet), refuses a timestamp far from its clock, and
+//! deduplicates on `Ordo-Event-Id`. Each attempt is signed afresh, with a new timestamp.
+//!
+//! # Answers
+//!
+//! | answer | [`SendError`] |
+//! | --- | --- |
+//! | 2xx | delivered |
+//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date) |
+//! | 3xx (redirects are not followed: a POST must not become a GET) and every other 4xx | `Permanent` |
+//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient` |
+//!
+//! # Order and concurrency
+//!
+//! Messages of one key are sent one after another, in batch order; when one fails, the later
+//! messages of its key in the batch are not sent (they fail `Transient`, "not sent"), so a
+//! receiver never sees a key's events out of order. Up to
+//! [`concurrency`](WebhookSinkBuilder::concurrency) keys are sent at once. Messages without a
+//! key count as one key.
+
+mod answer;
+mod signature;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::Client;
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
+
+use answer::{answer, request_failed};
+pub use signature::{sign, verify_signature};
+
+use super::{BatchResult, Message, SendError, Sink};
+use crate::error::{Error, Result};
+
+/// Maps a message to the URL it is posted to.
+pub type UrlFn = Arc<dyn Fn(&Message) -> String + Send + Sync>;
+
+/// The settings of a [`WebhookSink`]: start with [`WebhookSink::builder`].
+#[must_use]
+pub struct WebhookSinkBuilder {
+    url: String,
+    secret: Vec<u8>,
+    route: Option<UrlFn>,
+    timeout: Duration,
+    connect_timeout: Duration,
+    concurrency: usize,
+}
+
+impl fmt::Debug for WebhookSinkBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookSinkBuilder")
+            .field("url", &super::redact_url(&self.url))
+            .field("secret", &"***")
+            .field("custom_route", &self.route.is_some())
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
+}
+
+impl WebhookSinkBuilder {
+    /// The URL of each message, instead of the one given to [`WebhookSink::builder`] (e.g. one
+    /// endpoint per recipient). A URL that does not parse fails that message permanently.
+    pub fn route(mut self, url: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
+        self.route = Some(Arc::new(url));
+        self
+    }
+
+    /// How long one request may take, from connecting to the end of the answer's headers.
+    /// Default 10 s; not zero.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take. Default 5 s; not zero.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many keys are sent at once. Default 16; not zero.
+    pub fn concurrency(mut self, keys: usize) -> Self {
+        self.concurrency = keys;
+        self
+    }
+
+    /// Checks the settings and returns the sink.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting: a URL that is empty or not `http(s)`, an
+    /// empty secret, a zero timeout or concurrency.
+    pub fn build(self) -> Result<WebhookSink> {
+        if self.route.is_none() {
+            check_url(&self.url)?;
+        }
+        if self.secret.is_empty() {
+            return Error::invalid_config(
+                "webhook secret",
+                "is empty; receivers could not tell your requests from anyone's",
+            );
+        }
+        if self.timeout.is_zero() {
+            return Error::invalid_config("webhook timeout", "must be more than zero");
+        }
+        if self.connect_timeout.is_zero() {
+            return Error::invalid_config("webhook connect_timeout", "must be more than zero");
+        }
+        if self.concurrency == 0 {
+            return Error::invalid_config("webhook concurrency", "must be at least 1");
+        }
+        let client = client(self.timeout, self.connect_timeout)?;
+        let url = self.url;
+        let route = self.route.unwrap_or_else(|| {
+            let url = url.clone();
+            Arc::new(move |_: &Message| url.clone())
+        });
+        Ok(WebhookSink {
+            client,
+            url,
+            route,
+            secret: Arc::from(self.secret),
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+            concurrency: self.concurrency,
+        })
+    }
+}
+
+fn check_url(url: &str) -> Result<()> {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(()),
+        Ok(_) => Error::invalid_config("webhook url", "must be an http:// or https:// URL"),
+        Err(_) if url.trim().is_empty() => Error::invalid_config("webhook url", "is empty"),
+        Err(error) => Error::invalid_config(
+            "webhook url",
+            &format!("{:?} does not parse: {error}", super::redact_url(url)),
+        ),
+    }
+}
+
+fn client(timeout: Duration, connect_timeout: Duration) -> Result<Client> {
+    Client::builder()
+        .timeout(timeout)
+        .connect_timeout(connect_timeout)
+        // A redirected POST may turn into a GET; a moved endpoint is a configuration error.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .or_else(|error| {
+            Error::invalid_config("webhook", &format!("the HTTP client cannot start: {error}"))
+        })
+}
+
+/// Delivers to HTTP endpoints. See the [module docs](self) for the request, the answers and
+/// the order of delivery.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use ordo::relay::{Message, Sink, http::WebhookSink};
+///
+/// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_example".to_vec())
+///     .timeout(Duration::from_secs(5))
+///     .build()?;
+/// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice())];
+/// let results = sink.send(&batch).await?;
+/// assert!(results.iter().all(Result::is_ok));
+/// # Ok(()) }
+/// ```
+pub struct WebhookSink {
+    client: Client,
+    url: String,
+    route: UrlFn,
+    secret: Arc<[u8]>,
+    timeout: Duration,
+    connect_timeout: Duration,
+    concurrency: usize,
+}
+
+impl fmt::Debug for WebhookSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookSink")
+            .field("target", &self.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookSink {
+    /// Settings for a sink posting to `url`, signing with `secret` (any bytes, not empty; share
+    /// it with the receivers), with the defaults above.
+    pub fn builder(url: impl Into<String>, secret: impl Into<Vec<u8>>) -> WebhookSinkBuilder {
+        WebhookSinkBuilder {
+            url: url.into(),
+            secret: secret.into(),
+            route: None,
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            concurrency: 16,
+        }
+    }
+
+    /// Sends one key's messages in order, stopping at the first failure.
+    async fn send_key(
+        &self,
+        batch: &[Message],
+        indexes: Vec<usize>,
+    ) -> Vec<(usize, Result<(), SendError>)> {
+        let mut results = Vec::with_capacity(indexes.len());
+        let mut failed = false;
+        for index in indexes {
+            if failed {
+                let earlier = SendError::transient("not sent: an earlier event of its key failed");
+                results.push((index, Err(earlier)));
+                continue;
+            }
+            let result = self.post(&batch[index]).await;
+            failed = result.is_err();
+            results.push((index, result));
+        }
+        results
+    }
+
+    async fn post(&self, message: &Message) -> Result<(), SendError> {
+        let url = (self.route)(message);
+        let timestamp = chrono::Utc::now().timestamp().to_string();
+        let signature = sign(&self.secret, &timestamp, &message.payload);
+        let mut request = self
+            .client
+            .post(url.as_str())
+            .header(CONTENT_TYPE, "application/json")
+            .header("Ordo-Event-Id", message.id.to_string())
+            .header("Ordo-Sequence", message.sequence.get().to_string())
+            .header("Ordo-Timestamp", timestamp)
+            .header("Ordo-Signature", signature);
+        // Optional headers whose text a header cannot carry are left out rather than failing.
+        let optional = [
+            ("Ordo-Event-Type", message.event_type.as_deref()),
+            ("Ordo-Key", message.key.as_deref()),
+            ("traceparent", message.traceparent()),
+        ];
+        for (name, value) in optional {
+            if let Some(value) = value.and_then(|text| HeaderValue::from_str(text).ok()) {
+                request = request.header(name, value);
+            }
+        }
+        let response = request
+            .body(message.payload.clone())
+            .send()
+            .await
+            .map_err(|error| request_failed(&error, &url))?;
+        answer(response.status(), response.headers())
+    }
+}
+
+/// The batch's messages grouped by key, each group in batch order, groups in order of first
+/// appearance.
+fn by_key(batch: &[Message]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<Option<&str>, usize> = HashMap::new();
+    for (index, message) in batch.iter().enumerate() {
+        let group = *group_of.entry(message.key.as_deref()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[group].push(index);
+    }
+    groups
+}
+
+impl Sink for WebhookSink {
+    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+        let this = &*self;
+        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
+        let mut keys = futures::stream::iter(by_key(batch))
+            .map(|indexes| this.send_key(batch, indexes))
+            .buffer_unordered(this.concurrency);
+        while let Some(sent) = keys.next().await {
+            for (index, result) in sent {
+                results[index] = Some(result);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not sent"))))
+            .collect())
+    }
+
+    async fn reset(&mut self) -> Result<(), SendError> {
+        // A new client: no pooled connection of the old one is reused.
+        self.client = client(self.timeout, self.connect_timeout)
+            .map_err(|error| SendError::transient(error.to_string()))?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        if self.url.is_empty() {
+            "webhook (URL per event)".to_owned()
+        } else {
+            format!("webhook {}", super::redact_url(&self.url))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_key;
+    use crate::relay::Message;
+
+    #[test]
+    fn keys_keep_batch_order() {
+        let batch: Vec<Message> = ["a", "b", "a", "c", "b"]
+            .iter()
+            .map(|key| Message::new(&b"{}"[..]).with_key(Some(key)))
+            .collect();
+        assert_eq!(by_key(&batch), vec![vec![0, 2], vec![1, 4], vec![3]]);
+    }
+}

@@ -1,0 +1,132 @@
+//! One event on its way out of PostgreSQL to a sink.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::envelope::Headers;
+use crate::position::EventSequence;
+
+/// One event on its way out: what a relay hands a [`Sink`](super::Sink).
+///
+/// The payload is the JSON text exactly as `ordo.events` stores it, never decoded: a relay
+/// forwards events of every type, including rows written by plain SQL from another language.
+/// `id` travels as the broker's message id (NATS `Nats-Msg-Id`, AMQP `message_id`, the
+/// webhook's `Ordo-Event-Id` header), so the receiver can deduplicate a redelivery.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Message {
+    /// The event's id (`ordo.events.id`): the message id at the receiver.
+    pub id: Uuid,
+    /// Its position in the insert-ordered lane.
+    pub sequence: EventSequence,
+    /// Its place on the relay's lane (the relay's own cursor, dense per relay).
+    pub position: u64,
+    /// Its type (`ordo.events.event_type`); `None` is untyped.
+    pub event_type: Option<String>,
+    /// The ordering key: events of one key are delivered in order. Sinks that partition (a
+    /// Kafka partition, a per-key subject) may use it; the built-in sinks do not need it.
+    pub key: Option<String>,
+    /// The payload's JSON text, as stored.
+    pub payload: Bytes,
+    /// The header map stored with it.
+    pub headers: Headers,
+    /// When the writing transaction started (`now()` at insert time).
+    pub recorded_at: DateTime<Utc>,
+}
+
+impl Message {
+    /// A message built by hand, for tests and examples: a fresh id, sequence and position 1,
+    /// untyped, no key, no headers, recorded now. Adjust with the `with_*` methods.
+    ///
+    /// ```
+    /// let message = ordo::relay::Message::new(br#"{"order_id": 7}"#.as_slice())
+    ///     .with_event_type(Some("OrderPlaced"))
+    ///     .with_key(Some("customer-42"));
+    /// assert_eq!(message.event_type.as_deref(), Some("OrderPlaced"));
+    /// assert_eq!(&message.payload[..], br#"{"order_id": 7}"#);
+    /// ```
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            sequence: EventSequence::new(1),
+            position: 1,
+            event_type: None,
+            key: None,
+            payload: payload.into(),
+            headers: Headers::new(),
+            recorded_at: Utc::now(),
+        }
+    }
+
+    /// The same message with `id`.
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The same message at insert-lane `sequence`.
+    pub fn with_sequence(mut self, sequence: EventSequence) -> Self {
+        self.sequence = sequence;
+        self
+    }
+
+    /// The same message at relay-lane `position`.
+    pub fn with_position(mut self, position: u64) -> Self {
+        self.position = position;
+        self
+    }
+
+    /// The same message of type `event_type` (`None`: untyped).
+    pub fn with_event_type(mut self, event_type: Option<&str>) -> Self {
+        self.event_type = event_type.map(str::to_owned);
+        self
+    }
+
+    /// The same message with ordering key `key`.
+    pub fn with_key(mut self, key: Option<&str>) -> Self {
+        self.key = key.map(str::to_owned);
+        self
+    }
+
+    /// The same message with `headers`.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The same message recorded at `recorded_at`.
+    pub fn with_recorded_at(mut self, recorded_at: DateTime<Utc>) -> Self {
+        self.recorded_at = recorded_at;
+        self
+    }
+
+    /// The event type, or `untyped` for an event without one: the word the built-in sinks put
+    /// in a subject or routing key.
+    pub fn type_or_untyped(&self) -> &str {
+        self.event_type.as_deref().unwrap_or(UNTYPED)
+    }
+
+    /// The header map as JSON text, or `None` when it is empty: how the built-in sinks carry
+    /// it (one `Ordo-Headers` header), so no header name has to pass a broker's rules.
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    pub(crate) fn headers_json(&self) -> Option<String> {
+        if self.headers.is_empty() {
+            return None;
+        }
+        serde_json::to_string(&self.headers).ok()
+    }
+
+    /// The W3C `traceparent` header, when the publisher stored one (see
+    /// [`TRACEPARENT`](crate::TRACEPARENT)): the built-in sinks forward it under its own name
+    /// so a receiver's tracing joins the publisher's trace.
+    #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+    pub(crate) fn traceparent(&self) -> Option<&str> {
+        self.headers
+            .get(crate::ops::trace::TRACEPARENT)
+            .and_then(serde_json::Value::as_str)
+    }
+}
+
+/// What the built-in sinks call an event without a type in subjects and routing keys.
+pub const UNTYPED: &str = "untyped";

@@ -1,0 +1,78 @@
+//! Relays: events leave PostgreSQL for the systems users scale out on.
+//!
+//! A relay is a durable consumer that hands each event to a [`Sink`] (a broker, an HTTP
+//! endpoint) **at least once**, with the event id as the message id so that the receiver
+//! deduplicates. This module holds the sink side: the [`Sink`] contract, the [`Message`] a sink
+//! receives, the [`SendError`] it answers with, and the built-in sinks, each behind a cargo
+//! feature:
+//!
+//! | sink | feature | delivered when |
+//! | --- | --- | --- |
+//! | [`nats::NatsSink`] | `nats` | the JetStream stream acknowledged it (a duplicate ack counts) |
+//! | [`rabbitmq::RabbitSink`] | `rabbitmq` | the broker confirmed it (publisher confirms) |
+//! | [`http::WebhookSink`] | `http` | the endpoint answered 2xx |
+//!
+//! `docs/relays.md` is the guide: the contract, each sink's settings, the webhook signature
+//! scheme and how a receiver checks it.
+//!
+//! # Failure model, from the sink's side
+//!
+//! No sink runs inside a database transaction. The relay puts one deadline over a batch's
+//! send-and-confirm; when it expires the `send` future is dropped, the sink is
+//! [`reset`](Sink::reset) (a new connection) and the batch's events are released without
+//! counting an attempt against them. A per-message [`SendError`] counts an attempt;
+//! a [`SendError::Permanent`] one parks the event at once.
+
+mod message;
+mod sink;
+
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+
+pub use message::{Message, UNTYPED};
+pub use sink::{BatchResult, SendError, Sink};
+
+/// `url` with any password replaced by `***`, for [`Sink::describe`] and logs. A URL that does
+/// not parse is shown as its scheme and host part only, or `<unparsable URL>`.
+#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+pub(crate) fn redact_url(url: &str) -> String {
+    // scheme://user:password@host/... → scheme://user:***@host/...
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparsable URL>".to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    // Query strings may carry tokens (`?access_token=`): never shown.
+    let path = tail.split(['?', '#']).next().unwrap_or("");
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{user}:***@{host}")
+        }
+        None => authority.to_owned(),
+    };
+    format!("{scheme}://{authority}{path}")
+}
+
+#[cfg(all(test, any(feature = "http", feature = "nats", feature = "rabbitmq")))]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_and_queries_never_reach_a_description() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("https://hooks.example/in?token=abc"),
+            "https://hooks.example/in"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(redact_url("no scheme"), "<unparsable URL>");
+    }
+}

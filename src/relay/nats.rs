@@ -1,0 +1,385 @@
+//! [`NatsSink`]: publish to NATS JetStream, delivered when the stream acknowledges.
+//!
+//! Each message is published with `Nats-Msg-Id` = the event id, so JetStream's duplicate
+//! window (the stream's `duplicate_window`, 2 minutes by default) drops a redelivery: the
+//! stream acknowledges it with `duplicate: true`, which counts as delivered. A batch is
+//! pipelined: messages are published without waiting for their acks, up to
+//! [`max_in_flight`](NatsSinkBuilder::max_in_flight) awaited at once.
+//!
+//! # Subjects
+//!
+//! By default `"{prefix}.{event_type}"`, with `untyped` for an event without a type
+//! ([`subject_prefix`](NatsSinkBuilder::subject_prefix), default `ordo`). Any other mapping with
+//! [`subject`](NatsSinkBuilder::subject). The subject must be bound to a stream: a plain NATS
+//! subject with no stream gets no acknowledgement.
+//!
+//! # Errors, transient or permanent
+//!
+//! | what happened | [`SendError`] |
+//! | --- | --- |
+//! | no connection, the connection was lost during the batch | outer `Transient` (no message blamed) |
+//! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) | `Transient` |
+//! | *no responders*: no stream listens on the subject | `Transient` (see below) |
+//! | an invalid subject, a message larger than the server's or the stream's maximum | `Permanent` |
+//! | any other JetStream error (limits, a sealed stream) | `Transient` |
+//!
+//! *No responders* is transient on purpose: the client cannot tell "no stream is bound to this
+//! subject" from "the stream is being created, moved or elected" (a server restart, a cluster
+//! leader election), and the event parks anyway after the relay's maximum attempts, with
+//! `last_error` naming the subject. Parking at once would turn a stream created a minute late
+//! into an operator's `requeue --all`.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::{Client, HeaderMap, connection::State};
+
+use super::{BatchResult, Message, SendError, Sink};
+use crate::error::{Error, Result};
+
+/// Maps a message to its subject.
+pub type SubjectFn = Arc<dyn Fn(&Message) -> String + Send + Sync>;
+
+/// The settings of a [`NatsSink`]: start with [`NatsSink::builder`].
+#[must_use]
+pub struct NatsSinkBuilder {
+    url: String,
+    subject_prefix: String,
+    subject: Option<SubjectFn>,
+    ack_timeout: Duration,
+    connect_timeout: Duration,
+    max_in_flight: usize,
+}
+
+impl fmt::Debug for NatsSinkBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsSinkBuilder")
+            .field("url", &super::redact_url(&self.url))
+            .field("subject_prefix", &self.subject_prefix)
+            .field("custom_subject", &self.subject.is_some())
+            .field("ack_timeout", &self.ack_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .finish()
+    }
+}
+
+impl NatsSinkBuilder {
+    /// The first subject token of the default subject `"{prefix}.{event_type}"`. Default
+    /// `ordo`. Not empty, no spaces, no wildcard (`*`, `>`), no leading or trailing `.`.
+    pub fn subject_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.subject_prefix = prefix.into();
+        self
+    }
+
+    /// The subject of each message, instead of `"{prefix}.{event_type}"`. A subject that is
+    /// not valid NATS makes that message fail permanently.
+    pub fn subject(mut self, subject: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
+        self.subject = Some(Arc::new(subject));
+        self
+    }
+
+    /// How long to wait for one message's stream ack. Default 5 s; not zero. The relay's
+    /// batch deadline bounds the whole batch besides.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for the server when connecting. Default 5 s; not zero.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many acks may be awaited at once; past it, the next publish waits for the oldest
+    /// ack. Default 1,024; not zero.
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max;
+        self
+    }
+
+    /// Checks the settings and returns the sink. It connects on its first
+    /// [`send`](Sink::send), so a server that is down now is a transient send error later,
+    /// not a start-up failure.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting: an empty URL, an invalid subject prefix,
+    /// a zero timeout or `max_in_flight`.
+    pub fn build(self) -> Result<NatsSink> {
+        if self.url.trim().is_empty() {
+            return Error::invalid_config("nats url", "is empty; pass e.g. nats://127.0.0.1:4222");
+        }
+        if self.subject.is_none() {
+            check_prefix(&self.subject_prefix)?;
+        }
+        if self.ack_timeout.is_zero() {
+            return Error::invalid_config("nats ack_timeout", "must be more than zero");
+        }
+        if self.connect_timeout.is_zero() {
+            return Error::invalid_config("nats connect_timeout", "must be more than zero");
+        }
+        if self.max_in_flight == 0 {
+            return Error::invalid_config("nats max_in_flight", "must be at least 1");
+        }
+        let subject = self.subject.unwrap_or_else(|| {
+            let prefix = self.subject_prefix;
+            Arc::new(move |message: &Message| format!("{prefix}.{}", message.type_or_untyped()))
+        });
+        Ok(NatsSink {
+            url: self.url,
+            subject,
+            ack_timeout: self.ack_timeout,
+            connect_timeout: self.connect_timeout,
+            max_in_flight: self.max_in_flight,
+            connection: None,
+            dirty: false,
+        })
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<()> {
+    let bad = prefix.is_empty()
+        || prefix.starts_with('.')
+        || prefix.ends_with('.')
+        || prefix.contains("..")
+        || prefix
+            .chars()
+            .any(|c| c.is_whitespace() || c == '*' || c == '>');
+    if bad {
+        return Error::invalid_config(
+            "nats subject_prefix",
+            &format!(
+                "{prefix:?} is not a subject prefix: it must be non-empty tokens separated by '.', without spaces or wildcards"
+            ),
+        );
+    }
+    Ok(())
+}
+
+struct Connection {
+    client: Client,
+    jetstream: async_nats::jetstream::Context,
+}
+
+/// Delivers to NATS JetStream. See the [module docs](self) for subjects and errors.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use ordo::relay::{Message, Sink, nats::NatsSink};
+///
+/// let mut sink = NatsSink::builder("nats://127.0.0.1:4222")
+///     .subject_prefix("orders")
+///     .build()?;
+/// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice()).with_event_type(Some("placed"))];
+/// // Published on `orders.placed`, with Nats-Msg-Id = the event id.
+/// let results = sink.send(&batch).await?;
+/// assert!(results.iter().all(Result::is_ok));
+/// # Ok(()) }
+/// ```
+pub struct NatsSink {
+    url: String,
+    subject: SubjectFn,
+    ack_timeout: Duration,
+    connect_timeout: Duration,
+    max_in_flight: usize,
+    connection: Option<Connection>,
+    /// A `send` began and did not finish (its future was dropped): the connection's state is
+    /// unknown, so the next `send` rebuilds it even if nobody called `reset`.
+    dirty: bool,
+}
+
+impl fmt::Debug for NatsSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsSink")
+            .field("target", &self.describe())
+            .field("connected", &self.connection.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsSink {
+    /// Settings for a sink publishing through the server at `url` (`nats://host:port`,
+    /// credentials in the URL if any), with the defaults above.
+    pub fn builder(url: impl Into<String>) -> NatsSinkBuilder {
+        NatsSinkBuilder {
+            url: url.into(),
+            subject_prefix: "ordo".to_owned(),
+            subject: None,
+            ack_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            max_in_flight: 1024,
+        }
+    }
+
+    async fn connect(&mut self) -> Result<&Connection, SendError> {
+        if self.connection.is_none() {
+            let client = async_nats::ConnectOptions::new()
+                .connection_timeout(self.connect_timeout)
+                .connect(self.url.as_str())
+                .await
+                .map_err(|error| {
+                    SendError::transient(format!("connecting to {}: {error}", self.describe()))
+                })?;
+            let jetstream = async_nats::jetstream::context::ContextBuilder::new()
+                .timeout(self.ack_timeout)
+                .max_ack_inflight(self.max_in_flight)
+                .backpressure_on_inflight(true)
+                .build(client.clone());
+            self.connection = Some(Connection { client, jetstream });
+        }
+        self.connection
+            .as_ref()
+            .ok_or_else(|| SendError::transient("no NATS connection"))
+    }
+
+    fn lost(&self, client: &Client) -> Option<SendError> {
+        (client.connection_state() == State::Disconnected)
+            .then(|| SendError::transient(format!("the connection to {} is lost", self.describe())))
+    }
+
+    async fn publish_all(&mut self, batch: &[Message]) -> BatchResult {
+        let subject = Arc::clone(&self.subject);
+        let connection = self.connect().await?;
+        let (client, jetstream) = (connection.client.clone(), connection.jetstream.clone());
+        if let Some(lost) = self.lost(&client) {
+            return Err(lost);
+        }
+        // Pipelined: publishes go out without waiting for acks, up to `max_in_flight`
+        // awaited at once (each holds one of the context's permits, so publishing more before
+        // awaiting the oldest would wait for ever).
+        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
+        let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+        for (index, message) in batch.iter().enumerate() {
+            if in_flight.len() >= self.max_in_flight
+                && let Some((at, ack)) = in_flight.pop_front()
+            {
+                results[at] = Some(acked(ack).await);
+            }
+            let subject = subject(message);
+            if let Err(invalid) = check_subject(&subject) {
+                results[index] = Some(Err(invalid));
+                continue;
+            }
+            let publish = PublishMessage::build()
+                .payload(message.payload.clone())
+                .headers(headers(message));
+            match jetstream.send_publish(subject, publish).await {
+                Ok(ack) => in_flight.push_back((index, ack)),
+                Err(error) => results[index] = Some(Err(classify(&error))),
+            }
+        }
+        while let Some((at, ack)) = in_flight.pop_front() {
+            results[at] = Some(acked(ack).await);
+        }
+        let results: Vec<Result<(), SendError>> = results
+            .into_iter()
+            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not published"))))
+            .collect();
+        if results.iter().any(Result::is_err) && client.connection_state() != State::Connected {
+            return Err(SendError::transient(format!(
+                "the connection to {} was lost during the batch",
+                self.describe()
+            )));
+        }
+        Ok(results)
+    }
+}
+
+/// One stream ack as a message's result. A duplicate ack (`duplicate: true`: the stream already
+/// holds this id) is delivered.
+async fn acked(ack: PublishAckFuture) -> Result<(), SendError> {
+    ack.await.map(drop).map_err(|error| classify(&error))
+}
+
+/// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body.
+fn headers(message: &Message) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", message.id.to_string().as_str());
+    headers.insert("Ordo-Sequence", message.sequence.get().to_string().as_str());
+    headers.insert(
+        "Ordo-Recorded-At",
+        message.recorded_at.to_rfc3339().as_str(),
+    );
+    headers.insert("Content-Type", "application/json");
+    if let Some(event_type) = &message.event_type {
+        headers.insert("Ordo-Event-Type", event_type.as_str());
+    }
+    if let Some(key) = &message.key {
+        headers.insert("Ordo-Key", key.as_str());
+    }
+    if let Some(traceparent) = message.traceparent() {
+        headers.insert("traceparent", traceparent);
+    }
+    if let Some(json) = message.headers_json() {
+        headers.insert("Ordo-Headers", json.as_str());
+    }
+    headers
+}
+
+/// A subject a message can be published on: dot-separated non-empty tokens, no whitespace,
+/// no wildcard. Checked here so that a bad mapping is a permanent error naming the subject.
+fn check_subject(subject: &str) -> Result<(), SendError> {
+    let valid = !subject.is_empty()
+        && subject.split('.').all(|token| {
+            !token.is_empty()
+                && token != "*"
+                && token != ">"
+                && !token.chars().any(char::is_whitespace)
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(SendError::permanent(format!(
+            "{subject:?} is not a NATS subject a message can be published on"
+        )))
+    }
+}
+
+fn classify(error: &PublishError) -> SendError {
+    use std::error::Error as _;
+    let too_large = error
+        .source()
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .is_some_and(|api| {
+            api.error_code() == async_nats::jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+        });
+    match error.kind() {
+        PublishErrorKind::MaxPayloadExceeded => SendError::permanent(error.to_string()),
+        PublishErrorKind::Other if too_large => SendError::permanent(error.to_string()),
+        PublishErrorKind::StreamNotFound => SendError::transient(format!(
+            "no responders: no JetStream stream is bound to the subject ({error})"
+        )),
+        _ => SendError::transient(error.to_string()),
+    }
+}
+
+impl Sink for NatsSink {
+    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+        if std::mem::replace(&mut self.dirty, true) {
+            self.connection = None;
+        }
+        let results = self.publish_all(batch).await;
+        if results.is_err() {
+            self.connection = None;
+        }
+        self.dirty = false;
+        results
+    }
+
+    async fn reset(&mut self) -> Result<(), SendError> {
+        // Dropping the client closes its connection without waiting on the server.
+        self.connection = None;
+        self.dirty = false;
+        self.connect().await.map(drop)
+    }
+
+    fn describe(&self) -> String {
+        format!("nats {}", super::redact_url(&self.url))
+    }
+}

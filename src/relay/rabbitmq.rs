@@ -1,0 +1,393 @@
+//! [`RabbitSink`]: publish to RabbitMQ with publisher confirms, delivered when confirmed.
+//!
+//! Every message is persistent (`delivery_mode` 2), `content_type` `application/json`, with
+//! `message_id` = the event id (the receiver deduplicates on it), `type` = the event type,
+//! `timestamp` = when it was recorded, and the headers `ordo-sequence`, `ordo-key`,
+//! `traceparent` and `ordo-headers` (the stored header map as JSON) when present. Publishes
+//! are pipelined on one confirm-mode channel: up to
+//! [`pipeline_depth`](RabbitSinkBuilder::pipeline_depth) messages await their confirm at once.
+//!
+//! # Routing
+//!
+//! By default the configured [`exchange`](RabbitSinkBuilder::exchange) and routing key = the
+//! event type (`untyped` without one). Any other mapping with
+//! [`route`](RabbitSinkBuilder::route).
+//!
+//! # Why no `mandatory` flag
+//!
+//! Messages are published without `mandatory`. In a fan-out topic exchange "no queue is bound
+//! to this routing key right now" is a normal condition: nobody subscribed to that event type
+//! yet. With `mandatory` the broker would return such a message, the relay would have to count
+//! it as failed, and it would be retried and parked for ever although nothing is wrong. A
+//! confirm means the broker took responsibility for routing it, to zero or more queues. (The
+//! incident record behind this is seed 001 of the design notes, amendment #478.)
+//!
+//! # Errors, transient or permanent
+//!
+//! | what happened | [`SendError`] |
+//! | --- | --- |
+//! | no connection, the connection failed during the batch | outer `Transient` (no message blamed) |
+//! | a nack | `Transient` |
+//! | the broker closed the channel (a missing exchange, a refused message) | `Transient`, for every message not yet confirmed; the channel is reopened on the next send |
+//! | an exchange name or routing key longer than 255 bytes | `Permanent` |
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+
+use super::{BatchResult, Message, SendError, Sink};
+use crate::error::{Error, Result};
+
+/// Maps a message to its `(exchange, routing key)`.
+pub type RouteFn = Arc<dyn Fn(&Message) -> (String, String) + Send + Sync>;
+
+/// AMQP short strings (exchange names, routing keys) are at most this many bytes.
+const SHORT_STRING_MAX: usize = 255;
+
+/// The settings of a [`RabbitSink`]: start with [`RabbitSink::builder`].
+#[must_use]
+pub struct RabbitSinkBuilder {
+    uri: String,
+    exchange: String,
+    route: Option<RouteFn>,
+    pipeline_depth: usize,
+    connect_timeout: Duration,
+}
+
+impl fmt::Debug for RabbitSinkBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitSinkBuilder")
+            .field("uri", &super::redact_url(&self.uri))
+            .field("exchange", &self.exchange)
+            .field("custom_route", &self.route.is_some())
+            .field("pipeline_depth", &self.pipeline_depth)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl RabbitSinkBuilder {
+    /// The exchange of the default route (routing key = the event type). Default `""`, the
+    /// broker's default exchange, which routes to the queue named by the routing key.
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// The exchange and routing key of each message, instead of the default route.
+    pub fn route(
+        mut self,
+        route: impl Fn(&Message) -> (String, String) + Send + Sync + 'static,
+    ) -> Self {
+        self.route = Some(Arc::new(route));
+        self
+    }
+
+    /// How many published messages may await their confirm at once. Default 128; not zero.
+    pub fn pipeline_depth(mut self, depth: usize) -> Self {
+        self.pipeline_depth = depth;
+        self
+    }
+
+    /// How long connecting, opening the channel and enabling confirms may take. Default 5 s;
+    /// not zero.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and returns the sink. It connects on its first
+    /// [`send`](Sink::send), so a broker that is down now is a transient send error later.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the setting: an empty URI, an exchange name longer than
+    /// 255 bytes, a zero `pipeline_depth` or `connect_timeout`.
+    pub fn build(self) -> Result<RabbitSink> {
+        if self.uri.trim().is_empty() {
+            return Error::invalid_config(
+                "rabbitmq uri",
+                "is empty; pass e.g. amqp://guest:guest@127.0.0.1:5672/%2f",
+            );
+        }
+        if self.exchange.len() > SHORT_STRING_MAX {
+            return Error::invalid_config("rabbitmq exchange", "is longer than 255 bytes");
+        }
+        if self.pipeline_depth == 0 {
+            return Error::invalid_config("rabbitmq pipeline_depth", "must be at least 1");
+        }
+        if self.connect_timeout.is_zero() {
+            return Error::invalid_config("rabbitmq connect_timeout", "must be more than zero");
+        }
+        let route = self.route.unwrap_or_else(|| {
+            let exchange = self.exchange;
+            Arc::new(move |message: &Message| {
+                (exchange.clone(), message.type_or_untyped().to_owned())
+            })
+        });
+        Ok(RabbitSink {
+            uri: self.uri,
+            route,
+            pipeline_depth: self.pipeline_depth,
+            connect_timeout: self.connect_timeout,
+            connection: None,
+            dirty: false,
+        })
+    }
+}
+
+struct Open {
+    /// Kept so the connection lives as long as the channel; dropping it closes the socket.
+    connection: Connection,
+    channel: Channel,
+}
+
+/// Delivers to RabbitMQ. See the [module docs](self) for routing, properties and errors.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use ordo::relay::{Message, Sink, rabbitmq::RabbitSink};
+///
+/// let mut sink = RabbitSink::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .exchange("orders")
+///     .pipeline_depth(64)
+///     .build()?;
+/// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice()).with_event_type(Some("placed"))];
+/// // Published to exchange `orders` with routing key `placed`, confirmed by the broker.
+/// let results = sink.send(&batch).await?;
+/// assert!(results.iter().all(Result::is_ok));
+/// # Ok(()) }
+/// ```
+pub struct RabbitSink {
+    uri: String,
+    route: RouteFn,
+    pipeline_depth: usize,
+    connect_timeout: Duration,
+    connection: Option<Open>,
+    /// A `send` began and did not finish (its future was dropped): the channel may hold
+    /// confirms nobody awaits, so the next `send` rebuilds the connection.
+    dirty: bool,
+}
+
+impl fmt::Debug for RabbitSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitSink")
+            .field("target", &self.describe())
+            .field("connected", &self.connection.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitSink {
+    /// Settings for a sink publishing through the broker at `uri`
+    /// (`amqp://user:password@host:port/vhost`, `amqps://` for TLS), with the defaults above.
+    pub fn builder(uri: impl Into<String>) -> RabbitSinkBuilder {
+        RabbitSinkBuilder {
+            uri: uri.into(),
+            exchange: String::new(),
+            route: None,
+            pipeline_depth: 128,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    async fn channel(&mut self) -> Result<Channel, SendError> {
+        if let Some(open) = &self.connection {
+            if open.channel.status().connected() {
+                return Ok(open.channel.clone());
+            }
+            self.connection = None;
+        }
+        let opened = tokio::time::timeout(self.connect_timeout, open(&self.uri)).await;
+        let open = match opened {
+            Ok(Ok(open)) => open,
+            Ok(Err(error)) => {
+                return Err(SendError::transient(format!(
+                    "connecting to {}: {error}",
+                    self.describe()
+                )));
+            }
+            Err(_) => {
+                return Err(SendError::transient(format!(
+                    "connecting to {}: no answer within {:?}",
+                    self.describe(),
+                    self.connect_timeout
+                )));
+            }
+        };
+        let channel = open.channel.clone();
+        self.connection = Some(open);
+        Ok(channel)
+    }
+
+    async fn publish_all(&mut self, batch: &[Message]) -> BatchResult {
+        let channel = self.channel().await?;
+        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
+        let mut in_flight: VecDeque<(usize, lapin::PublisherConfirm)> = VecDeque::new();
+        for (index, message) in batch.iter().enumerate() {
+            if in_flight.len() >= self.pipeline_depth
+                && let Some((at, confirm)) = in_flight.pop_front()
+            {
+                results[at] = Some(self.confirmed(confirm.await)?);
+            }
+            let (exchange, routing_key) = (self.route)(message);
+            if exchange.len() > SHORT_STRING_MAX || routing_key.len() > SHORT_STRING_MAX {
+                results[index] = Some(Err(SendError::permanent(format!(
+                    "exchange {exchange:?} or routing key {routing_key:?} is longer than 255 bytes"
+                ))));
+                continue;
+            }
+            let published = channel
+                .basic_publish(
+                    ShortString::from(exchange),
+                    ShortString::from(routing_key),
+                    // No `mandatory`: see the module docs.
+                    BasicPublishOptions::default(),
+                    &message.payload,
+                    properties(message),
+                )
+                .await;
+            match published {
+                Ok(confirm) => in_flight.push_back((index, confirm)),
+                Err(error) if self.connection_alive() => {
+                    // The broker closed the channel over an earlier message: this one was
+                    // not sent; the connection may still be fine.
+                    results[index] = Some(Err(SendError::transient(format!(
+                        "not published: the channel was closed ({error})"
+                    ))));
+                }
+                Err(error) => return Err(self.lost(&error)),
+            }
+        }
+        while let Some((at, confirm)) = in_flight.pop_front() {
+            results[at] = Some(self.confirmed(confirm.await)?);
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not published"))))
+            .collect())
+    }
+
+    /// One confirm as a message's result, or the batch's error when the connection failed.
+    fn confirmed(
+        &self,
+        confirm: lapin::Result<Confirmation>,
+    ) -> Result<Result<(), SendError>, SendError> {
+        match confirm {
+            Ok(Confirmation::Ack(None)) => Ok(Ok(())),
+            // Only a `mandatory` publish comes back; this sink never sets it (module docs), so
+            // a returned message means the flag crept in: fail loudly rather than lose it.
+            Ok(Confirmation::Ack(Some(returned))) => Ok(Err(SendError::transient(format!(
+                "the broker returned the message as unroutable ({})",
+                returned.reply_text
+            )))),
+            Ok(Confirmation::Nack(_)) => Ok(Err(SendError::transient(
+                "the broker nacked the message (it could not store it)",
+            ))),
+            Ok(Confirmation::NotRequested) => Ok(Err(SendError::transient(
+                "the channel was not in confirm mode",
+            ))),
+            // A channel-level error: the broker refused something on this channel (a missing
+            // exchange, an oversized message). Every unconfirmed message of it fails; the
+            // connection is fine.
+            Err(error) if error.is_amqp_soft_error() && self.connection_alive() => Ok(Err(
+                SendError::transient(format!("the broker closed the channel: {error}")),
+            )),
+            Err(error) => Err(self.lost(&error)),
+        }
+    }
+
+    /// Whether the connection still stands: a failure on a live connection is the channel's
+    /// (blamed on the messages), on a dead one the batch's (no message blamed).
+    fn connection_alive(&self) -> bool {
+        self.connection
+            .as_ref()
+            .is_some_and(|open| open.connection.status().connected())
+    }
+
+    fn lost(&self, error: &lapin::Error) -> SendError {
+        SendError::transient(format!(
+            "the connection to {} failed: {error}",
+            self.describe()
+        ))
+    }
+}
+
+async fn open(uri: &str) -> lapin::Result<Open> {
+    let connection = Connection::connect(uri, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(Open {
+        connection,
+        channel,
+    })
+}
+
+fn properties(message: &Message) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    let sequence = i64::try_from(message.sequence.get()).unwrap_or(i64::MAX);
+    headers.insert("ordo-sequence".into(), AMQPValue::LongLongInt(sequence));
+    if let Some(key) = &message.key {
+        headers.insert(
+            "ordo-key".into(),
+            AMQPValue::LongString(key.as_str().into()),
+        );
+    }
+    if let Some(traceparent) = message.traceparent() {
+        headers.insert(
+            "traceparent".into(),
+            AMQPValue::LongString(traceparent.into()),
+        );
+    }
+    if let Some(json) = message.headers_json() {
+        headers.insert("ordo-headers".into(), AMQPValue::LongString(json.into()));
+    }
+    let timestamp = u64::try_from(message.recorded_at.timestamp()).unwrap_or(0);
+    let mut properties = BasicProperties::default()
+        .with_message_id(message.id.to_string().into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_timestamp(timestamp)
+        .with_headers(headers);
+    if let Some(event_type) = &message.event_type
+        && event_type.len() <= SHORT_STRING_MAX
+    {
+        properties = properties.with_type(event_type.as_str().into());
+    }
+    properties
+}
+
+impl Sink for RabbitSink {
+    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+        if std::mem::replace(&mut self.dirty, true) {
+            self.connection = None;
+        }
+        let results = self.publish_all(batch).await;
+        // A batch error leaves the connection in doubt: the next send opens a new one. (A
+        // channel the broker closed is reopened by the next send too.)
+        if results.is_err() {
+            self.connection = None;
+        }
+        self.dirty = false;
+        results
+    }
+
+    async fn reset(&mut self) -> Result<(), SendError> {
+        // Dropping the connection sends a close and lets its I/O loop end; nothing here waits
+        // for the broker's answer, which a wedged connection never gives.
+        self.connection = None;
+        self.dirty = false;
+        self.channel().await.map(drop)
+    }
+
+    fn describe(&self) -> String {
+        format!("rabbitmq {}", super::redact_url(&self.uri))
+    }
+}

@@ -1,0 +1,216 @@
+//! The real brokers of the sink tests: a JetStream stream and a RabbitMQ exchange with a queue,
+//! each with a unique name per test and deleted when the test ends (also when it panics).
+//!
+//! NATS is `NATS_ADDR` (127.0.0.1:4222, JetStream on) and RabbitMQ `RABBIT_ADDR`
+//! (127.0.0.1:5672, guest/guest); `.ci/run` starts both when they are down.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+pub const NATS_ADDR: &str = "127.0.0.1:4222";
+pub const RABBIT_ADDR: &str = "127.0.0.1:5672";
+
+pub fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("a socket address")
+}
+
+pub fn nats_url(addr: SocketAddr) -> String {
+    format!("nats://{addr}")
+}
+
+pub fn amqp_uri(addr: SocketAddr) -> String {
+    format!("amqp://guest:guest@{addr}/%2f")
+}
+
+fn unique(kind: &str) -> String {
+    format!("ordo_sink_{kind}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Runs `cleanup` to completion on a runtime of its own, from `Drop` (which cannot await).
+fn clean_up_from_drop<F: std::future::Future<Output = ()> + Send + 'static>(cleanup: F) {
+    let thread = std::thread::spawn(move || {
+        if let Ok(runtime) = tokio::runtime::Runtime::new() {
+            runtime.block_on(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(10), cleanup).await;
+            });
+        }
+    });
+    let _ = thread.join();
+}
+
+/// A JetStream stream on subjects `{prefix}.>`, with a two-minute duplicate window.
+pub struct TestStream {
+    pub name: String,
+    /// The subject prefix the stream listens on (a sink's `subject_prefix`).
+    pub prefix: String,
+    jetstream: jetstream::Context,
+}
+
+impl TestStream {
+    pub async fn new() -> TestStream {
+        let client = async_nats::connect(NATS_ADDR)
+            .await
+            .expect("NATS at 127.0.0.1:4222 (.ci/run starts it)");
+        let jetstream = jetstream::new(client);
+        let name = unique("stream");
+        let prefix = name.clone();
+        jetstream
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream");
+        TestStream {
+            name,
+            prefix,
+            jetstream,
+        }
+    }
+
+    /// How many messages the stream holds.
+    pub async fn len(&self) -> u64 {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the test stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// The stream's messages, in stream order.
+    pub async fn messages(&self) -> Vec<jetstream::message::StreamMessage> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the test stream");
+        let mut messages = Vec::new();
+        for sequence in 1..=self.len().await {
+            messages.push(
+                stream
+                    .get_raw_message(sequence)
+                    .await
+                    .expect("a stream message"),
+            );
+        }
+        messages
+    }
+}
+
+impl Drop for TestStream {
+    fn drop(&mut self) {
+        // A connection of its own: the test's client runs on the test's runtime, which this
+        // thread blocks while the clean-up runs.
+        let name = self.name.clone();
+        clean_up_from_drop(async move {
+            if let Ok(client) = async_nats::connect(NATS_ADDR).await {
+                let _ = jetstream::new(client).delete_stream(&name).await;
+            }
+        });
+    }
+}
+
+/// A topic exchange with one durable queue bound to it for every routing key (`#`).
+pub struct TestQueue {
+    pub exchange: String,
+    pub queue: String,
+    _connection: Connection,
+    channel: Channel,
+}
+
+impl TestQueue {
+    pub async fn new() -> TestQueue {
+        let connection = Connection::connect(
+            &amqp_uri(addr(RABBIT_ADDR)),
+            ConnectionProperties::default(),
+        )
+        .await
+        .expect("RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)");
+        let channel = connection.create_channel().await.expect("a channel");
+        let exchange = unique("exchange");
+        let queue = unique("queue");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the test exchange");
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the test queue");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the test queue");
+        TestQueue {
+            exchange,
+            queue,
+            _connection: connection,
+            channel,
+        }
+    }
+
+    /// Takes every message in the queue (auto-acknowledged).
+    pub async fn drain(&self) -> Vec<lapin::message::Delivery> {
+        let mut deliveries = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            deliveries.push(message.delivery);
+        }
+        deliveries
+    }
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        let (exchange, queue) = (self.exchange.clone(), self.queue.clone());
+        clean_up_from_drop(async move {
+            let Ok(connection) = Connection::connect(
+                &amqp_uri(addr(RABBIT_ADDR)),
+                ConnectionProperties::default(),
+            )
+            .await
+            else {
+                return;
+            };
+            if let Ok(channel) = connection.create_channel().await {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+            let _ = connection.close(200, "test done".into()).await;
+        });
+    }
+}

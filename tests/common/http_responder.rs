@@ -1,0 +1,184 @@
+//! A small HTTP/1.1 server for the webhook sink's tests: it records every request (headers
+//! and body) and answers from a script, then with 200.
+//!
+//! It reads a request head up to the blank line, then exactly `Content-Length` body bytes,
+//! and keeps the connection alive. It listens on 127.0.0.1 only and stops when the
+//! [`Responder`] is dropped, or after five minutes in any case.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+const LIFETIME: Duration = Duration::from_secs(300);
+/// No test request is near this; a bigger body means a parsing bug.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// One request as received: header names in lower case.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// Held this long before answering.
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    pub fn with_header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn after(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    requests: Mutex<Vec<Request>>,
+    script: Mutex<VecDeque<Reply>>,
+}
+
+pub struct Responder {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: JoinHandle<()>,
+}
+
+impl Responder {
+    /// A server that answers `script` in order, then 200 to everything.
+    pub async fn start(script: Vec<Reply>) -> Responder {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the HTTP responder");
+        let addr = listener.local_addr().expect("the responder's address");
+        let shared = Arc::new(Shared::default());
+        shared.script.lock().expect("script lock").extend(script);
+        let serving = Arc::clone(&shared);
+        let acceptor = tokio::spawn(async move {
+            let _ = tokio::time::timeout(LIFETIME, accept(listener, serving)).await;
+        });
+        Responder {
+            addr,
+            shared,
+            acceptor,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared.requests.lock().expect("requests lock").clone()
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        connections.spawn(serve(stream, Arc::clone(&shared)));
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+async fn serve(stream: TcpStream, shared: Arc<Shared>) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    while let Some(request) = read_request(&mut read).await {
+        shared.requests.lock().expect("requests lock").push(request);
+        let reply = shared
+            .script
+            .lock()
+            .expect("script lock")
+            .pop_front()
+            .unwrap_or_else(|| Reply::status(200));
+        tokio::time::sleep(reply.delay).await;
+        let mut head = format!(
+            "HTTP/1.1 {} Scripted\r\ncontent-length: 0\r\n",
+            reply.status
+        );
+        for (name, value) in &reply.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        if write.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn read_request<R: AsyncBufReadExt + Unpin>(read: &mut R) -> Option<Request> {
+    let mut line = String::new();
+    read.read_line(&mut line).await.ok().filter(|n| *n > 0)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_owned();
+    let path = parts.next()?.to_owned();
+    let mut headers = HashMap::new();
+    loop {
+        let mut line = String::new();
+        read.read_line(&mut line).await.ok().filter(|n| *n > 0)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+    }
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0);
+    if length > MAX_BODY {
+        return None;
+    }
+    let mut body = vec![0; length];
+    read.read_exact(&mut body).await.ok()?;
+    Some(Request {
+        method,
+        path,
+        headers,
+        body,
+    })
+}

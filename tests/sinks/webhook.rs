@@ -1,0 +1,165 @@
+//! HTTP webhooks against a server the test runs (`common/http_responder.rs`).
+
+use std::time::{Duration, SystemTime};
+
+use ordo::relay::http::{WebhookSink, verify_signature};
+use ordo::relay::{Message, SendError, Sink};
+
+use super::common::http_responder::{Reply, Responder};
+use super::{all_transient, batch, delivered, send};
+
+const SECRET: &[u8] = b"whsec_ordo_test";
+
+fn sink(url: String) -> WebhookSink {
+    WebhookSink::builder(url, SECRET.to_vec())
+        .build()
+        .expect("valid settings")
+}
+
+/// Sends one message and returns its result.
+async fn one(sink: &mut WebhookSink) -> Result<(), SendError> {
+    let mut results = send(sink, &batch(1)).await.expect("per-message results");
+    results.pop().expect("one result")
+}
+
+#[tokio::test]
+async fn webhook_posts_each_event_signed_so_the_receiver_can_verify_it() {
+    let server = Responder::start(Vec::new()).await;
+    let mut sink = sink(server.url("/hooks/orders"));
+    let batch: Vec<Message> = batch(3)
+        .into_iter()
+        .zip(["k1", "k2", "k1"])
+        .map(|(message, key)| message.with_key(Some(key)))
+        .collect();
+    let result = send(&mut sink, &batch).await;
+    assert!(delivered(&result, 3), "{result:?}");
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    for message in &batch {
+        let id = message.id.to_string();
+        let request = requests
+            .iter()
+            .find(|request| request.header("Ordo-Event-Id") == Some(id.as_str()))
+            .expect("a request per event");
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/hooks/orders");
+        assert_eq!(request.body, message.payload.to_vec());
+        assert_eq!(request.header("content-type"), Some("application/json"));
+        assert_eq!(
+            request.header("Ordo-Event-Type"),
+            message.event_type.as_deref()
+        );
+        assert_eq!(request.header("Ordo-Key"), message.key.as_deref());
+        let timestamp = request.header("Ordo-Timestamp").expect("a timestamp");
+        let signature = request.header("Ordo-Signature").expect("a signature");
+        assert!(verify_signature(
+            SECRET,
+            timestamp,
+            &request.body,
+            signature
+        ));
+        assert!(!verify_signature(
+            b"another secret",
+            timestamp,
+            &request.body,
+            signature
+        ));
+    }
+    // One key's events arrive in batch order.
+    let k1: Vec<&[u8]> = requests
+        .iter()
+        .filter(|request| request.header("Ordo-Key") == Some("k1"))
+        .map(|request| request.body.as_slice())
+        .collect();
+    assert_eq!(k1, vec![&batch[0].payload[..], &batch[2].payload[..]]);
+}
+
+#[tokio::test]
+async fn webhook_answers_map_to_transient_or_permanent() {
+    let in_a_minute = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(90));
+    let script = vec![
+        Reply::status(500),
+        Reply::status(503),
+        Reply::status(408),
+        Reply::status(429).with_header("Retry-After", "7"),
+        Reply::status(429).with_header("Retry-After", &in_a_minute),
+        Reply::status(400),
+        Reply::status(404),
+        Reply::status(302).with_header("Location", "http://elsewhere.example/in"),
+        Reply::status(204),
+    ];
+    let server = Responder::start(script).await;
+    let mut sink = sink(server.url("/in"));
+
+    for status in [500, 503, 408] {
+        let error = one(&mut sink).await.expect_err("not delivered");
+        assert!(!error.is_permanent(), "{status}: {error}");
+        assert_eq!(error.retry_after(), None);
+    }
+    let error = one(&mut sink).await.expect_err("429");
+    assert!(!error.is_permanent());
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+    let error = one(&mut sink).await.expect_err("429 with a date");
+    let after = error.retry_after().expect("Retry-After as an HTTP date");
+    assert!(
+        after > Duration::from_secs(30) && after <= Duration::from_secs(90),
+        "{after:?}"
+    );
+
+    for status in [400, 404, 302] {
+        let error = one(&mut sink).await.expect_err("not delivered");
+        assert!(error.is_permanent(), "{status}: {error}");
+    }
+    one(&mut sink).await.expect("204 is delivered");
+}
+
+#[tokio::test]
+async fn webhook_slow_endpoint_is_a_transient_timeout() {
+    let server = Responder::start(vec![Reply::status(200).after(Duration::from_secs(30))]).await;
+    let mut sink = WebhookSink::builder(server.url("/slow"), SECRET.to_vec())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid settings");
+    let error = one(&mut sink).await.expect_err("timed out");
+    assert!(!error.is_permanent(), "{error}");
+    assert!(error.message().contains("timed out"), "{error}");
+    // The next request gets the default 200.
+    one(&mut sink)
+        .await
+        .expect("delivered once the endpoint answers");
+}
+
+#[tokio::test]
+async fn webhook_failure_holds_back_the_rest_of_its_key_only() {
+    let server = Responder::start(vec![Reply::status(500)]).await;
+    let mut sink = WebhookSink::builder(server.url("/in"), SECRET.to_vec())
+        // One key at a time, so the script's first answer goes to key a's first event.
+        .concurrency(1)
+        .build()
+        .expect("valid settings");
+    let batch: Vec<Message> = batch(3)
+        .into_iter()
+        .zip(["a", "a", "b"])
+        .map(|(message, key)| message.with_key(Some(key)))
+        .collect();
+    let results = send(&mut sink, &batch).await.expect("per-message results");
+    assert!(matches!(&results[0], Err(error) if !error.is_permanent()));
+    assert!(matches!(&results[1], Err(error) if error.message().contains("not sent")));
+    assert!(results[2].is_ok());
+    // Key a's second event never reached the endpoint.
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn webhook_unreachable_endpoint_is_transient() {
+    // A port that was just free: nothing listens there.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    let mut sink = sink(format!("http://127.0.0.1:{port}/in"));
+    let result = send(&mut sink, &batch(2)).await;
+    assert!(all_transient(&result), "{result:?}");
+    sink.reset().await.expect("reset needs no connection");
+}
