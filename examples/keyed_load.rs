@@ -119,7 +119,16 @@ async fn noop_phase(server: &str, max_pool: u32) -> Result<()> {
     let events = env("ORDO_NOOP_EVENTS", 5_000) as u64;
     println!("no-op handler, {events} events, 1,000 keys, insert lane");
     println!("{:>11} {:>8} {:>10}", "mode", "events", "events/s");
-    for concurrency in [None, Some(1), Some(8), Some(32), Some(32), Some(8), Some(1), None] {
+    for concurrency in [
+        None,
+        Some(1),
+        Some(8),
+        Some(32),
+        Some(32),
+        Some(8),
+        Some(1),
+        None,
+    ] {
         let case = Case {
             concurrency,
             io: Duration::ZERO,

@@ -22,6 +22,8 @@
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) |
+//! | `ordo_relay_delivery_latency_seconds` | histogram | `relay` | from an event's `recorded_at` to the sink confirming it |
+//! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted) or `parked` | what each relay send did to an event |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
 //! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed` or `gap` | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
@@ -62,6 +64,10 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+/// The metric `ordo_relay_delivery_latency_seconds` (see the table above).
+pub const RELAY_DELIVERY_LATENCY: &str = "ordo_relay_delivery_latency_seconds";
+/// The metric `ordo_relay_events_total` (see the table above).
+pub const RELAY_EVENTS: &str = "ordo_relay_events_total";
 /// The metric `ordo_subscription_stalled_keys` (see the table above).
 pub const SUBSCRIPTION_STALLED_KEYS: &str = "ordo_subscription_stalled_keys";
 

@@ -229,6 +229,59 @@ where
         .await
     }
 
+    /// Starts a relay: every event of the configured lane is delivered to `sink` at least once,
+    /// with its id as the message id so that the receiver deduplicates, in order per key
+    /// (`keys` gives an event's keys, as [`Subscriber::keys`] does for a keyed subscription;
+    /// events with no key in common are sent in the same batches, in no particular order).
+    /// No sink I/O happens inside a database transaction: a batch is sent under one deadline,
+    /// then its results are stored, fenced by the relay's lease. See [`crate::relay`] and
+    /// `docs/relays.md`.
+    ///
+    /// The relay has a row in `ordo.subscriptions` (its watermark and lease) under its name:
+    /// `ordo subscriptions` lists it, and a parked event's keys are its stalled keys
+    /// ([`list_stalled_keys`](crate::admin::list_stalled_keys),
+    /// [`retry_stalled_keys`](crate::admin::retry_stalled_keys) requeues them).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "nats")]
+    /// # async fn example(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {
+    /// use ordo::relay::{RelayConfig, nats::NatsSink};
+    ///
+    /// let sink = NatsSink::builder("nats://127.0.0.1:4222").subject_prefix("billing").build()?;
+    /// let relay = outbox
+    ///     .relay(RelayConfig::new("billing-to-nats"), sink, |event| {
+    ///         // Per customer: one customer's events leave in order.
+    ///         ordo::Keys::one(event.payload["customer"].to_string())
+    ///     })
+    ///     .await?;
+    /// # relay.detach();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for settings that cannot hold (naming them: `batch_size ×
+    /// per_event_budget ≤ batch_deadline < lease`); [`Error::LaneMismatch`] when a row of the
+    /// same name follows the other lane; [`Error::Database`] if its row cannot be read or
+    /// created.
+    pub async fn relay<K, F>(
+        &self,
+        config: crate::relay::RelayConfig,
+        sink: K,
+        keys: F,
+    ) -> Result<SubscriptionHandle>
+    where
+        P: serde::Serialize,
+        K: crate::relay::Sink,
+        F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
+    {
+        let shared = subscription::Shared {
+            pool: self.inner.pool.clone(),
+            lane: Arc::clone(&self.inner.lane),
+            commit: Arc::clone(&self.inner.commit),
+        };
+        crate::relay::start::spawn(shared, &self.inner.runners, config, sink, Arc::new(keys)).await
+    }
+
     /// The outbox's state as the database shows it: positions, lag of each lane and each
     /// subscription, and stalls with the transaction holding them. Same as
     /// [`status`](crate::admin::status) on this outbox's pool; made for health endpoints.

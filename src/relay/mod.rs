@@ -23,8 +23,14 @@
 //! counting an attempt against them. A per-message [`SendError`] counts an attempt;
 //! a [`SendError::Permanent`] one parks the event at once.
 
+mod batch;
+mod config;
+mod marks;
 mod message;
+mod runner;
 mod sink;
+pub(crate) mod start;
+mod timers;
 
 #[cfg(feature = "http")]
 pub mod http;
@@ -33,8 +39,10 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
+pub use config::{OnPark, RelayConfig};
 pub use message::{Message, UNTYPED};
 pub use sink::{BatchResult, SendError, Sink};
+pub(crate) use start::message_of;
 
 /// `url` with any password replaced by `***`, for [`Sink::describe`] and logs. A URL that does
 /// not parse is shown as its scheme and host part only, or `<unparsable URL>`.

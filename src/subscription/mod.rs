@@ -12,7 +12,7 @@ pub(crate) mod keyed;
 mod lease;
 mod runner;
 pub(crate) mod shutdown;
-mod source;
+pub(crate) mod source;
 pub(crate) mod sql;
 pub(crate) mod status;
 pub(crate) mod subscriber;
@@ -71,13 +71,11 @@ where
         commit: Arc::clone(&commit),
     };
     // A subscription not created yet has no progress.
-    if config.keyed.is_none() {
-        if keyed::progress::has_progress(&pool, &config.name).await? {
-            return Error::invalid_config(
-                "keyed",
-                "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
-            );
-        }
+    if config.keyed.is_none() && keyed::progress::has_progress(&pool, &config.name).await? {
+        return Error::invalid_config(
+            "keyed",
+            "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
+        );
     }
     let job = config.clone();
     start(shared, runners, &job, "subscription", move |run| {

@@ -189,5 +189,7 @@ pub mod inbox;
 pub mod invariants;
 pub mod keyed;
 pub mod proxy;
+#[cfg(all(feature = "nats", feature = "rabbitmq"))]
+pub mod relays;
 pub mod subscribers;
 pub mod tcp_fault;

@@ -19,12 +19,15 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::keys::Keys;
+use crate::position::Ordering;
+use crate::subscription::handle::Position;
+use crate::subscription::status::StalledKey;
 
 /// An event's index in arrival order (not its lane position, which may have gaps).
-pub(super) type Slot = u64;
+pub(crate) type Slot = u64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum State {
+pub(crate) enum State {
     Waiting,
     Running,
     /// Failed; waits until the instant, first in its lanes.
@@ -34,21 +37,21 @@ pub(super) enum State {
     Done,
 }
 
-pub(super) struct Entry<T> {
-    pub(super) position: u64,
-    pub(super) keys: Keys,
-    pub(super) barrier: bool,
+pub(crate) struct Entry<T> {
+    pub(crate) position: u64,
+    pub(crate) keys: Keys,
+    pub(crate) barrier: bool,
     /// Dropped once done.
-    pub(super) item: Option<T>,
+    pub(crate) item: Option<T>,
     /// Failed attempts so far.
-    pub(super) attempts: u32,
-    pub(super) state: State,
+    pub(crate) attempts: u32,
+    pub(crate) state: State,
     /// The last error, while failing or stalled.
-    pub(super) error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// How an event enters the window (a restarted runner knows some from the stored progress).
-pub(super) enum Arrival {
+pub(crate) enum Arrival {
     /// To be handled, after `attempts` failed tries.
     Pending { attempts: u32 },
     /// Finished already (handled, dead-lettered, or not for this subscription).
@@ -57,7 +60,7 @@ pub(super) enum Arrival {
     Stalled { attempts: u32, error: String },
 }
 
-pub(super) struct Lanes<T> {
+pub(crate) struct Lanes<T> {
     window: VecDeque<Entry<T>>,
     /// The slot of `window[0]`.
     first: Slot,
@@ -70,7 +73,7 @@ pub(super) struct Lanes<T> {
 
 impl<T> Lanes<T> {
     /// An empty window after `watermark`.
-    pub(super) fn new(watermark: u64) -> Self {
+    pub(crate) fn new(watermark: u64) -> Self {
         Self {
             window: VecDeque::new(),
             first: 0,
@@ -83,17 +86,17 @@ impl<T> Lanes<T> {
     }
 
     /// Every event at or below this position is finished.
-    pub(super) fn watermark(&self) -> u64 {
+    pub(crate) fn watermark(&self) -> u64 {
         self.watermark
     }
 
     /// Events held, from the watermark on.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.window.len()
     }
 
     /// Adds the next event of the lane (positions must grow).
-    pub(super) fn push(
+    pub(crate) fn push(
         &mut self,
         position: u64,
         keys: Keys,
@@ -141,7 +144,7 @@ impl<T> Lanes<T> {
     }
 
     /// The oldest event that may run now, marked running.
-    pub(super) fn take_ready(&mut self) -> Option<(Slot, &Entry<T>)> {
+    pub(crate) fn take_ready(&mut self) -> Option<(Slot, &Entry<T>)> {
         let slot = self.ready.pop_first()?;
         let index = self.index(slot)?;
         let entry = &mut self.window[index];
@@ -150,16 +153,16 @@ impl<T> Lanes<T> {
     }
 
     /// Whether an event may run now.
-    pub(super) fn has_ready(&self) -> bool {
+    pub(crate) fn has_ready(&self) -> bool {
         !self.ready.is_empty()
     }
 
-    pub(super) fn entry(&self, slot: Slot) -> Option<&Entry<T>> {
+    pub(crate) fn entry(&self, slot: Slot) -> Option<&Entry<T>> {
         self.index(slot).map(|index| &self.window[index])
     }
 
     /// The slot of the event at `position`, if the window holds it.
-    pub(super) fn find(&self, position: u64) -> Option<Slot> {
+    pub(crate) fn find(&self, position: u64) -> Option<Slot> {
         let index = self
             .window
             .binary_search_by_key(&position, |entry| entry.position)
@@ -169,7 +172,7 @@ impl<T> Lanes<T> {
 
     /// The event finished (handled, or dead-lettered): its lanes move on. True if the
     /// watermark moved.
-    pub(super) fn complete(&mut self, slot: Slot) -> bool {
+    pub(crate) fn complete(&mut self, slot: Slot) -> bool {
         let Some(index) = self.index(slot) else {
             return false;
         };
@@ -205,7 +208,7 @@ impl<T> Lanes<T> {
     }
 
     /// The event failed and will be tried again at `at`, first in its lanes until then.
-    pub(super) fn back_off(&mut self, slot: Slot, attempts: u32, error: String, at: Instant) {
+    pub(crate) fn back_off(&mut self, slot: Slot, attempts: u32, error: String, at: Instant) {
         if let Some(index) = self.index(slot) {
             let entry = &mut self.window[index];
             entry.state = State::Backoff(at);
@@ -216,7 +219,7 @@ impl<T> Lanes<T> {
     }
 
     /// The event's attempts ran out under `Halt`: its lanes wait until [`retry`](Self::retry).
-    pub(super) fn stall(&mut self, slot: Slot, attempts: u32, error: String) {
+    pub(crate) fn stall(&mut self, slot: Slot, attempts: u32, error: String) {
         if let Some(index) = self.index(slot) {
             let entry = &mut self.window[index];
             entry.state = State::Stalled;
@@ -226,7 +229,7 @@ impl<T> Lanes<T> {
     }
 
     /// An operator retried a stalled event: it runs again, its attempts counted from zero.
-    pub(super) fn retry(&mut self, slot: Slot) {
+    pub(crate) fn retry(&mut self, slot: Slot) {
         if let Some(index) = self.index(slot)
             && self.window[index].state == State::Stalled
         {
@@ -238,12 +241,12 @@ impl<T> Lanes<T> {
     }
 
     /// When the next backoff ends.
-    pub(super) fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.backoffs.first().map(|(at, _)| *at)
     }
 
     /// Events whose backoff has ended at `now` may run again.
-    pub(super) fn wake_due(&mut self, now: Instant) {
+    pub(crate) fn wake_due(&mut self, now: Instant) {
         while let Some(&(at, slot)) = self.backoffs.first() {
             if at > now {
                 break;
@@ -258,8 +261,30 @@ impl<T> Lanes<T> {
         }
     }
 
+    /// The keys held by stalled events, oldest event first, as the status shows them: one per
+    /// key, the empty key for an event with none (or whose payload does not decode).
+    pub(crate) fn stalled_keys(&self, ordering: Ordering) -> Vec<StalledKey> {
+        let mut stalled = Vec::new();
+        for entry in self.stalled() {
+            let at = Position::new(ordering, entry.position);
+            let error = entry.error.clone().unwrap_or_default();
+            let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
+            if keys.is_empty() {
+                keys.push(String::new());
+            }
+            stalled.extend(keys.into_iter().map(|key| StalledKey {
+                key,
+                position: at,
+                attempts: entry.attempts,
+                error: error.clone(),
+                retry_requested: false,
+            }));
+        }
+        stalled
+    }
+
     /// The stalled events, oldest first.
-    pub(super) fn stalled(&self) -> impl Iterator<Item = &Entry<T>> {
+    pub(crate) fn stalled(&self) -> impl Iterator<Item = &Entry<T>> {
         self.window
             .iter()
             .filter(|entry| entry.state == State::Stalled)

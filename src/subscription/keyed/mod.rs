@@ -2,16 +2,18 @@
 //!
 //! - `keys.rs`: [`Keys`], what a subscriber orders an event by.
 //! - `lanes.rs`: the schedule (which buffered events may run), with no I/O.
-//! - `runner.rs`: the keyed runner, driving handler tasks (`task.rs`) from the schedule.
+//! - `runner.rs`: the keyed runner, driving handler tasks (`task.rs`) from the schedule;
+//!   `timers.rs`: its periodic work (watermark, retries, status).
 //! - `progress.rs`: the stored low watermark and the completions above it.
 //! - `admin.rs`: stalled keys, listed and retried by operators.
 
 pub(crate) mod admin;
 pub(crate) mod keys;
-mod lanes;
+pub(crate) mod lanes;
 pub(crate) mod progress;
 mod runner;
 mod task;
+mod timers;
 
 pub use admin::{list_stalled_keys, retry_stalled_keys};
 pub use keys::{Keys, SERIAL_KEY};

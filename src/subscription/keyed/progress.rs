@@ -164,6 +164,17 @@ pub(crate) async fn failed(
     owner: Uuid,
     failed: Failed<'_>,
 ) -> Result<bool, sqlx::Error> {
+    let mut connection = pool.acquire().await?;
+    failed_in(&mut connection, name, owner, failed).await
+}
+
+/// [`FAILED`] on `connection` (in a transaction of the caller's); false when the fence refused.
+pub(crate) async fn failed_in(
+    connection: &mut PgConnection,
+    name: &str,
+    owner: Uuid,
+    failed: Failed<'_>,
+) -> Result<bool, sqlx::Error> {
     let state = if failed.stalled { "stalled" } else { "failing" };
     let done = sqlx::query(FAILED)
         .bind(name)
@@ -173,7 +184,7 @@ pub(crate) async fn failed(
         .bind(i32::try_from(failed.attempts).unwrap_or(i32::MAX))
         .bind(failed.keys)
         .bind(failed.error)
-        .execute(pool)
+        .execute(connection)
         .await?;
     Ok(done.rows_affected() == 1)
 }

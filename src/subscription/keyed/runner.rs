@@ -30,27 +30,26 @@ use crate::subscription::keyed::keys::Keys;
 use crate::subscription::runner::{ERROR_BACKOFF, Flow, Runner};
 use crate::subscription::source::{Item, Source};
 use crate::subscription::sql::{self, Stored};
-use crate::subscription::status::{RunStatus, StalledKey, SubscriptionState};
 use crate::subscription::subscriber::Subscriber;
 
 /// The stored watermark follows the finished events this often (when it moved).
-const FLUSH_EVERY: Duration = Duration::from_millis(100);
+pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Operators' retries of stalled keys are looked for at least this often.
-const RETRIES_EVERY: Duration = Duration::from_secs(1);
+pub(super) const RETRIES_EVERY: Duration = Duration::from_secs(1);
 
 /// One claim's worth of keyed work.
-struct Work<P> {
-    lanes: Lanes<Item<P>>,
+pub(super) struct Work<P> {
+    pub(super) lanes: Lanes<Item<P>>,
     /// What the stored progress says about events not read yet.
-    known: HashMap<u64, Known>,
+    pub(super) known: HashMap<u64, Known>,
     /// The watermark as stored.
-    stored: Position,
-    tasks: JoinSet<(Slot, Outcome)>,
-    flush_at: Instant,
-    renew_at: Instant,
-    retries_at: Instant,
+    pub(super) stored: Position,
+    pub(super) tasks: JoinSet<(Slot, Outcome)>,
+    pub(super) flush_at: Instant,
+    pub(super) renew_at: Instant,
+    pub(super) retries_at: Instant,
     /// The stalled events changed since the status last listed them.
-    stalled_changed: bool,
+    pub(super) stalled_changed: bool,
 }
 
 impl<P, S> Runner<P, S>
@@ -364,133 +363,5 @@ where
         tx.commit().await?;
         tracing::warn!(subscription = %name, position = item.position.get(), "dead-lettered");
         Ok(true)
-    }
-
-    async fn on_timers(&mut self, work: &mut Work<P>) -> Option<Flow> {
-        let now = Instant::now();
-        work.lanes.wake_due(now);
-        if now >= work.retries_at {
-            work.retries_at = now + RETRIES_EVERY.min(self.renew_every());
-            if let Some(flow) = self.take_retries(work).await {
-                return Some(flow);
-            }
-        }
-        let moved = work.lanes.watermark() != work.stored.get();
-        if (moved && now >= work.flush_at) || now >= work.renew_at {
-            return self.flush(work).await;
-        }
-        if now >= work.flush_at {
-            work.flush_at = now + FLUSH_EVERY;
-        }
-        None
-    }
-
-    /// Stores the watermark (and extends the lease); a flow when the row changed under us.
-    async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
-        let to = Position::new(self.config.ordering, work.lanes.watermark());
-        let flushed = progress::flush(
-            &self.pool,
-            &self.config.name,
-            self.owner,
-            work.stored,
-            to,
-            self.config.lease,
-        )
-        .await;
-        let now = Instant::now();
-        match flushed {
-            Ok(Some(RunStatus::Active)) => {
-                work.stored = to;
-                work.flush_at = now + FLUSH_EVERY;
-                work.renew_at = now + self.renew_every();
-                let expires = self.lease_expiry();
-                self.status
-                    .send_modify(|status| status.lease_expires_at = expires);
-                None
-            }
-            // Lost, paused, or moved by an operator.
-            Ok(_) => Some(Flow::Reclaim),
-            Err(error) => {
-                tracing::warn!(%error, subscription = %self.config.name, "storing the watermark failed");
-                work.flush_at = now + ERROR_BACKOFF;
-                (now >= work.renew_at).then_some(Flow::Reclaim)
-            }
-        }
-    }
-
-    /// Takes operators' retries of stalled events.
-    async fn take_retries(&self, work: &mut Work<P>) -> Option<Flow> {
-        let positions = match progress::take_retries(&self.pool, &self.config.name, self.owner)
-            .await
-        {
-            Ok(positions) => positions,
-            Err(error) => {
-                tracing::warn!(%error, subscription = %self.config.name, "looking for retries failed");
-                return None;
-            }
-        };
-        for position in positions {
-            work.stalled_changed = true;
-            match work.lanes.find(position) {
-                Some(slot) => work.lanes.retry(slot),
-                None => {
-                    work.known.insert(position, Known::Failing { attempts: 0 });
-                }
-            }
-            tracing::info!(subscription = %self.config.name, position, "stalled event retried by an operator");
-        }
-        None
-    }
-
-    fn handled(&self, work: &Work<P>) {
-        metrics::counter!(crate::ops::metrics::SUBSCRIPTION_EVENTS, "subscription" => self.config.name.clone())
-            .increment(1);
-        let head = match self.config.ordering {
-            crate::Ordering::Insert => self.lane.frontier(),
-            crate::Ordering::Commit => self.commit.head(),
-        };
-        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
-            .set(head.saturating_sub(work.lanes.watermark()) as f64);
-    }
-
-    /// The handle's status: the watermark and the stalled keys.
-    fn publish_status(&self, work: &mut Work<P>) {
-        let position = Position::new(self.config.ordering, work.lanes.watermark());
-        if !std::mem::take(&mut work.stalled_changed) {
-            self.status.send_if_modified(|status| {
-                let changed = status.position != position;
-                status.position = position;
-                changed
-            });
-            return;
-        }
-        let stalled: Vec<StalledKey> = work
-            .lanes
-            .stalled()
-            .flat_map(|entry| {
-                let at = Position::new(self.config.ordering, entry.position);
-                let error = entry.error.clone().unwrap_or_default();
-                let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
-                if keys.is_empty() {
-                    keys.push(String::new());
-                }
-                keys.into_iter().map(move |key| StalledKey {
-                    key,
-                    position: at,
-                    attempts: entry.attempts,
-                    error: error.clone(),
-                    retry_requested: false,
-                })
-            })
-            .collect();
-        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_STALLED_KEYS, "subscription" => self.config.name.clone())
-            .set(stalled.len() as f64);
-        self.status.send_if_modified(|status| {
-            let changed = status.position != position || status.stalled != stalled;
-            status.position = position;
-            status.stalled = stalled;
-            status.state = SubscriptionState::Running;
-            changed
-        });
     }
 }

@@ -1,0 +1,238 @@
+//! One batch of a relay: messages built from the ready events, one send under the batch
+//! deadline, a verdict per event, the marks written by a task of their own, then the schedule
+//! updated.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use super::marks::{self, Mark, Marks};
+use super::runner::{Flow, RelayRunner, Verdict, Work};
+use super::{Message, SendError, Sink};
+use crate::ops::metrics as m;
+use crate::subscription::keyed::lanes::Slot;
+
+impl<P, K> RelayRunner<P, K>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink,
+{
+    /// Sends the ready events (up to the batch size) and records what happened to each; a
+    /// flow when the relay must claim again or stop.
+    pub(super) async fn send_batch(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let mut slots: Vec<Slot> = Vec::new();
+        let mut messages: Vec<Message> = Vec::new();
+        while slots.len() < self.config.batch_size {
+            let Some((slot, entry)) = work.lanes.take_ready() else {
+                break;
+            };
+            let Some(item) = entry.item.as_ref() else {
+                continue;
+            };
+            match super::message_of(item, &entry.keys) {
+                Ok(message) => {
+                    slots.push(slot);
+                    messages.push(message);
+                }
+                Err(error) => {
+                    // It will never encode: park it at once.
+                    let attempts = entry.attempts + 1;
+                    let verdict = Verdict::Failed(SendError::Permanent { message: error });
+                    if let Some(flow) = self.record(work, vec![(slot, attempts, verdict)]).await {
+                        return Some(flow);
+                    }
+                }
+            }
+        }
+        if slots.is_empty() {
+            return None;
+        }
+        let started = Instant::now();
+        let sent =
+            tokio::time::timeout(self.config.batch_deadline, self.sink.send(&messages)).await;
+        let verdicts = self.verdicts(sent, messages.len(), work);
+        let latency =
+            metrics::histogram!(m::RELAY_DELIVERY_LATENCY, "relay" => self.config.name.clone());
+        let now = chrono::Utc::now();
+        for (message, verdict) in messages.iter().zip(&verdicts) {
+            if matches!(verdict, Verdict::Delivered) {
+                latency
+                    .record((now - message.recorded_at).num_milliseconds().max(0) as f64 / 1000.0);
+            }
+        }
+        tracing::debug!(relay = %self.config.name, events = slots.len(), took = ?started.elapsed(), "batch sent");
+        let results = slots
+            .into_iter()
+            .zip(verdicts)
+            .map(|(slot, verdict)| {
+                let attempts = work.lanes.entry(slot).map_or(0, |entry| entry.attempts);
+                (slot, attempts, verdict)
+            })
+            .collect();
+        self.record(work, results).await
+    }
+
+    /// One verdict per message: the sink's own, or blameless for all when the deadline expired
+    /// or the batch failed as a whole (the sink is then rebuilt before the next send).
+    fn verdicts(
+        &self,
+        sent: Result<super::BatchResult, tokio::time::error::Elapsed>,
+        count: usize,
+        work: &mut Work<P>,
+    ) -> Vec<Verdict> {
+        let blameless = |why: String| {
+            (0..count)
+                .map(|_| Verdict::Blameless(why.clone()))
+                .collect()
+        };
+        match sent {
+            Ok(Ok(results)) if results.len() == count => results
+                .into_iter()
+                .map(|result| match result {
+                    Ok(()) => Verdict::Delivered,
+                    Err(error) => Verdict::Failed(error),
+                })
+                .collect(),
+            Ok(Ok(results)) => {
+                work.sink_broken = true;
+                blameless(format!(
+                    "the sink answered {} results for {count} messages",
+                    results.len()
+                ))
+            }
+            Ok(Err(error)) => {
+                work.sink_broken = true;
+                tracing::warn!(%error, sink = %self.sink.describe(), "the batch failed as a whole; rebuilding the connection");
+                blameless(error.to_string())
+            }
+            Err(_) => {
+                work.sink_broken = true;
+                tracing::warn!(sink = %self.sink.describe(), deadline = ?self.config.batch_deadline, "the batch deadline expired; rebuilding the connection");
+                blameless(format!(
+                    "the batch deadline ({:?}) expired",
+                    self.config.batch_deadline
+                ))
+            }
+        }
+    }
+
+    /// Writes the marks of `results` (slot, failed attempts so far, verdict) and applies them
+    /// to the schedule. The write runs as a task of its own: it completes even if this relay
+    /// is stopped while it runs.
+    async fn record(
+        &mut self,
+        work: &mut Work<P>,
+        results: Vec<(Slot, u32, Verdict)>,
+    ) -> Option<Flow> {
+        let mut to_store = Marks::default();
+        let mut plan = Vec::with_capacity(results.len());
+        for (slot, attempts, verdict) in results {
+            let Some(entry) = work.lanes.entry(slot) else {
+                continue;
+            };
+            let Some(position) = entry.item.as_ref().map(|item| item.position) else {
+                continue;
+            };
+            let keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
+            let step = match verdict {
+                Verdict::Delivered => {
+                    to_store.delivered.push(position);
+                    Step::Done
+                }
+                Verdict::Blameless(why) => Step::Release { attempts, why },
+                Verdict::Failed(error) => {
+                    let attempts = attempts + 1;
+                    let park = error.is_permanent() || attempts >= self.config.max_attempts;
+                    let why = error.to_string();
+                    to_store.failed.push(Mark {
+                        at: position,
+                        parked: park,
+                        attempts,
+                        keys,
+                        error: why.clone(),
+                    });
+                    if park {
+                        Step::Park { attempts, why }
+                    } else {
+                        let after = self.config.backoff_after(attempts, error.retry_after());
+                        Step::Again {
+                            attempts,
+                            why,
+                            after,
+                        }
+                    }
+                }
+            };
+            plan.push((slot, step));
+        }
+        let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
+        let written = tokio::spawn(async move { writer.write(to_store).await }).await;
+        match written {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                tracing::warn!(relay = %self.config.name, "the lease was lost before the results were recorded: they are dropped, and the new owner sends these events again");
+                return Some(Flow::Reclaim);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, relay = %self.config.name, "recording the results failed; claiming again");
+                return Some(Flow::Reclaim);
+            }
+            Err(_) => return Some(Flow::Reclaim),
+        }
+        self.apply(work, plan);
+        None
+    }
+
+    fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
+        let name = &self.config.name;
+        let now = Instant::now();
+        for (slot, step) in plan {
+            match step {
+                Step::Done => {
+                    work.lanes.complete(slot);
+                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "delivered").increment(1);
+                }
+                Step::Again {
+                    attempts,
+                    why,
+                    after,
+                } => {
+                    work.lanes.back_off(slot, attempts, why, now + after);
+                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "retried").increment(1);
+                }
+                Step::Release { attempts, why } => {
+                    let at = now + super::runner::BLAMELESS_RETRY;
+                    work.lanes.back_off(slot, attempts, why, at);
+                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "released").increment(1);
+                }
+                Step::Park { attempts, why } => {
+                    tracing::error!(relay = %name, error = %why, attempts, "event parked: its keys wait for an operator's requeue");
+                    work.lanes.stall(slot, attempts, why);
+                    work.stalled_changed = true;
+                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "parked").increment(1);
+                }
+            }
+        }
+    }
+}
+
+/// What a verdict does to the schedule once its mark is stored.
+enum Step {
+    Done,
+    Again {
+        attempts: u32,
+        why: String,
+        after: Duration,
+    },
+    /// Blameless (deadline, or the batch failed as a whole): again soon, no attempt counted.
+    Release {
+        attempts: u32,
+        why: String,
+    },
+    Park {
+        attempts: u32,
+        why: String,
+    },
+}

@@ -1,0 +1,181 @@
+//! [`RelayConfig`]: how a relay runs, with its timing derived and checked, not hand-tuned.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::position::Ordering;
+use crate::subscription::config::DEFAULT_KEYED_WINDOW;
+
+/// What happens to the later events of a parked event's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnPark {
+    /// They wait until the parked event is requeued (or discarded): per-key order holds.
+    #[default]
+    HoldKey,
+    /// They go on; the parked event waits alone for an operator.
+    MoveOn,
+}
+
+/// The configuration of a relay, built with setters that state their defaults.
+///
+/// **Timing is derived, not tuned.** A batch of `batch_size` events is sent and confirmed under
+/// one `batch_deadline`; each event is allowed `per_event_budget` of it; the lease must outlast
+/// a batch, so that the relay that sent a batch still owns it when it records the results.
+/// [`Outbox::relay`](crate::Outbox::relay) refuses to start unless
+/// `batch_size × per_event_budget ≤ batch_deadline < lease`, naming the settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use ordo::relay::RelayConfig;
+///
+/// let config = RelayConfig::new("invoices-to-nats")
+///     .batch_size(200)
+///     .per_event_budget(Duration::from_millis(25))
+///     .batch_deadline(Duration::from_secs(10))
+///     .lease(Duration::from_secs(30))
+///     .max_attempts(8);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub(crate) name: String,
+    pub(crate) ordering: Ordering,
+    pub(crate) batch_size: usize,
+    pub(crate) per_event_budget: Duration,
+    pub(crate) batch_deadline: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) on_park: OnPark,
+    pub(crate) window: usize,
+}
+
+impl RelayConfig {
+    /// A relay named `name` (its row in `ordo.subscriptions`, shared with the subscriptions'
+    /// names), on the commit lane, with the defaults.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ordering: Ordering::Commit,
+            batch_size: 100,
+            per_event_budget: Duration::from_millis(50),
+            batch_deadline: Duration::from_secs(10),
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+            on_park: OnPark::HoldKey,
+            window: DEFAULT_KEYED_WINDOW,
+        }
+    }
+
+    /// The lane to relay. Default [`Ordering::Commit`] (a source transaction's events leave
+    /// in commit order, per key).
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    /// Events per send. Default 100.
+    pub fn batch_size(mut self, events: usize) -> Self {
+        self.batch_size = events;
+        self
+    }
+
+    /// The share of the batch deadline each event may take. Default 50 ms.
+    pub fn per_event_budget(mut self, budget: Duration) -> Self {
+        self.per_event_budget = budget;
+        self
+    }
+
+    /// One deadline over a batch's send and confirm; on expiry the sink's connection is rebuilt
+    /// and the batch released without counting an attempt. Default 10 s.
+    pub fn batch_deadline(mut self, deadline: Duration) -> Self {
+        self.batch_deadline = deadline;
+        self
+    }
+
+    /// The relay's claim on its work. Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Failed deliveries before an event is parked (a permanent error parks it at once).
+    /// Default 10.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Backoff after a failed delivery: from `initial` doubling to `max`, with full jitter; a
+    /// receiver's `Retry-After` is honoured when longer. Default 200 ms to 10 s.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// What a parked event does to its keys. Default [`OnPark::HoldKey`].
+    pub fn on_park(mut self, on_park: OnPark) -> Self {
+        self.on_park = on_park;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let invalid = Error::invalid_config;
+        if self.name.is_empty() || self.name.len() > 200 {
+            return invalid("RelayConfig::new", "the name must be 1 to 200 characters");
+        }
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return invalid("batch_size", "must be 1 to 10,000 events");
+        }
+        if self.per_event_budget.is_zero() {
+            return invalid("per_event_budget", "must be more than zero");
+        }
+        if self.max_attempts == 0 {
+            return invalid("max_attempts", "must be at least 1");
+        }
+        if self.initial_backoff > self.max_backoff {
+            return invalid("backoff", "the initial backoff must not exceed the maximum");
+        }
+        let needed = self.per_event_budget.saturating_mul(self.batch_size as u32);
+        if needed > self.batch_deadline {
+            return Err(Error::InvalidConfig {
+                setting: "batch_size/per_event_budget/batch_deadline",
+                reason: format!(
+                    "batch_size × per_event_budget ({} × {:?} = {:?}) exceeds batch_deadline ({:?}): a full batch could not finish in time",
+                    self.batch_size, self.per_event_budget, needed, self.batch_deadline
+                ),
+            });
+        }
+        if self.batch_deadline >= self.lease {
+            return Err(Error::InvalidConfig {
+                setting: "batch_deadline/lease",
+                reason: format!(
+                    "batch_deadline ({:?}) must be shorter than the lease ({:?}): the relay must still own a batch when it records its results",
+                    self.batch_deadline, self.lease
+                ),
+            });
+        }
+        if self.max_backoff > self.lease / 2 {
+            return invalid(
+                "backoff/lease",
+                "the maximum backoff must be at most half the lease",
+            );
+        }
+        Ok(())
+    }
+
+    /// The backoff after failed attempt `attempt` (1-based), at least `at_least`.
+    pub(crate) fn backoff_after(&self, attempt: u32, at_least: Option<Duration>) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1u32 << exponent)
+            .min(self.max_backoff);
+        let jittered = ceiling.mul_f64(fastrand::f64());
+        at_least.map_or(jittered, |floor| jittered.max(floor.min(self.lease / 2)))
+    }
+}

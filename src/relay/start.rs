@@ -1,0 +1,83 @@
+//! Starting a relay: its configuration checked, its row in `ordo.subscriptions`, its runner
+//! under the outbox's care (stopped, and its lease released, on shutdown).
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::config::RelayConfig;
+use super::runner::{KeyFn, RelayRunner};
+use super::{Message, Sink};
+use crate::envelope::Envelope;
+use crate::error::Result;
+use crate::subscription::keyed::Keys;
+use crate::subscription::shutdown::Runners;
+use crate::subscription::source::Item;
+use crate::subscription::{JobConfig, Shared, SubscriptionHandle};
+
+/// Spawns the relay of `config` delivering to `sink`, ordering by `keys`.
+pub(crate) async fn spawn<P, K>(
+    shared: Shared<P>,
+    runners: &Runners,
+    config: RelayConfig,
+    sink: K,
+    keys: KeyFn<P>,
+) -> Result<SubscriptionHandle>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink,
+{
+    config.validate()?;
+    // The row, the lease and the shutdown are a subscription's.
+    let job = JobConfig::new(config.name.clone())
+        .ordering(config.ordering)
+        .lease(config.lease);
+    let lane = Arc::clone(&shared.lane);
+    let commit = Arc::clone(&shared.commit);
+    crate::subscription::start(shared, runners, &job, "relay", move |run| {
+        let runner = RelayRunner {
+            pool: run.pool,
+            lane,
+            commit,
+            config,
+            sink,
+            keys,
+            owner: run.owner,
+            stop: run.stop,
+            status: run.status,
+        };
+        runner.run()
+    })
+    .await
+}
+
+/// The message for `item`: its payload as JSON text, its first key as the message's key.
+pub(crate) fn message_of<P: Serialize>(
+    item: &Item<P>,
+    keys: &Keys,
+) -> std::result::Result<Message, String> {
+    let event: &Arc<Envelope<P>> = match &item.event {
+        Ok(event) => event,
+        Err(row) => {
+            return Err(format!(
+                "the payload of ordo.events sequence {} does not decode: {}",
+                item.sequence, row.error
+            ));
+        }
+    };
+    let payload = serde_json::to_vec(&event.payload).map_err(|error| {
+        format!(
+            "the payload of ordo.events sequence {} does not encode: {error}",
+            item.sequence
+        )
+    })?;
+    Ok(Message::new(payload)
+        .with_id(event.id)
+        .with_sequence(event.sequence)
+        .with_position(item.position.get())
+        .with_event_type(event.event_type.as_deref())
+        .with_key(keys.iter().next())
+        .with_headers(event.headers.clone())
+        .with_recorded_at(event.recorded_at))
+}

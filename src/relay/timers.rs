@@ -1,0 +1,104 @@
+//! The relay's periodic work: the stored watermark (which also extends the lease), operators'
+//! requeues of parked events, and its status.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use super::Sink;
+use super::runner::{FLUSH_EVERY, Flow, RETRIES_EVERY, RelayRunner, Work};
+use crate::subscription::handle::Position;
+use crate::subscription::keyed::progress::{self, Known};
+use crate::subscription::status::RunStatus;
+
+impl<P, K> RelayRunner<P, K>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: Sink,
+{
+    pub(super) async fn on_timers(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let now = Instant::now();
+        work.lanes.wake_due(now);
+        if now >= work.retries_at {
+            work.retries_at = now + RETRIES_EVERY.min(self.config.lease / 3);
+            self.take_requeues(work).await;
+        }
+        let moved = work.lanes.watermark() != work.stored.get();
+        if (moved && now >= work.flush_at) || now >= work.renew_at {
+            return self.flush(work).await;
+        }
+        if now >= work.flush_at {
+            work.flush_at = now + FLUSH_EVERY;
+        }
+        None
+    }
+
+    /// Stores the watermark and extends the lease; a flow when the row changed under us.
+    pub(super) async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let c = &self.config;
+        let to = Position::new(c.ordering, work.lanes.watermark());
+        let flushed =
+            progress::flush(&self.pool, &c.name, self.owner, work.stored, to, c.lease).await;
+        let now = Instant::now();
+        match flushed {
+            Ok(Some(RunStatus::Active)) => {
+                work.stored = to;
+                work.flush_at = now + FLUSH_EVERY;
+                work.renew_at = now + c.lease / 3;
+                None
+            }
+            Ok(_) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(%error, relay = %c.name, "storing the watermark failed");
+                work.flush_at = now + super::runner::ERROR_BACKOFF;
+                (now >= work.renew_at).then_some(Flow::Reclaim)
+            }
+        }
+    }
+
+    async fn take_requeues(&mut self, work: &mut Work<P>) {
+        let taken = progress::take_retries(&self.pool, &self.config.name, self.owner).await;
+        let positions = match taken {
+            Ok(positions) => positions,
+            Err(error) => {
+                tracing::warn!(%error, relay = %self.config.name, "looking for requeues failed");
+                return;
+            }
+        };
+        for position in positions {
+            work.stalled_changed = true;
+            match work.lanes.find(position) {
+                Some(slot) => work.lanes.retry(slot),
+                None => {
+                    work.known.insert(position, Known::Failing { attempts: 0 });
+                }
+            }
+            tracing::info!(relay = %self.config.name, position, "parked event requeued by an operator");
+        }
+    }
+
+    /// The handle's status: the watermark, the lag and the parked events' keys.
+    pub(super) fn publish_status(&self, work: &mut Work<P>) {
+        let ordering = self.config.ordering;
+        let position = Position::new(ordering, work.lanes.watermark());
+        let head = match ordering {
+            crate::Ordering::Insert => self.lane.frontier(),
+            crate::Ordering::Commit => self.commit.head(),
+        };
+        let lag = head.saturating_sub(position.get());
+        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
+            .set(lag as f64);
+        let parked =
+            std::mem::take(&mut work.stalled_changed).then(|| work.lanes.stalled_keys(ordering));
+        self.status.send_if_modified(|status| {
+            let mut changed = status.position != position || status.lag != lag;
+            status.position = position;
+            status.lag = lag;
+            if let Some(parked) = parked {
+                changed |= status.stalled != parked;
+                status.stalled = parked;
+            }
+            changed
+        });
+    }
+}

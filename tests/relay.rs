@@ -1,0 +1,166 @@
+//! Relays end to end against the real NATS JetStream: every event delivered and, after the
+//! stream's deduplication by message id, exactly once, in order per key, across a relay killed
+//! mid-stream with a standby taking over, and a permanently failing key parked while the others
+//! go on. The broker faults are in `relay_faults.rs`.
+#![cfg(all(feature = "nats", feature = "rabbitmq"))]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use common::brokers::{NATS_ADDR, TestStream};
+use common::keyed::{Parcel, publish};
+use common::relays::{assert_stream_holds_each_once_in_key_order, config, keys, parcels, relayed};
+use common::subscribers::PATIENCE;
+use common::{TestDb, eventually};
+use ordo::relay::nats::NatsSink;
+use ordo::{Error, Outbox, OutboxConfig};
+use sqlx::PgPool;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_failure_parks_its_key_only_until_requeued() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let stream = TestStream::new().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let prefix = stream.prefix.clone();
+    let flag = Arc::clone(&broken);
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject(move |message| {
+            if message.key.as_deref() == Some("k3") && flag.load(AtomicOrdering::SeqCst) {
+                // Not a valid subject: the sink calls it permanent.
+                "no spaces allowed".to_owned()
+            } else {
+                format!("{prefix}.{}", message.type_or_untyped())
+            }
+        })
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(config("to-nats"), sink, keys)
+        .await
+        .expect("relay");
+    publish(&outbox, parcels(0, 70)).await;
+    let (status, parked) = relay.wait_for(PATIENCE, |s| s.stalled.len() == 1).await;
+    assert!(parked, "{status:?}");
+    assert_eq!(status.stalled[0].key, "k3");
+    assert_eq!(
+        status.stalled[0].attempts, 1,
+        "a permanent error parks at once"
+    );
+    // Every other key is delivered; k3 waits at its first event.
+    assert!(eventually(PATIENCE, || async { stream.len().await == 60 }).await);
+    let listed = ordo::admin::list_stalled_keys(&db.pool, "to-nats")
+        .await
+        .expect("parked");
+    assert_eq!(listed.len(), 1);
+
+    broken.store(false, AtomicOrdering::SeqCst);
+    ordo::admin::retry_stalled_keys(&db.pool, "to-nats", Some("k3"))
+        .await
+        .expect("requeue");
+    relayed(&relay, &db.pool, 70).await;
+    relay.shutdown().await;
+    assert_stream_holds_each_once_in_key_order(&stream, &db.pool).await;
+}
+
+/// Runs the relay on its own runtime until the stream holds `at_least` messages, then drops
+/// the runtime: a killed process, its lease left to expire.
+fn run_until_then_kill(url: String, prefix: String, at_least: u64, stream: &TestStream) {
+    let name = stream.name.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("victim runtime");
+        runtime.block_on(async {
+            let pool = PgPool::connect(&url).await.expect("victim pool");
+            let outbox = Outbox::<Parcel>::new(pool, OutboxConfig::default())
+                .await
+                .expect("outbox");
+            let sink = NatsSink::builder(NATS_ADDR)
+                .subject_prefix(&prefix)
+                .build()
+                .expect("sink");
+            let _relay = outbox
+                .relay(config("to-nats"), sink, keys)
+                .await
+                .expect("relay");
+            let client = async_nats::connect(NATS_ADDR).await.expect("nats");
+            let js = async_nats::jetstream::new(client);
+            let counted = eventually(PATIENCE, || async {
+                let Ok(mut stream) = js.get_stream(&name).await else {
+                    return false;
+                };
+                stream
+                    .info()
+                    .await
+                    .map(|info| info.state.messages >= at_least)
+                    .unwrap_or(false)
+            })
+            .await;
+            assert!(counted);
+        });
+        runtime.shutdown_background();
+    })
+    .join()
+    .expect("victim thread");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_relay_takes_over_when_the_first_dies() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let stream = TestStream::new().await;
+    publish(&outbox, parcels(0, 400)).await;
+    run_until_then_kill(db.url.clone(), stream.prefix.clone(), 40, &stream);
+    assert!(
+        stream.len().await < 400,
+        "the first relay finished before it was killed"
+    );
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(config("to-nats"), sink, keys)
+        .await
+        .expect("relay");
+    relayed(&relay, &db.pool, 400).await;
+    relay.shutdown().await;
+    assert_stream_holds_each_once_in_key_order(&stream, &db.pool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timing_that_cannot_hold_is_refused_naming_the_settings() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    for (config, setting) in [
+        (
+            config("r").batch_size(100),
+            "batch_size/per_event_budget/batch_deadline",
+        ),
+        (
+            config("r").batch_deadline(Duration::from_secs(3)),
+            "batch_deadline/lease",
+        ),
+        (config("r").batch_size(0), "batch_size"),
+        (config("r").max_attempts(0), "max_attempts"),
+    ] {
+        let sink = NatsSink::builder(NATS_ADDR).build().expect("sink");
+        let refused = outbox.relay(config, sink, keys).await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidConfig { setting: s, .. }) if *s == setting),
+            "{refused:?}"
+        );
+    }
+}
