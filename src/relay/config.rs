@@ -4,18 +4,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::position::Ordering;
-use crate::subscription::config::DEFAULT_KEYED_WINDOW;
-
-/// What happens to the later events of a parked event's keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnPark {
-    /// They wait until the parked event is requeued (or discarded): per-key order holds.
-    #[default]
-    HoldKey,
-    /// They go on; the parked event waits alone for an operator.
-    MoveOn,
-}
+use crate::subscription::config::{DEFAULT_KEYED_WINDOW, StartFrom};
 
 /// The configuration of a relay, built with setters that state their defaults.
 ///
@@ -47,8 +36,8 @@ pub struct RelayConfig {
     pub(crate) max_attempts: u32,
     pub(crate) initial_backoff: Duration,
     pub(crate) max_backoff: Duration,
-    pub(crate) on_park: OnPark,
     pub(crate) window: usize,
+    pub(crate) start: StartFrom,
 }
 
 impl RelayConfig {
@@ -65,8 +54,8 @@ impl RelayConfig {
             max_attempts: 10,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
-            on_park: OnPark::HoldKey,
             window: DEFAULT_KEYED_WINDOW,
+            start: StartFrom::Beginning,
         }
     }
 
@@ -74,6 +63,13 @@ impl RelayConfig {
     /// in commit order, per key).
     pub fn ordering(mut self, ordering: Ordering) -> Self {
         self.ordering = ordering;
+        self
+    }
+
+    /// Where a relay that does not exist yet starts. Default [`StartFrom::Beginning`]; ignored
+    /// once its row exists.
+    pub fn start(mut self, start: StartFrom) -> Self {
+        self.start = start;
         self
     }
 
@@ -114,12 +110,6 @@ impl RelayConfig {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_backoff = initial;
         self.max_backoff = max;
-        self
-    }
-
-    /// What a parked event does to its keys. Default [`OnPark::HoldKey`].
-    pub fn on_park(mut self, on_park: OnPark) -> Self {
-        self.on_park = on_park;
         self
     }
 

@@ -39,7 +39,7 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-pub use config::{OnPark, RelayConfig};
+pub use config::RelayConfig;
 pub use message::{Message, UNTYPED};
 pub use sink::{BatchResult, SendError, Sink};
 pub(crate) use start::message_of;

@@ -32,6 +32,7 @@ where
     // The row, the lease and the shutdown are a subscription's.
     let job = JobConfig::new(config.name.clone())
         .ordering(config.ordering)
+        .start(config.start)
         .lease(config.lease);
     let lane = Arc::clone(&shared.lane);
     let commit = Arc::clone(&shared.commit);
