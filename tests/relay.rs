@@ -60,12 +60,42 @@ async fn a_permanent_failure_parks_its_key_only_until_requeued() {
     assert_eq!(listed.len(), 1);
 
     broken.store(false, AtomicOrdering::SeqCst);
-    ordo::admin::retry_stalled_keys(&db.pool, "to-nats", Some("k3"))
-        .await
-        .expect("requeue");
+    requeue(&db, "to-nats", "k3").await;
     relayed(&relay, &db.pool, 70).await;
     relay.shutdown().await;
     assert_stream_holds_each_once_in_key_order(&stream, &db.pool).await;
+}
+
+/// An operator's requeue: `ordo relay parked` shows the key and `ordo relay requeue` asks for
+/// it (the API when the CLI is not built).
+#[cfg(feature = "cli")]
+async fn requeue(db: &TestDb, relay: &str, key: &str) {
+    let ordo = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .expect("run ordo")
+    };
+    let parked = ordo(&["relay", "parked", relay]);
+    let table = String::from_utf8_lossy(&parked.stdout);
+    assert!(
+        parked.status.success() && table.lines().any(|l| l.starts_with(key)),
+        "{table}"
+    );
+    let asked = ordo(&["relay", "requeue", relay, key]);
+    let said = String::from_utf8_lossy(&asked.stderr);
+    assert!(
+        asked.status.success() && said.contains("1 parked events"),
+        "{said}"
+    );
+}
+
+#[cfg(not(feature = "cli"))]
+async fn requeue(db: &TestDb, relay: &str, key: &str) {
+    ordo::admin::retry_stalled_keys(&db.pool, relay, Some(key))
+        .await
+        .expect("requeue");
 }
 
 /// Runs the relay on its own runtime until the stream holds `at_least` messages, then drops

@@ -15,6 +15,7 @@
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
+//! ordo relay parked|requeue|replay                relays' parked events (see cli/relay.rs)
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
@@ -38,6 +39,8 @@ use std::str::FromStr;
 mod diagnose;
 #[path = "cli/inbox.rs"]
 mod inbox;
+#[path = "cli/relay.rs"]
+mod relay;
 
 #[derive(Parser)]
 #[command(name = "ordo", version, about = "Operate an ordo outbox on PostgreSQL")]
@@ -74,6 +77,8 @@ enum Command {
     DeadLetters(DeadLettersArgs),
     /// The consumer inbox: failed messages, replays, watermarks.
     Inbox(inbox::InboxArgs),
+    /// Relays: parked events, requeue, replay.
+    Relay(relay::RelayArgs),
 }
 
 #[derive(clap::Args)]
@@ -350,6 +355,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Grant(args) => grant(pool, args).await,
         Command::DeadLetters(args) => dead_letters(pool, args).await,
         Command::Inbox(args) => inbox::run(pool, args).await,
+        Command::Relay(args) => relay::run(pool, args).await,
     }
 }
 

@@ -1,0 +1,93 @@
+//! `ordo relay`: a relay's parked events, requeued or replayed. A relay keeps its position in
+//! `ordo.subscriptions` under its name, and its parked events are its stalled keys, so these
+//! are the subscription functions under the names an operator of a relay looks for.
+//!
+//! ```text
+//! ordo relay parked NAME [--json]             parked events, by key, with their errors
+//! ordo relay requeue NAME KEY | --all         deliver the parked event of KEY (or every one) again
+//! ordo relay replay NAME --from POSITION      deliver again everything from POSITION on
+//! ```
+
+use std::io::{self, Write};
+
+use clap::Subcommand;
+use ordo::admin;
+use ordo::{CommitSequence, EventSequence, Ordering, Position};
+use sqlx::PgPool;
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(clap::Args)]
+pub(crate) struct RelayArgs {
+    #[command(subcommand)]
+    action: RelayAction,
+}
+
+#[derive(Subcommand)]
+enum RelayAction {
+    /// List a relay's parked events (one line per key they hold), oldest first.
+    Parked {
+        name: String,
+        /// Print JSON (one object per key) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the relay to deliver the parked event holding KEY again (or every parked event with
+    /// --all), its attempts counted from zero; the events waiting behind it follow in order.
+    Requeue {
+        name: String,
+        /// The key (`ordo relay parked NAME`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        key: Option<String>,
+        /// Every parked event of the relay.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Deliver again every event from POSITION (on the relay's lane) on: receivers deduplicate
+    /// by message id, so only what they lost takes effect.
+    Replay {
+        name: String,
+        /// The first position to deliver again (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        from: u64,
+    },
+}
+
+pub(crate) async fn run(pool: PgPool, args: RelayArgs) -> CliResult {
+    match args.action {
+        RelayAction::Parked { name, json } => {
+            let parked = admin::list_stalled_keys(&pool, &name).await?;
+            let mut out = io::stdout().lock();
+            if json {
+                for key in &parked {
+                    writeln!(out, "{}", serde_json::to_string(key)?)?;
+                }
+                return Ok(());
+            }
+            write!(out, "{}", admin::stalled_keys_table(&parked))?;
+            Ok(())
+        }
+        RelayAction::Requeue { name, key, all: _ } => {
+            let asked = admin::retry_stalled_keys(&pool, &name, key.as_deref()).await?;
+            eprintln!("ordo: {asked} parked events of relay {name:?} requeued");
+            Ok(())
+        }
+        RelayAction::Replay { name, from } => {
+            let rows = admin::list_subscriptions(&pool).await?;
+            let Some(row) = rows.iter().find(|row| row.name == name) else {
+                return Err(ordo::Error::UnknownSubscription { name }.into());
+            };
+            let to = from - 1;
+            let position = match row.lane {
+                Ordering::Commit => Position::Commit(CommitSequence::new(to)),
+                _ => Position::Insert(EventSequence::new(to)),
+            };
+            admin::reset_subscription(&pool, &name, position, false).await?;
+            eprintln!(
+                "ordo: relay {name:?} delivers again from {} position {from}",
+                row.lane
+            );
+            Ok(())
+        }
+    }
+}
