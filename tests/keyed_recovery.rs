@@ -11,7 +11,7 @@ use common::keyed::{
     Ledger, Parcel, assert_key_order, assert_once_each, effects, effects_table, publish,
 };
 use common::subscribers::{PATIENCE, fast_retries};
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, run_then_kill};
 use ordo::{JobConfig, Outbox, OutboxConfig, SubscriptionState};
 use sqlx::PgPool;
 
@@ -31,28 +31,18 @@ async fn effect_rows(pool: &PgPool) -> usize {
 /// committed, then drops the runtime: tasks die wherever they are, connections close
 /// mid-transaction. A killed process.
 fn run_until_then_kill(url: String, ledger: Ledger, at_least: usize) {
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("victim runtime");
-        runtime.block_on(async {
-            let pool = PgPool::connect(&url).await.expect("victim pool");
-            let outbox = Outbox::<Parcel>::new(pool.clone(), OutboxConfig::default())
-                .await
-                .expect("outbox");
-            let config = JobConfig::new("keyed")
-                .keyed(8)
-                .lease(Duration::from_millis(300))
-                .retry(fast_retries(5));
-            let _handle = outbox.subscribe(config, ledger).await.expect("subscribe");
-            assert!(eventually(PATIENCE, || async { effect_rows(&pool).await >= at_least }).await);
-        });
-        runtime.shutdown_background();
-    })
-    .join()
-    .expect("victim thread");
+    run_then_kill(move || async move {
+        let pool = PgPool::connect(&url).await.expect("victim pool");
+        let outbox = Outbox::<Parcel>::new(pool.clone(), OutboxConfig::default())
+            .await
+            .expect("outbox");
+        let config = JobConfig::new("keyed")
+            .keyed(8)
+            .lease(Duration::from_millis(300))
+            .retry(fast_retries(5));
+        let _handle = outbox.subscribe(config, ledger).await.expect("subscribe");
+        assert!(eventually(PATIENCE, || async { effect_rows(&pool).await >= at_least }).await);
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

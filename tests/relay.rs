@@ -14,7 +14,7 @@ use common::brokers::{NATS_ADDR, TestStream};
 use common::keyed::{Parcel, publish};
 use common::relays::{assert_stream_holds_each_once_in_key_order, config, keys, parcels, relayed};
 use common::subscribers::PATIENCE;
-use common::{TestDb, eventually};
+use common::{TestDb, eventually, run_then_kill};
 use ordo::relay::nats::NatsSink;
 use ordo::{Error, Outbox, OutboxConfig};
 use sqlx::PgPool;
@@ -102,44 +102,34 @@ async fn requeue(db: &TestDb, relay: &str, key: &str) {
 /// the runtime: a killed process, its lease left to expire.
 fn run_until_then_kill(url: String, prefix: String, at_least: u64, stream: &TestStream) {
     let name = stream.name.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
+    run_then_kill(move || async move {
+        let pool = PgPool::connect(&url).await.expect("victim pool");
+        let outbox = Outbox::<Parcel>::new(pool, OutboxConfig::default())
+            .await
+            .expect("outbox");
+        let sink = NatsSink::builder(NATS_ADDR)
+            .subject_prefix(&prefix)
             .build()
-            .expect("victim runtime");
-        runtime.block_on(async {
-            let pool = PgPool::connect(&url).await.expect("victim pool");
-            let outbox = Outbox::<Parcel>::new(pool, OutboxConfig::default())
+            .expect("sink");
+        let _relay = outbox
+            .relay(config("to-nats"), sink, keys)
+            .await
+            .expect("relay");
+        let client = async_nats::connect(NATS_ADDR).await.expect("nats");
+        let js = async_nats::jetstream::new(client);
+        let counted = eventually(PATIENCE, || async {
+            let Ok(mut stream) = js.get_stream(&name).await else {
+                return false;
+            };
+            stream
+                .info()
                 .await
-                .expect("outbox");
-            let sink = NatsSink::builder(NATS_ADDR)
-                .subject_prefix(&prefix)
-                .build()
-                .expect("sink");
-            let _relay = outbox
-                .relay(config("to-nats"), sink, keys)
-                .await
-                .expect("relay");
-            let client = async_nats::connect(NATS_ADDR).await.expect("nats");
-            let js = async_nats::jetstream::new(client);
-            let counted = eventually(PATIENCE, || async {
-                let Ok(mut stream) = js.get_stream(&name).await else {
-                    return false;
-                };
-                stream
-                    .info()
-                    .await
-                    .map(|info| info.state.messages >= at_least)
-                    .unwrap_or(false)
-            })
-            .await;
-            assert!(counted);
-        });
-        runtime.shutdown_background();
-    })
-    .join()
-    .expect("victim thread");
+                .map(|info| info.state.messages >= at_least)
+                .unwrap_or(false)
+        })
+        .await;
+        assert!(counted);
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,8 +32,9 @@ use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::Keys;
-use crate::subscription::keyed::lanes::{Arrival, Lanes};
+use crate::subscription::keyed::lanes::Lanes;
 use crate::subscription::keyed::progress::{self, Known};
+use crate::subscription::keyed::runner::admit;
 use crate::subscription::source::{Item, Source};
 use crate::subscription::sql;
 use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
@@ -247,20 +248,7 @@ where
     }
 
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
-        let position = item.position.get();
-        let arrival = match work.known.remove(&position) {
-            Some(Known::Done) => Arrival::Done,
-            Some(Known::Failing { attempts }) => Arrival::Pending { attempts },
-            Some(Known::Stalled { attempts, error }) => {
-                work.stalled_changed = true;
-                Arrival::Stalled { attempts, error }
-            }
-            None => Arrival::Pending { attempts: 0 },
-        };
-        let (keys, barrier) = match &item.event {
-            Ok(event) => ((self.keys)(event), false),
-            Err(_) => (Keys::none(), true),
-        };
-        work.lanes.push(position, keys, barrier, item, arrival);
+        let keys = &self.keys;
+        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, |event| keys(event));
     }
 }

@@ -174,6 +174,27 @@ where
     }
 }
 
+/// Runs `work` on a runtime of its own, in a thread, until it returns, then drops the runtime:
+/// every task it spawned dies wherever it is and its connections close mid-statement. A
+/// killed process (its leases are left to expire).
+pub fn run_then_kill<F, Fut>(work: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("victim runtime");
+        runtime.block_on(work());
+        runtime.shutdown_background();
+    })
+    .join()
+    .expect("victim thread");
+}
+
 /// The payload type most tests publish.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Note {

@@ -11,7 +11,7 @@ pub(crate) mod admin;
 pub(crate) mod keys;
 pub(crate) mod lanes;
 pub(crate) mod progress;
-mod runner;
+pub(crate) mod runner;
 mod task;
 mod timers;
 

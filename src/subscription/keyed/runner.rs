@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use super::lanes::{Arrival, Lanes, Slot};
 use super::progress::{self, Known};
 use super::task::{Attempt, Context, Outcome};
+use crate::envelope::Envelope;
 use crate::subscription::config::{Keyed, OnExhaustion};
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::keys::Keys;
@@ -180,24 +181,10 @@ where
 
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
-        let position = item.position.get();
-        let arrival = match work.known.remove(&position) {
-            Some(Known::Done) => Arrival::Done,
-            Some(Known::Failing { attempts }) => Arrival::Pending { attempts },
-            Some(Known::Stalled { attempts, error }) => {
-                work.stalled_changed = true;
-                Arrival::Stalled { attempts, error }
-            }
-            None if item.skipped => Arrival::Done,
-            None => Arrival::Pending { attempts: 0 },
-        };
-        let (keys, barrier) = match &item.event {
-            Ok(event) if !item.skipped => (self.subscriber.keys(event), false),
-            Ok(_) => (Keys::none(), false),
-            // Its keys cannot be known: it waits for everything before it, holds everything after.
-            Err(_) => (Keys::none(), true),
-        };
-        work.lanes.push(position, keys, barrier, item, arrival);
+        let subscriber = &self.subscriber;
+        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, |event| {
+            subscriber.keys(event)
+        });
     }
 
     /// Starts every event that may run, up to `concurrency` at once. An event whose payload
@@ -364,4 +351,36 @@ where
         tracing::warn!(subscription = %name, position = item.position.get(), "dead-lettered");
         Ok(true)
     }
+}
+
+/// Takes the next event of the lane into the schedule, with what the stored progress knows
+/// about it and its keys (`keys_of`; an event whose payload does not decode is a barrier, and
+/// one its subscription skips is done); true if it arrives stalled. Keyed subscriptions and
+/// relays admit events alike.
+pub(crate) fn admit<P>(
+    lanes: &mut Lanes<Item<P>>,
+    known: &mut HashMap<u64, Known>,
+    item: Item<P>,
+    keys_of: impl FnOnce(&Envelope<P>) -> Keys,
+) -> bool {
+    let position = item.position.get();
+    let mut stalled = false;
+    let arrival = match known.remove(&position) {
+        Some(Known::Done) => Arrival::Done,
+        Some(Known::Failing { attempts }) => Arrival::Pending { attempts },
+        Some(Known::Stalled { attempts, error }) => {
+            stalled = true;
+            Arrival::Stalled { attempts, error }
+        }
+        None if item.skipped => Arrival::Done,
+        None => Arrival::Pending { attempts: 0 },
+    };
+    let (keys, barrier) = match &item.event {
+        Ok(event) if !item.skipped => (keys_of(event), false),
+        Ok(_) => (Keys::none(), false),
+        // Its keys cannot be known: it waits for everything before it, holds everything after.
+        Err(_) => (Keys::none(), true),
+    };
+    lanes.push(position, keys, barrier, item, arrival);
+    stalled
 }
