@@ -54,7 +54,10 @@
 //!   `ordo.subscriptions`, so its database effects happen exactly once. One process runs a
 //!   subscription at a time under a lease; a runner that lost its lease cannot commit. Failures
 //!   are retried ([`RetryPolicy`]) and then halt the subscription or dead-letter the event
-//!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start.
+//!   ([`OnExhaustion`]); [`JobConfig`] chooses the lane, batching and start. A **keyed**
+//!   subscription ([`JobConfig::keyed`], [`Subscriber::keys`]) orders events per key only and
+//!   runs events of different keys concurrently; a failing event holds only its own keys
+//!   ([`StalledKey`]). See `docs/keyed-subscriptions.md` for the exact guarantee.
 //! - **The consumer inbox** ([`Inbox`], module [`inbox`]): the receiving side. Messages from a
 //!   broker, an endpoint or another ordo's relay are handled in a transaction that also
 //!   records them (a row per message id, or a high-water mark per source for dense
@@ -67,7 +70,9 @@
 //!   figure is bad.
 //! - **Relays** ([`relay`]): events delivered to NATS JetStream, RabbitMQ or HTTP webhooks (each
 //!   behind a cargo feature: `nats`, `rabbitmq`, `http`), or to your own [`relay::Sink`], at
-//!   least once, the event id travelling as the message id; `docs/relays.md` is the guide.
+//!   least once, the event id travelling as the message id, in order per key
+//!   ([`Outbox::relay`]): batches under one deadline with no transaction open, blameless
+//!   expiries, parking after the attempts; `docs/relays.md` is the guide.
 //! - **Roles**: [`admin::grant`] gives an application role only what it needs ([`Grants::writer`]:
 //!   it cannot write `sequence` or `commit_xid`, nor create partitions), a read-only role
 //!   ([`Grants::reader`]) and an operator ([`Grants::operator`], partitions and retention).
