@@ -6,11 +6,14 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
-use common::TestDb;
 use common::http_responder::{Reply, Responder};
 use common::keyed::{Parcel, publish};
 use common::relays::{config, keys, parcels, relayed};
+use common::subscribers::PATIENCE;
+use common::{TestDb, eventually};
+use ordo::relay::RelayConfig;
 use ordo::relay::http::{WebhookSink, verify_signature};
 use ordo::{Outbox, OutboxConfig};
 
@@ -69,4 +72,61 @@ async fn an_endpoint_answering_500_then_200_gets_every_event_once_in_key_order()
         }
     }
     assert_eq!(delivered.len(), 50);
+}
+
+/// One recipient's endpoint takes longer than the test's whole patience to answer. With two
+/// sinks (two batches in flight), every other recipient's events arrive meanwhile: the slow one
+/// holds only the batch it is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_recipient_holds_one_batch_while_the_others_are_delivered() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let slow = Responder::start(vec![Reply::status(200).after(PATIENCE * 2)]).await;
+    let fast = Responder::start(Vec::new()).await;
+    let sink = || {
+        let (slow, fast) = (slow.url("/slow"), fast.url("/fast"));
+        WebhookSink::builder(fast.clone(), SECRET)
+            .route(move |message| {
+                if message.key.as_deref() == Some("slow") {
+                    slow.clone()
+                } else {
+                    fast.clone()
+                }
+            })
+            .timeout(PATIENCE * 3)
+            .build()
+            .expect("sink")
+    };
+    let config = RelayConfig::new("to-webhooks")
+        .batch_size(10)
+        .per_event_budget(PATIENCE / 3)
+        .batch_deadline(PATIENCE * 4)
+        .lease(PATIENCE * 10)
+        .backoff(Duration::from_millis(5), Duration::from_millis(50));
+    let relay = outbox
+        .relay_with_sinks(config, vec![sink(), sink()], keys)
+        .await
+        .expect("relay");
+    publish(&outbox, [Parcel::new(0, &["slow"])]).await;
+    assert!(eventually(PATIENCE, || async { slow.requests().len() == 1 }).await);
+    publish(
+        &outbox,
+        (1..=40).map(|id| Parcel::new(id, &[&format!("k{}", id % 5)])),
+    )
+    .await;
+    let others = eventually(PATIENCE, || async { fast.requests().len() >= 40 }).await;
+    assert!(
+        others,
+        "{} of 40 other events arrived while one recipient was slow",
+        fast.requests().len()
+    );
+    assert_eq!(
+        slow.requests().len(),
+        1,
+        "the slow recipient got its next event before answering"
+    );
+    // The slow request is still open: the test ends without waiting for it.
+    relay.detach();
 }

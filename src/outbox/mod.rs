@@ -279,7 +279,41 @@ where
             lane: Arc::clone(&self.inner.lane),
             commit: Arc::clone(&self.inner.commit),
         };
-        crate::relay::start::spawn(shared, &self.inner.runners, config, sink, Arc::new(keys)).await
+        crate::relay::start::spawn(
+            shared,
+            &self.inner.runners,
+            config,
+            vec![sink],
+            Arc::new(keys),
+        )
+        .await
+    }
+
+    /// [`relay`](Self::relay) with one batch in flight per sink: a slow receiver (one
+    /// recipient's endpoint taking seconds) holds the batch it is in, while the other sinks
+    /// carry the events of every key it does not hold. The sinks should deliver to the same
+    /// place (e.g. `n` sinks built from one builder's settings); one key's events still leave
+    /// one at a time, in order.
+    ///
+    /// # Errors
+    /// As [`relay`](Self::relay); [`Error::InvalidConfig`] for an empty `sinks`.
+    pub async fn relay_with_sinks<K, F>(
+        &self,
+        config: crate::relay::RelayConfig,
+        sinks: Vec<K>,
+        keys: F,
+    ) -> Result<SubscriptionHandle>
+    where
+        P: serde::Serialize,
+        K: crate::relay::Sink,
+        F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
+    {
+        let shared = subscription::Shared {
+            pool: self.inner.pool.clone(),
+            lane: Arc::clone(&self.inner.lane),
+            commit: Arc::clone(&self.inner.commit),
+        };
+        crate::relay::start::spawn(shared, &self.inner.runners, config, sinks, Arc::new(keys)).await
     }
 
     /// The outbox's state as the database shows it: positions, lag of each lane and each

@@ -1,6 +1,5 @@
-//! One batch of a relay: messages built from the ready events, one send under the batch
-//! deadline, a verdict per event, the marks written by a task of their own, then the schedule
-//! updated.
+//! One batch of a relay: messages built from the ready events (sent by `flight.rs`), a verdict
+//! per event, the marks written by a task of their own, then the schedule updated.
 
 use std::time::Duration;
 
@@ -8,6 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use super::flight::Landed;
 use super::marks::{self, Mark, Marks};
 use super::runner::{Flow, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
@@ -19,9 +19,13 @@ where
     P: Serialize + DeserializeOwned + Send + Sync + 'static,
     K: Sink,
 {
-    /// Sends the ready events (up to the batch size) and records what happened to each; a
-    /// flow when the relay must claim again or stop.
-    pub(super) async fn send_batch(&mut self, work: &mut Work<P>) -> Option<Flow> {
+    /// The next batch: up to the batch size of ready events, as messages. An event that cannot
+    /// be encoded is parked at once (its mark stored here); `Err` when that store says the
+    /// relay must claim again.
+    pub(super) async fn take_batch(
+        &mut self,
+        work: &mut Work<P>,
+    ) -> Result<Option<(Vec<Slot>, Vec<Message>)>, Flow> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
         while slots.len() < self.config.batch_size {
@@ -37,85 +41,40 @@ where
                     messages.push(message);
                 }
                 Err(error) => {
-                    // It will never encode: park it at once.
                     let attempts = entry.attempts + 1;
                     let verdict = Verdict::Failed(SendError::Permanent { message: error });
                     if let Some(flow) = self.record(work, vec![(slot, attempts, verdict)]).await {
-                        return Some(flow);
+                        return Err(flow);
                     }
                 }
             }
         }
-        if slots.is_empty() {
-            return None;
-        }
-        let started = Instant::now();
-        let sent =
-            tokio::time::timeout(self.config.batch_deadline, self.sink.send(&messages)).await;
-        let verdicts = self.verdicts(sent, messages.len(), work);
+        Ok((!slots.is_empty()).then_some((slots, messages)))
+    }
+
+    /// A batch back from its flight: its carrier goes back to the idle ones, its results are
+    /// stored and applied to the schedule.
+    pub(super) async fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) -> Option<Flow> {
+        self.idle.push(landed.carrier);
         let latency =
             metrics::histogram!(m::RELAY_DELIVERY_LATENCY, "relay" => self.config.name.clone());
         let now = chrono::Utc::now();
-        for (message, verdict) in messages.iter().zip(&verdicts) {
+        for (message, verdict) in landed.messages.iter().zip(&landed.verdicts) {
             if matches!(verdict, Verdict::Delivered) {
                 latency
                     .record((now - message.recorded_at).num_milliseconds().max(0) as f64 / 1000.0);
             }
         }
-        tracing::debug!(relay = %self.config.name, events = slots.len(), took = ?started.elapsed(), "batch sent");
-        let results = slots
+        let results = landed
+            .slots
             .into_iter()
-            .zip(verdicts)
+            .zip(landed.verdicts)
             .map(|(slot, verdict)| {
                 let attempts = work.lanes.entry(slot).map_or(0, |entry| entry.attempts);
                 (slot, attempts, verdict)
             })
             .collect();
         self.record(work, results).await
-    }
-
-    /// One verdict per message: the sink's own, or blameless for all when the deadline expired
-    /// or the batch failed as a whole (the sink is then rebuilt before the next send).
-    fn verdicts(
-        &self,
-        sent: Result<super::BatchResult, tokio::time::error::Elapsed>,
-        count: usize,
-        work: &mut Work<P>,
-    ) -> Vec<Verdict> {
-        let blameless = |why: String| {
-            (0..count)
-                .map(|_| Verdict::Blameless(why.clone()))
-                .collect()
-        };
-        match sent {
-            Ok(Ok(results)) if results.len() == count => results
-                .into_iter()
-                .map(|result| match result {
-                    Ok(()) => Verdict::Delivered,
-                    Err(error) => Verdict::Failed(error),
-                })
-                .collect(),
-            Ok(Ok(results)) => {
-                work.sink_broken = true;
-                blameless(format!(
-                    "the sink answered {} results for {count} messages",
-                    results.len()
-                ))
-            }
-            Ok(Err(error)) => {
-                work.sink_broken = true;
-                tracing::warn!(%error, sink = %self.sink.describe(), "the batch failed as a whole; rebuilding the connection");
-                blameless(error.to_string())
-            }
-            Err(_) => {
-                work.sink_broken = true;
-                tracing::warn!(sink = %self.sink.describe(), deadline = ?self.config.batch_deadline, "the batch deadline expired; rebuilding the connection");
-                blameless(format!(
-                    "the batch deadline ({:?}) expired",
-                    self.config.batch_deadline
-                ))
-            }
-        }
     }
 
     /// Writes the marks of `results` (slot, failed attempts so far, verdict) and applies them

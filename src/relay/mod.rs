@@ -25,6 +25,7 @@
 
 mod batch;
 mod config;
+mod flight;
 mod marks;
 mod message;
 mod runner;

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::config::RelayConfig;
+use super::flight::{Carrier, Landed, fly};
 use super::{SendError, Sink};
 use crate::commit_lane::CommitShared;
 use crate::envelope::Envelope;
@@ -39,6 +40,7 @@ use crate::subscription::source::{Item, Source};
 use crate::subscription::sql;
 use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use crate::task::StopSignal;
+use tokio::task::JoinSet;
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -69,7 +71,10 @@ pub(crate) struct RelayRunner<P, K> {
     pub(crate) lane: Arc<LaneShared<P>>,
     pub(crate) commit: Arc<CommitShared>,
     pub(crate) config: RelayConfig,
-    pub(crate) sink: K,
+    /// The sinks not in flight (one per batch that may be in flight at once).
+    pub(crate) idle: Vec<Carrier<K>>,
+    /// The batches in flight, each with its carrier.
+    pub(crate) flights: JoinSet<Landed<K>>,
     pub(crate) keys: KeyFn<P>,
     pub(crate) owner: Uuid,
     pub(crate) stop: StopSignal,
@@ -83,7 +88,6 @@ pub(super) struct Work<P> {
     pub(super) flush_at: Instant,
     pub(super) renew_at: Instant,
     pub(super) retries_at: Instant,
-    pub(super) sink_broken: bool,
     /// The parked events changed since the status last listed them.
     pub(super) stalled_changed: bool,
 }
@@ -169,10 +173,20 @@ where
             flush_at: now + FLUSH_EVERY,
             renew_at: now + self.config.lease / 3,
             retries_at: now,
-            sink_broken: false,
             stalled_changed: true,
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
+        // The batches in flight come back (each is bounded by the deadline): on a stop their
+        // results are stored; otherwise the lease is lost or in doubt, and their events go to
+        // whoever claims next.
+        while let Some(joined) = self.flights.join_next().await {
+            let Ok(landed) = joined else { continue };
+            if matches!(flow, Flow::Stop) {
+                let _ = self.landed(&mut work, landed).await;
+            } else {
+                self.idle.push(landed.carrier);
+            }
+        }
         if matches!(flow, Flow::Stop) {
             let _ = self.flush(&mut work).await;
         }
@@ -188,32 +202,18 @@ where
                 let Some(item) = source.pop() else { break };
                 self.admit(work, item);
             }
-            if work.sink_broken && !work.lanes.has_ready() {
-                // Nothing to send yet: the reset waits for the next batch.
-            } else if work.sink_broken {
-                // A receiver that does not answer must not hang the relay in its reset either.
-                let reset =
-                    tokio::time::timeout(self.config.batch_deadline, self.sink.reset()).await;
-                match reset.unwrap_or_else(|_| {
-                    Err(SendError::transient(
-                        "the reset did not finish within the batch deadline",
-                    ))
-                }) {
-                    Ok(()) => work.sink_broken = false,
-                    Err(error) => {
-                        tracing::warn!(%error, sink = %self.sink.describe(), "rebuilding the sink's connection failed");
-                        if let Flow::Stop = self.pause(ERROR_BACKOFF).await {
-                            return Flow::Stop;
-                        }
-                        continue;
-                    }
-                }
-            }
-            if work.lanes.has_ready() && !work.sink_broken {
-                if let Some(flow) = self.send_batch(work).await {
-                    return flow;
-                }
-                continue;
+            while !self.idle.is_empty() && work.lanes.has_ready() {
+                let (slots, messages) = match self.take_batch(work).await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => break,
+                    Err(flow) => return flow,
+                };
+                let Some(carrier) = self.idle.pop() else {
+                    break;
+                };
+                let (deadline, relay) = (self.config.batch_deadline, self.config.name.clone());
+                self.flights
+                    .spawn(fly(carrier, slots, messages, deadline, relay));
             }
             self.publish_status(work);
             let wake = [
@@ -230,6 +230,13 @@ where
             tokio::select! {
                 biased;
                 _ = self.stop.stopped() => return Flow::Stop,
+                Some(joined) = self.flights.join_next(), if !self.flights.is_empty() => {
+                    // A flight always brings its carrier back; a join error is an abort.
+                    let Ok(landed) = joined else { return Flow::Reclaim };
+                    if let Some(flow) = self.landed(work, landed).await {
+                        return flow;
+                    }
+                }
                 filled = source.fill(), if may_read => match filled {
                     None => return Flow::Stop,
                     Some(Ok(())) => {}

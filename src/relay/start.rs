@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::config::RelayConfig;
+use super::flight::Carrier;
 use super::runner::{KeyFn, RelayRunner};
 use super::{Message, Sink};
 use crate::envelope::Envelope;
@@ -16,12 +17,13 @@ use crate::subscription::shutdown::Runners;
 use crate::subscription::source::Item;
 use crate::subscription::{JobConfig, Shared, SubscriptionHandle};
 
-/// Spawns the relay of `config` delivering to `sink`, ordering by `keys`.
+/// Spawns the relay of `config` delivering through `sinks` (one batch in flight per sink),
+/// ordering by `keys`.
 pub(crate) async fn spawn<P, K>(
     shared: Shared<P>,
     runners: &Runners,
     config: RelayConfig,
-    sink: K,
+    sinks: Vec<K>,
     keys: KeyFn<P>,
 ) -> Result<SubscriptionHandle>
 where
@@ -29,6 +31,9 @@ where
     K: Sink,
 {
     config.validate()?;
+    if sinks.is_empty() {
+        return crate::Error::invalid_config("sinks", "a relay needs at least one sink");
+    }
     // The row, the lease and the shutdown are a subscription's.
     let job = JobConfig::new(config.name.clone())
         .ordering(config.ordering)
@@ -42,7 +47,14 @@ where
             lane,
             commit,
             config,
-            sink,
+            idle: sinks
+                .into_iter()
+                .map(|sink| Carrier {
+                    sink,
+                    broken: false,
+                })
+                .collect(),
+            flights: tokio::task::JoinSet::new(),
             keys,
             owner: run.owner,
             stop: run.stop,
