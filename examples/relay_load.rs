@@ -16,7 +16,8 @@
 //!   relayed as they come; for each, from just before its COMMIT to the stream message's arrival
 //!   at a NATS subscriber (which follows the stream's ack), p50/p99/max.
 //!
-//! Runs alternate: raw, relay, relay, raw; then the latency phase twice.
+//! Runs alternate: raw, relay (one sink), relay x4 (`relay_with_sinks`, four sinks: four batches
+//! in flight), the same backwards; then the latency phase twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,7 +110,7 @@ fn keys(event: &ordo::Envelope<Item>) -> Keys {
     Keys::one(event.payload.key.to_string())
 }
 
-async fn relay(server: &str, nats: &str, events: u64) -> Result<f64> {
+async fn relay(server: &str, nats: &str, events: u64, sinks: usize) -> Result<f64> {
     let scratch = Scratch::create(server).await?;
     let pool = scratch.pool(8).await?;
     sqlx::query(
@@ -125,19 +126,18 @@ async fn relay(server: &str, nats: &str, events: u64) -> Result<f64> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let stream = TestStream::create(nats).await?;
-    let sink = NatsSink::builder(nats)
-        .subject_prefix(&stream.prefix)
-        .build()?;
+    let sinks = (0..sinks)
+        .map(|_| {
+            NatsSink::builder(nats)
+                .subject_prefix(&stream.prefix)
+                .build()
+        })
+        .collect::<ordo::Result<Vec<_>>>()?;
+    let config = RelayConfig::new("load")
+        .batch_size(500)
+        .per_event_budget(Duration::from_millis(10));
     let started = Instant::now();
-    let handle = outbox
-        .relay(
-            RelayConfig::new("load")
-                .batch_size(500)
-                .per_event_budget(Duration::from_millis(10)),
-            sink,
-            keys,
-        )
-        .await?;
+    let handle = outbox.relay_with_sinks(config, sinks, keys).await?;
     let (status, done) = handle
         .wait_for(Duration::from_secs(600), |s| s.position.get() >= events)
         .await;
@@ -213,12 +213,13 @@ async fn main() -> Result<()> {
     let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let events = env("ORDO_EVENTS", 20_000);
     println!("throughput, {events} events, 1,000 keys");
-    for phase in ["raw", "relay", "relay", "raw"] {
+    for phase in ["raw", "relay", "relay x4", "relay x4", "relay", "raw"] {
         let rate = match phase {
             "raw" => raw(&nats, events).await?,
-            _ => relay(&server, &nats, events).await?,
+            "relay" => relay(&server, &nats, events, 1).await?,
+            _ => relay(&server, &nats, events, 4).await?,
         };
-        println!("{phase:>6} {rate:>10.0} events/s");
+        println!("{phase:>9} {rate:>10.0} events/s");
     }
     let (rate, seconds) = (env("ORDO_RATE", 500), env("ORDO_SECONDS", 10));
     for _ in 0..2 {
