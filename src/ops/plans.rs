@@ -27,6 +27,7 @@ use crate::commit_lane::sql as commit;
 use crate::insert_lane::{resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::sql as ops;
+use crate::relay::marks;
 use crate::subscription::keyed::progress as keyed;
 use crate::subscription::sql as sub;
 use crate::write::sql as write;
@@ -176,6 +177,12 @@ const HOT_PATH: &[HotStatement] = &[
         keyed::FLUSH,
         "text, uuid, bigint, bigint, float8",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+    ),
+    s(
+        "relay: delivered marks",
+        marks::DELIVERED,
+        "text, uuid, bigint[]",
+        "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, ARRAY[10, 11, 12]::bigint[]",
     ),
     s(
         "keyed subscription: take retries",

@@ -26,7 +26,7 @@
 mod batch;
 mod config;
 mod flight;
-mod marks;
+pub(crate) mod marks;
 mod message;
 mod runner;
 mod sink;
