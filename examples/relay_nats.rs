@@ -2,7 +2,7 @@
 //! each with its event id as `Nats-Msg-Id`, so the stream drops a repeat.
 //!
 //! ```sh
-//! cargo run --example relay --features nats
+//! cargo run --example relay_nats --features nats
 //! ```
 //! Reads `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) and `NATS_URL`
 //! (default `nats://127.0.0.1:4222`, JetStream on). Creates a stream `ORDO_EXAMPLE_<random>` on
