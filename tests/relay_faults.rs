@@ -1,6 +1,7 @@
-//! A relay against a broker that stops answering (black-holed by a TCP proxy in the test): the
-//! batch deadline expires, the sink's connection is rebuilt, the batch is released without an
-//! attempt counted against its events, and once the broker answers again everything arrives,
+//! A relay against a broker that stops answering (black-holed by a TCP proxy in the test), then
+//! one whose connection is cut: the batch deadline expires or the batch fails as a whole, the
+//! sink's connection is rebuilt, the batch is released without an attempt counted against its
+//! events, and once the broker answers again everything arrives,
 //! exactly once after the stream's deduplication, in order per key. Its own test binary: it
 //! reads the relay's counters through a process-wide metrics recorder.
 #![cfg(all(feature = "nats", feature = "rabbitmq"))]
@@ -21,7 +22,7 @@ use ordo::relay::nats::NatsSink;
 use ordo::{Outbox, OutboxConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_black_holed_broker_costs_no_attempt_and_loses_nothing() {
+async fn a_black_holed_or_cut_broker_costs_no_attempt_and_loses_nothing() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
@@ -74,10 +75,30 @@ async fn a_black_holed_broker_costs_no_attempt_and_loses_nothing() {
     relayed(&relay, &db.pool, 120).await;
     counters.add(&snapshotter);
     assert_eq!(counters.get("ordo_relay_events_total", Some("parked")), 0);
-    assert!(counters.get("ordo_relay_events_total", Some("released")) > 0);
+    let released = counters.get("ordo_relay_events_total", Some("released"));
+    assert!(released > 0);
+
+    // Then the connection is cut (and new ones refused) while events keep coming.
+    proxy.set(Fault::Cut);
+    publish(&outbox, parcels(120, 60)).await;
+    let cut_seen = eventually(PATIENCE, || {
+        counters.add(&snapshotter);
+        let seen = settled(&counters) > released;
+        async move { seen }
+    })
+    .await;
+    assert!(cut_seen, "no batch failed while the connection was cut");
+    proxy.set(Fault::Pass);
+    relayed(&relay, &db.pool, 180).await;
+    counters.add(&snapshotter);
+    assert_eq!(
+        counters.get("ordo_relay_events_total", Some("parked")),
+        0,
+        "a cut connection was blamed on its events"
+    );
     assert_eq!(
         counters.get("ordo_relay_events_total", Some("delivered")),
-        120
+        180
     );
     assert!(relay.status().stalled.is_empty(), "{:?}", relay.status());
     relay.shutdown().await;
