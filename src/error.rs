@@ -303,6 +303,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// An inbox's broker adapter could not set up its side of the broker: connect, find the
+    /// stream or queue, create or bind its consumer. Nothing was received. (Once running, an
+    /// adapter reconnects by itself; this is what it cannot get past at start.)
+    #[error("inbox adapter: {broker} at {at}: {reason}")]
+    Broker {
+        /// `nats` or `rabbitmq`.
+        broker: &'static str,
+        /// The server, its password redacted.
+        at: String,
+        /// What failed, and what to check.
+        reason: String,
+    },
+
     /// No failed message with that id in `ordo.inbox` (of that consumer, when one was named).
     #[error(
         "no failed message {id:?} in ordo.inbox{}: `ordo inbox failed` lists them",

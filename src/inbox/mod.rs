@@ -36,6 +36,28 @@
 //!                   pending   failed ──(replay)──▶ pending
 //!                    (next delivery or run_pending claims it again)
 //! ```
+//!
+//! ## Broker adapters
+//!
+//! [`NatsInbox`] (feature `nats`) consumes a JetStream durable consumer and [`RabbitInbox`]
+//! (feature `rabbitmq`) a queue, each into an inbox, acknowledging the broker only after the
+//! inbox has settled the message:
+//!
+//! | the inbox answered | the adapter |
+//! | --- | --- |
+//! | `Handled`, `Duplicate`, `Failed` (the inbox holds the outcome) | acknowledges |
+//! | `Busy` (another receiver has it) | has it redelivered after [`Redelivery::busy`] |
+//! | `Gap` (watermark mode: an earlier position is missing) | has it redelivered after [`Redelivery::gap`] |
+//! | `Retry` (the handler failed, attempts remain) | has it redelivered after the backoff for that attempt |
+//! | a database error (nothing settled) | has it redelivered after [`Redelivery::busy`] |
+//! | a message the inbox cannot store (no id, a body that is not UTF-8 text, bad ordo headers) | rejects it for good: NATS `TERM`; RabbitMQ dead-letters it to `{queue}.dlq` |
+//!
+//! Messages relayed by another ordo ([`Outbox::relay`](crate::Outbox::relay) with the
+//! matching sink) carry their id, headers and, with
+//! [`RelayConfig::source`](crate::relay::RelayConfig::source) on the commit lane, the source
+//! and dense position that [`InboxMode::Watermark`] needs. For watermark mode the relay must
+//! send in commit order: give every event the same key (`|_| Keys::one("all")`); with per-key
+//! order, messages of different keys overtake each other and wait out `Gap` redeliveries.
 
 mod admin;
 mod config;
@@ -44,7 +66,13 @@ mod message;
 mod purge;
 mod rows;
 mod sql;
+mod transport;
 mod watermark;
+
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +87,12 @@ pub use handler::InboxHandler;
 pub use message::{InboxMessage, Receipt};
 pub use purge::InboxPurger;
 pub(crate) use sql::HOT_PATH;
+pub use transport::Redelivery;
+
+#[cfg(feature = "nats")]
+pub use nats::{NatsInbox, NatsInboxBuilder};
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq::{DEAD_LETTER_EXCHANGE, RabbitInbox, RabbitInboxBuilder};
 
 use crate::envelope::Headers;
 use crate::error::Result;
@@ -132,6 +166,29 @@ impl Inbox {
         };
         self.count(&receipt);
         Ok(receipt)
+    }
+
+    /// The error for a transport message that cannot become an [`InboxMessage`].
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    pub(crate) fn refused(&self, id: Option<&str>, reason: String) -> crate::Error {
+        crate::Error::InvalidInboxMessage {
+            consumer: self.config.consumer.clone(),
+            id: id
+                .unwrap_or_default()
+                .chars()
+                .take(config::MAX_NAME)
+                .collect(),
+            reason,
+        }
+    }
+
+    /// One more `ordo_inbox_receipts_total{receipt="rejected"}`: a message an adapter rejected
+    /// for good because the inbox cannot store it.
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    pub(crate) fn count_rejected(&self) {
+        let consumer = self.config.consumer.clone();
+        metrics::counter!(INBOX_RECEIPTS, "consumer" => consumer, "receipt" => "rejected")
+            .increment(1);
     }
 
     /// One more `ordo_inbox_receipts_total`.

@@ -26,7 +26,7 @@
 //! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted) or `parked` | what each relay send did to an event |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
-//! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed` or `gap` | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
+//! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed`, `gap`, or `rejected` (a broker adapter rejected for good a message the inbox cannot store) | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
 /// The metric `ordo_events_published_total` (see the table above).
 pub const EVENTS_PUBLISHED: &str = "ordo_events_published_total";

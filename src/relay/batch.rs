@@ -35,7 +35,7 @@ where
             let Some(item) = entry.item.as_ref() else {
                 continue;
             };
-            match super::message_of(item, &entry.keys) {
+            match super::message_of(item, &entry.keys, &self.config) {
                 Ok(message) => {
                     slots.push(slot);
                     messages.push(message);

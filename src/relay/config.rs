@@ -38,6 +38,7 @@ pub struct RelayConfig {
     pub(crate) max_backoff: Duration,
     pub(crate) window: usize,
     pub(crate) start: StartFrom,
+    pub(crate) source: Option<String>,
 }
 
 impl RelayConfig {
@@ -56,6 +57,7 @@ impl RelayConfig {
             max_backoff: Duration::from_secs(10),
             window: DEFAULT_KEYED_WINDOW,
             start: StartFrom::Beginning,
+            source: None,
         }
     }
 
@@ -70,6 +72,22 @@ impl RelayConfig {
     /// once its row exists.
     pub fn start(mut self, start: StartFrom) -> Self {
         self.start = start;
+        self
+    }
+
+    /// The name receivers know this database's events by, sent with every message (NATS
+    /// `Ordo-Source`, AMQP `ordo-source`, webhook `Ordo-Source`) next to its lane position.
+    /// On the commit lane the position is dense (1, 2, 3, …), so a receiving
+    /// [`Inbox`](crate::inbox::Inbox) in [`InboxMode::Watermark`](crate::inbox::InboxMode::Watermark)
+    /// can deduplicate by one mark per source instead of a row per message. Pick one name per
+    /// database and keep it: a new name starts a new mark at the receiver. Default: none (no
+    /// header); 1 to 200 bytes.
+    ///
+    /// ```
+    /// let config = ordo::relay::RelayConfig::new("orders-to-nats").source("orders-db");
+    /// ```
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = Some(source.into());
         self
     }
 
@@ -117,6 +135,11 @@ impl RelayConfig {
         let invalid = Error::invalid_config;
         if self.name.is_empty() || self.name.len() > 200 {
             return invalid("RelayConfig::new", "the name must be 1 to 200 characters");
+        }
+        if let Some(source) = &self.source
+            && (source.is_empty() || source.len() > 200 || source.contains('\0'))
+        {
+            return invalid("source", "must be 1 to 200 bytes, without NUL characters");
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return invalid("batch_size", "must be 1 to 10,000 events");

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::envelope::Headers;
-use crate::position::EventSequence;
+use crate::position::{EventSequence, Ordering};
 
 /// One event on its way out: what a relay hands a [`Sink`](super::Sink).
 ///
@@ -20,8 +20,13 @@ pub struct Message {
     pub id: Uuid,
     /// Its position in the insert-ordered lane.
     pub sequence: EventSequence,
-    /// Its place on the relay's lane (the relay's own cursor, dense per relay).
+    /// Its position on the relay's [`lane`](Self::lane): a commit sequence (dense: 1, 2, 3, …)
+    /// or an insert-lane sequence (with gaps).
     pub position: u64,
+    /// The lane the relay reads, which says what [`position`](Self::position) is.
+    pub lane: Ordering,
+    /// The sending database's name ([`RelayConfig::source`](super::RelayConfig::source)).
+    pub source: Option<String>,
     /// Its type (`ordo.events.event_type`); `None` is untyped.
     pub event_type: Option<String>,
     /// The ordering key: events of one key are delivered in order. Sinks that partition (a
@@ -36,8 +41,8 @@ pub struct Message {
 }
 
 impl Message {
-    /// A message built by hand, for tests and examples: a fresh id, sequence and position 1,
-    /// untyped, no key, no headers, recorded now. Adjust with the `with_*` methods.
+    /// A message built by hand, for tests and examples: a fresh id, sequence and position 1
+    /// on the commit lane, no source, untyped, no key, no headers, recorded now. Adjust with the `with_*` methods.
     ///
     /// ```
     /// let message = ordo::relay::Message::new(br#"{"order_id": 7}"#.as_slice())
@@ -51,6 +56,8 @@ impl Message {
             id: Uuid::now_v7(),
             sequence: EventSequence::new(1),
             position: 1,
+            lane: Ordering::Commit,
+            source: None,
             event_type: None,
             key: None,
             payload: payload.into(),
@@ -73,6 +80,15 @@ impl Message {
 
     /// The same message at relay-lane `position`.
     pub fn with_position(mut self, position: u64) -> Self {
+        self.position = position;
+        self
+    }
+
+    /// The same message at `position` on `lane`, sent by `source` (a receiving inbox in
+    /// watermark mode needs all three).
+    pub fn with_origin(mut self, source: Option<&str>, lane: Ordering, position: u64) -> Self {
+        self.source = source.map(str::to_owned);
+        self.lane = lane;
         self.position = position;
         self
     }

@@ -13,6 +13,15 @@
 //! [`subject`](NatsSinkBuilder::subject). The subject must be bound to a stream: a plain NATS
 //! subject with no stream gets no acknowledgement.
 //!
+//! # Headers
+//!
+//! `Nats-Msg-Id` (the event id), `Ordo-Sequence` (insert-lane sequence), `Ordo-Position` and
+//! `Ordo-Lane` (the event's position on the relay's lane: `commit`, dense, or `insert`),
+//! `Ordo-Recorded-At` (RFC 3339), `Content-Type: application/json`, and when present
+//! `Ordo-Source` ([`RelayConfig::source`](super::RelayConfig::source)), `Ordo-Event-Type`,
+//! `Ordo-Key`, `traceparent` and `Ordo-Headers` (the stored header map as JSON). An
+//! [`ordo::inbox::NatsInbox`](crate::inbox::NatsInbox) reads them back.
+//!
 //! # Errors, transient or permanent
 //!
 //! | what happened | [`SendError`] |
@@ -302,6 +311,11 @@ fn headers(message: &Message) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("Nats-Msg-Id", message.id.to_string().as_str());
     headers.insert("Ordo-Sequence", message.sequence.get().to_string().as_str());
+    headers.insert("Ordo-Position", message.position.to_string().as_str());
+    headers.insert("Ordo-Lane", message.lane.as_str());
+    if let Some(source) = &message.source {
+        headers.insert("Ordo-Source", source.as_str());
+    }
     headers.insert(
         "Ordo-Recorded-At",
         message.recorded_at.to_rfc3339().as_str(),

@@ -2,8 +2,10 @@
 //!
 //! Every message is persistent (`delivery_mode` 2), `content_type` `application/json`, with
 //! `message_id` = the event id (the receiver deduplicates on it), `type` = the event type,
-//! `timestamp` = when it was recorded, and the headers `ordo-sequence`, `ordo-key`,
-//! `traceparent` and `ordo-headers` (the stored header map as JSON) when present. Publishes
+//! `timestamp` = when it was recorded, and the headers `ordo-sequence`, `ordo-position` and
+//! `ordo-lane` (the relay's lane and the event's position on it), and when present
+//! `ordo-source` ([`RelayConfig::source`](super::RelayConfig::source)), `ordo-key`,
+//! `traceparent` and `ordo-headers` (the stored header map as JSON). Publishes
 //! are pipelined on one confirm-mode channel: up to
 //! [`pipeline_depth`](RabbitSinkBuilder::pipeline_depth) messages await their confirm at once.
 //!
@@ -334,6 +336,18 @@ fn properties(message: &Message) -> BasicProperties {
     let mut headers = FieldTable::default();
     let sequence = i64::try_from(message.sequence.get()).unwrap_or(i64::MAX);
     headers.insert("ordo-sequence".into(), AMQPValue::LongLongInt(sequence));
+    let position = i64::try_from(message.position).unwrap_or(i64::MAX);
+    headers.insert("ordo-position".into(), AMQPValue::LongLongInt(position));
+    headers.insert(
+        "ordo-lane".into(),
+        AMQPValue::LongString(message.lane.as_str().into()),
+    );
+    if let Some(source) = &message.source {
+        headers.insert(
+            "ordo-source".into(),
+            AMQPValue::LongString(source.as_str().into()),
+        );
+    }
     if let Some(key) = &message.key {
         headers.insert(
             "ordo-key".into(),

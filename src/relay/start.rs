@@ -65,10 +65,12 @@ where
     .await
 }
 
-/// The message for `item`: its payload as JSON text, its first key as the message's key.
+/// The message for `item`: its payload as JSON text, its first key as the message's key, its
+/// origin as `config` states it.
 pub(crate) fn message_of<P: Serialize>(
     item: &Item<P>,
     keys: &Keys,
+    config: &RelayConfig,
 ) -> std::result::Result<Message, String> {
     let event: &Arc<Envelope<P>> = match &item.event {
         Ok(event) => event,
@@ -88,7 +90,11 @@ pub(crate) fn message_of<P: Serialize>(
     Ok(Message::new(payload)
         .with_id(event.id)
         .with_sequence(event.sequence)
-        .with_position(item.position.get())
+        .with_origin(
+            config.source.as_deref(),
+            config.ordering,
+            item.position.get(),
+        )
         .with_event_type(event.event_type.as_deref())
         .with_key(keys.iter().next())
         .with_headers(event.headers.clone())

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicGetOptions, BasicPublishOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 pub const NATS_ADDR: &str = "127.0.0.1:4222";
 pub const RABBIT_ADDR: &str = "127.0.0.1:5672";
@@ -56,6 +56,11 @@ pub struct TestStream {
 
 impl TestStream {
     pub async fn new() -> TestStream {
+        TestStream::with_duplicate_window(Duration::from_secs(120)).await
+    }
+
+    /// A stream whose publish-side dedup forgets a message id after `window`.
+    pub async fn with_duplicate_window(window: Duration) -> TestStream {
         let client = async_nats::connect(NATS_ADDR)
             .await
             .expect("NATS at 127.0.0.1:4222 (.ci/run starts it)");
@@ -66,7 +71,7 @@ impl TestStream {
             .create_stream(stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{prefix}.>")],
-                duplicate_window: Duration::from_secs(120),
+                duplicate_window: window,
                 ..Default::default()
             })
             .await
@@ -76,6 +81,34 @@ impl TestStream {
             prefix,
             jetstream,
         }
+    }
+
+    /// Publishes `payload` on `{prefix}.{subject}` with `headers`, awaiting the stream's ack.
+    pub async fn publish(&self, subject: &str, headers: &[(&str, &str)], payload: &str) {
+        let mut map = async_nats::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, *value);
+        }
+        self.jetstream
+            .publish_with_headers(
+                format!("{}.{subject}", self.prefix),
+                map,
+                payload.to_owned().into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("the stream's ack");
+    }
+
+    /// The info of the stream's consumer `durable`, once it exists.
+    pub async fn consumer_info(&self, durable: &str) -> Option<jetstream::consumer::Info> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the test stream");
+        stream.consumer_info(durable).await.ok()
     }
 
     /// How many messages the stream holds.
@@ -206,6 +239,130 @@ impl Drop for TestQueue {
                 let _ = channel
                     .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                     .await;
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+            let _ = connection.close(200, "test done".into()).await;
+        });
+    }
+}
+
+/// Names for an inbox adapter's queue (which the adapter declares, with its dead-letter queue)
+/// and a topic exchange (declared here) that tests publish to; all deleted when dropped.
+pub struct InboxQueue {
+    pub exchange: String,
+    pub queue: String,
+    _connection: Connection,
+    channel: Channel,
+}
+
+impl InboxQueue {
+    pub async fn new() -> InboxQueue {
+        let connection = Connection::connect(
+            &amqp_uri(addr(RABBIT_ADDR)),
+            ConnectionProperties::default(),
+        )
+        .await
+        .expect("RabbitMQ at 127.0.0.1:5672 (.ci/run starts it)");
+        let channel = connection.create_channel().await.expect("a channel");
+        let exchange = unique("exchange");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the test exchange");
+        InboxQueue {
+            exchange,
+            queue: unique("inbox"),
+            _connection: connection,
+            channel,
+        }
+    }
+
+    /// Publishes `payload` to the exchange with routing key `key`, message id `id` (none:
+    /// without one) and `headers` (string values).
+    pub async fn publish(
+        &self,
+        key: &str,
+        id: Option<&str>,
+        headers: &[(&str, &str)],
+        payload: &str,
+    ) {
+        let mut table = FieldTable::default();
+        for (name, value) in headers {
+            table.insert((*name).into(), AMQPValue::LongString((*value).into()));
+        }
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(table);
+        if let Some(id) = id {
+            properties = properties.with_message_id(id.into());
+        }
+        self.channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                payload.as_bytes(),
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("published");
+    }
+
+    /// Ready messages in `queue` (not counting those delivered and not yet acknowledged).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        self.channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .expect("the queue exists")
+            .message_count()
+    }
+
+    /// Takes every message in `queue` (auto-acknowledged).
+    pub async fn drain(&self, queue: &str) -> Vec<lapin::message::Delivery> {
+        let mut deliveries = Vec::new();
+        while let Some(message) = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            deliveries.push(message.delivery);
+        }
+        deliveries
+    }
+}
+
+impl Drop for InboxQueue {
+    fn drop(&mut self) {
+        let (exchange, queue) = (self.exchange.clone(), self.queue.clone());
+        clean_up_from_drop(async move {
+            let Ok(connection) = Connection::connect(
+                &amqp_uri(addr(RABBIT_ADDR)),
+                ConnectionProperties::default(),
+            )
+            .await
+            else {
+                return;
+            };
+            if let Ok(channel) = connection.create_channel().await {
+                for queue in [queue.clone(), format!("{queue}.dlq")] {
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
                 let _ = channel
                     .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
                     .await;

@@ -10,6 +10,8 @@
 //! | `Ordo-Event-Id` | the event id (UUID): deduplicate on it, a redelivery carries the same |
 //! | `Ordo-Event-Type` | the event type (absent when untyped) |
 //! | `Ordo-Sequence` | the event's insert-lane sequence |
+//! | `Ordo-Position`, `Ordo-Lane` | the event's position on the relay's lane (`commit`: dense, 1, 2, 3, …; `insert`) |
+//! | `Ordo-Source` | the sending database's name ([`RelayConfig::source`](crate::relay::RelayConfig::source); absent when not set) |
 //! | `Ordo-Key` | the ordering key (absent without one) |
 //! | `Ordo-Timestamp` | when this request was signed, Unix seconds |
 //! | `Ordo-Signature` | lowercase hex HMAC-SHA256 of `"{Ordo-Timestamp}.{body}"` keyed with the secret |
@@ -254,12 +256,15 @@ impl WebhookSink {
             .header(CONTENT_TYPE, "application/json")
             .header("Ordo-Event-Id", message.id.to_string())
             .header("Ordo-Sequence", message.sequence.get().to_string())
+            .header("Ordo-Position", message.position.to_string())
+            .header("Ordo-Lane", message.lane.as_str())
             .header("Ordo-Timestamp", timestamp)
             .header("Ordo-Signature", signature);
         // Optional headers whose text a header cannot carry are left out rather than failing.
         let optional = [
             ("Ordo-Event-Type", message.event_type.as_deref()),
             ("Ordo-Key", message.key.as_deref()),
+            ("Ordo-Source", message.source.as_deref()),
             ("traceparent", message.traceparent()),
         ];
         for (name, value) in optional {

@@ -1,0 +1,355 @@
+//! [`NatsInbox`]: consume a NATS JetStream durable consumer into an [`Inbox`].
+//!
+//! Each message goes through [`Inbox::receive`]; the adapter acknowledges it to JetStream only
+//! after the inbox transaction has committed (or the inbox already held its outcome). A
+//! process that dies between the commit and the ack has the message redelivered after the
+//! consumer's [`ack_wait`](NatsInboxBuilder::ack_wait); the inbox answers `Duplicate` and the
+//! adapter acknowledges it then. What the adapter does for each answer is in the
+//! [inbox module docs](super#broker-adapters).
+//!
+//! # The message
+//!
+//! | JetStream | [`InboxMessage`](super::InboxMessage) |
+//! | --- | --- |
+//! | header `Nats-Msg-Id` | `id` (required: a message without it is terminated, `TERM`) |
+//! | the body (UTF-8 text) | `payload` |
+//! | header `Ordo-Headers` (a JSON object) | `headers` |
+//! | headers `Ordo-Source`, `Ordo-Position` (and `Ordo-Lane` `commit`, or none) | `source`, `position`, for [`InboxMode::Watermark`](super::InboxMode::Watermark) |
+//!
+//! An ordo relay with a [`NatsSink`](crate::relay::nats::NatsSink) sets all of them; set
+//! [`RelayConfig::source`](crate::relay::RelayConfig::source) for watermark mode.
+//!
+//! # The consumer
+//!
+//! The adapter creates (or updates) the durable pull consumer on the stream with explicit
+//! acks, its `ack_wait`, `max_ack_pending` and subject filter, and no delivery limit: the
+//! inbox counts attempts and keeps the dead letters. Any number of adapters (tasks, processes)
+//! may share one durable consumer: JetStream spreads the messages, and the inbox runs a
+//! message redelivered to a second adapter while the first still handles it only once.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+
+use super::Inbox;
+use super::handler::InboxHandler;
+use super::transport::{Parts, Redelivery, Settle, settle};
+use crate::error::{Error, Result};
+use crate::relay::redact_url;
+
+/// How long the adapter waits before opening the message stream again after it failed.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
+/// The settings of a [`NatsInbox`]: start with [`NatsInbox::builder`].
+#[must_use]
+#[derive(Clone)]
+pub struct NatsInboxBuilder {
+    url: String,
+    stream: String,
+    durable: String,
+    filter_subject: Option<String>,
+    ack_wait: Duration,
+    max_ack_pending: i64,
+    connect_timeout: Duration,
+    redelivery: Redelivery,
+}
+
+impl fmt::Debug for NatsInboxBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsInboxBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("stream", &self.stream)
+            .field("durable", &self.durable)
+            .field("filter_subject", &self.filter_subject)
+            .field("ack_wait", &self.ack_wait)
+            .field("max_ack_pending", &self.max_ack_pending)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("redelivery", &self.redelivery)
+            .finish()
+    }
+}
+
+impl NatsInboxBuilder {
+    /// Only messages on subjects matching `subject` (wildcards allowed). Default: the whole
+    /// stream.
+    pub fn filter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.filter_subject = Some(subject.into());
+        self
+    }
+
+    /// How long JetStream waits for an ack before it delivers a message again (to this adapter
+    /// or another). Longer than the slowest handler, or a slow message is redelivered while it
+    /// runs (the inbox answers that redelivery `Busy`). Default 30 s; at least 1 s.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// How many messages may be delivered and not yet acknowledged at once (JetStream's
+    /// `max_ack_pending`), the redeliveries waiting out a delay included. Default 1,000; at
+    /// least 1.
+    pub fn max_ack_pending(mut self, max: i64) -> Self {
+        self.max_ack_pending = max;
+        self
+    }
+
+    /// How long to wait for the server when connecting. Default 5 s; not zero.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// When messages the inbox did not settle are delivered again. Default
+    /// [`Redelivery::default`].
+    pub fn redelivery(mut self, redelivery: Redelivery) -> Self {
+        self.redelivery = redelivery;
+        self
+    }
+
+    /// Checks the settings and returns the adapter; it connects in [`NatsInbox::run`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the setting: an empty URL, a stream or durable name
+    /// JetStream does not accept, an `ack_wait` under 1 s, a zero `max_ack_pending` or
+    /// `connect_timeout`, a zero redelivery delay.
+    pub fn build(self) -> Result<NatsInbox> {
+        if self.url.trim().is_empty() {
+            return Error::invalid_config(
+                "NatsInbox url",
+                "is empty; pass e.g. nats://127.0.0.1:4222",
+            );
+        }
+        for (setting, name) in [
+            ("NatsInbox stream", &self.stream),
+            ("NatsInbox durable", &self.durable),
+        ] {
+            let bad = name.is_empty()
+                || name
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'));
+            if bad {
+                return Err(Error::InvalidConfig {
+                    setting,
+                    reason: format!(
+                        "{name:?} is not a JetStream name: non-empty, without spaces, '.', '*', '>', '/' or '\\'"
+                    ),
+                });
+            }
+        }
+        if self.ack_wait < Duration::from_secs(1) {
+            return Error::invalid_config("NatsInbox ack_wait", "must be at least 1 second");
+        }
+        if self.max_ack_pending < 1 {
+            return Error::invalid_config("NatsInbox max_ack_pending", "must be at least 1");
+        }
+        if self.connect_timeout.is_zero() {
+            return Error::invalid_config("NatsInbox connect_timeout", "must be more than zero");
+        }
+        self.redelivery.validate("NatsInbox redelivery")?;
+        Ok(NatsInbox { settings: self })
+    }
+}
+
+/// Consumes a JetStream durable consumer into an [`Inbox`] (see the [module docs](self)).
+///
+/// ```no_run
+/// # async fn run(inbox: ordo::inbox::Inbox, handler: impl ordo::inbox::InboxHandler) -> ordo::Result<()> {
+/// use std::time::Duration;
+/// use ordo::inbox::NatsInbox;
+///
+/// let adapter = NatsInbox::builder("nats://127.0.0.1:4222", "ORDERS", "billing")
+///     .filter_subject("orders.>")
+///     .ack_wait(Duration::from_secs(30))
+///     .build()?;
+/// // Runs until ctrl-c; each message acknowledged once the inbox has settled it.
+/// adapter
+///     .run(&inbox, &handler, async {
+///         let _ = tokio::signal::ctrl_c().await;
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct NatsInbox {
+    settings: NatsInboxBuilder,
+}
+
+impl NatsInbox {
+    /// An adapter for the durable consumer `durable` of stream `stream` on the server at `url`.
+    pub fn builder(
+        url: impl Into<String>,
+        stream: impl Into<String>,
+        durable: impl Into<String>,
+    ) -> NatsInboxBuilder {
+        NatsInboxBuilder {
+            url: url.into(),
+            stream: stream.into(),
+            durable: durable.into(),
+            filter_subject: None,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 1_000,
+            connect_timeout: Duration::from_secs(5),
+            redelivery: Redelivery::default(),
+        }
+    }
+
+    /// Receives messages into `inbox`, handled by `handler`, one at a time, until `shutdown`
+    /// completes; then finishes the message in hand, flushes its acks and returns. Lost
+    /// connections and failed pulls are logged and retried; they do not end the run.
+    ///
+    /// # Errors
+    /// [`Error::Broker`] when the start fails: the server cannot be reached, the stream does
+    /// not exist, the consumer cannot be created (e.g. a push consumer of that name exists).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is a crash: the message in hand is rolled back or, if its inbox
+    /// transaction committed, redelivered after `ack_wait` and answered `Duplicate`.
+    pub async fn run<H: InboxHandler>(
+        &self,
+        inbox: &Inbox,
+        handler: &H,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<()> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(self.settings.connect_timeout)
+            .connect(self.settings.url.as_str())
+            .await
+            .map_err(|error| self.broker(format!("cannot connect: {error}")))?;
+        let consumer = self.consumer(&client).await?;
+        tracing::info!(
+            consumer = inbox.config().consumer(),
+            stream = self.settings.stream,
+            durable = self.settings.durable,
+            "inbox adapter consuming from NATS JetStream"
+        );
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut consumer = Some(consumer);
+        loop {
+            let opened = match &consumer {
+                Some(consumer) => consumer.messages().await.map_err(|e| e.to_string()),
+                None => Err("the consumer is not there".to_owned()),
+            };
+            match opened {
+                Ok(mut messages) => loop {
+                    let next = tokio::select! {
+                        () = &mut shutdown => return self.stop(&client).await,
+                        next = messages.next() => next,
+                    };
+                    match next {
+                        Some(Ok(message)) => self.deliver(inbox, handler, message).await,
+                        Some(Err(error)) => {
+                            tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: pulling failed; opening again");
+                            break;
+                        }
+                        None => break,
+                    }
+                },
+                Err(error) => {
+                    tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: cannot open the message stream; trying again");
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return self.stop(&client).await,
+                () = tokio::time::sleep(REOPEN_AFTER) => {}
+            }
+            // The consumer may have been deleted, or the stream moved: set it up again.
+            consumer = self.consumer(&client).await.ok();
+        }
+    }
+
+    /// The durable pull consumer, created or updated to these settings.
+    async fn consumer(&self, client: &async_nats::Client) -> Result<PullConsumer> {
+        let settings = &self.settings;
+        let jetstream = jetstream::new(client.clone());
+        let stream = jetstream
+            .get_stream(&settings.stream)
+            .await
+            .map_err(|error| self.broker(format!("stream {:?}: {error}", settings.stream)))?;
+        let config = pull::Config {
+            durable_name: Some(settings.durable.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_ack_pending: settings.max_ack_pending,
+            max_deliver: -1,
+            filter_subject: settings.filter_subject.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        stream.create_consumer(config).await.map_err(|error| {
+            self.broker(format!(
+                "creating durable consumer {:?} on stream {:?}: {error}",
+                settings.durable, settings.stream
+            ))
+        })
+    }
+
+    /// One message through the inbox, then its ack, delayed nak or termination.
+    async fn deliver<H: InboxHandler>(
+        &self,
+        inbox: &Inbox,
+        handler: &H,
+        message: jetstream::Message,
+    ) {
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get(name))
+                .map(|value| value.as_str())
+        };
+        let parts = Parts {
+            id: header("Nats-Msg-Id"),
+            payload: &message.payload,
+            headers: header("Ordo-Headers"),
+            source: header("Ordo-Source"),
+            position: header("Ordo-Position"),
+            lane: header("Ordo-Lane"),
+        };
+        let result = match parts.message("Nats-Msg-Id") {
+            Ok(inbox_message) => inbox.receive(&inbox_message, handler).await,
+            Err(reason) => Err(inbox.refused(parts.id, reason)),
+        };
+        let acked = match settle(&result, &self.settings.redelivery) {
+            Settle::Ack => message.ack().await,
+            Settle::Redeliver(delay) => {
+                if let Err(error) = &result {
+                    tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the inbox failed; the message will be redelivered");
+                }
+                message.ack_with(AckKind::Nak(Some(delay))).await
+            }
+            Settle::Reject(reason) => {
+                inbox.count_rejected();
+                tracing::warn!(
+                    durable = self.settings.durable,
+                    subject = message.subject.as_str(),
+                    reason,
+                    "NATS inbox adapter: a message the inbox cannot store is terminated"
+                );
+                message.ack_with(AckKind::Term).await
+            }
+        };
+        if let Err(error) = acked {
+            // The message comes back after ack_wait, and the inbox answers it from its record.
+            tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the ack was not sent");
+        }
+    }
+
+    /// A clean stop: the acks written so far reach the server before the connection goes.
+    async fn stop(&self, client: &async_nats::Client) -> Result<()> {
+        if let Err(error) = client.flush().await {
+            tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the last acks may not have been sent; those messages come back as duplicates");
+        }
+        Ok(())
+    }
+
+    fn broker(&self, reason: String) -> Error {
+        Error::Broker {
+            broker: "nats",
+            at: redact_url(&self.settings.url),
+            reason,
+        }
+    }
+}

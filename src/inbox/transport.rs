@@ -1,0 +1,289 @@
+//! What the broker adapters share: how a broker message becomes an [`InboxMessage`], and what
+//! the adapter tells the broker once the inbox has answered.
+//!
+//! | the inbox answered | the adapter |
+//! | --- | --- |
+//! | `Handled`, `Duplicate`, `Failed` (the inbox holds the outcome) | acknowledges |
+//! | `Busy` (another receiver has it) | has it redelivered after [`Redelivery::busy`] |
+//! | `Gap` (watermark mode, an earlier position is missing) | has it redelivered after [`Redelivery::gap`] |
+//! | `Retry` (the handler failed, attempts remain) | has it redelivered after the backoff for that attempt |
+//! | a database error (nothing settled) | has it redelivered after [`Redelivery::busy`] |
+//! | a message the inbox cannot store (no id, a payload that is not UTF-8 text, bad ordo headers) | rejects it for good: NATS `TERM`, RabbitMQ dead-letters it |
+
+use std::time::Duration;
+
+use super::message::{InboxMessage, Receipt};
+use crate::envelope::Headers;
+use crate::error::{Error, Result};
+use crate::position::Ordering;
+
+/// When an adapter has a message it did not settle delivered again: by a delayed NATS `NAK`,
+/// or a RabbitMQ `nack` with requeue after the delay.
+///
+/// ```
+/// use std::time::Duration;
+/// use ordo::inbox::Redelivery;
+///
+/// let redelivery = Redelivery::default()
+///     .busy(Duration::from_millis(500))
+///     .retry_backoff(Duration::from_secs(1), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redelivery {
+    busy: Duration,
+    gap: Duration,
+    retry_initial: Duration,
+    retry_max: Duration,
+}
+
+impl Default for Redelivery {
+    /// Busy and gap 1 s; retries from 1 s doubling to 60 s.
+    fn default() -> Self {
+        Self {
+            busy: Duration::from_secs(1),
+            gap: Duration::from_secs(1),
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Redelivery {
+    /// The delay for a message another receiver is handling now (and for one the inbox could
+    /// not answer because the database failed). Default 1 s.
+    pub fn busy(mut self, delay: Duration) -> Self {
+        self.busy = delay;
+        self
+    }
+
+    /// The delay for a watermark-mode message that arrived before an earlier one. Default 1 s.
+    pub fn gap(mut self, delay: Duration) -> Self {
+        self.gap = delay;
+        self
+    }
+
+    /// The delay after a failed attempt: `initial` after the first, doubling to `max`.
+    /// Default 1 s to 60 s.
+    pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.retry_initial = initial;
+        self.retry_max = max;
+        self
+    }
+
+    /// The delay after failed attempt number `attempts` (1 for the first).
+    fn after_attempt(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(31);
+        self.retry_initial
+            .saturating_mul(1 << doublings)
+            .min(self.retry_max)
+    }
+
+    pub(crate) fn validate(&self, adapter: &'static str) -> Result<()> {
+        let zero = [
+            ("busy", self.busy),
+            ("gap", self.gap),
+            ("retry_backoff", self.retry_initial),
+        ]
+        .into_iter()
+        .find(|(_, delay)| delay.is_zero());
+        if let Some((setting, _)) = zero {
+            return Err(Error::InvalidConfig {
+                setting: adapter,
+                reason: format!(
+                    "Redelivery::{setting} must be more than zero: a zero delay redelivers in a busy loop"
+                ),
+            });
+        }
+        if self.retry_initial > self.retry_max {
+            return Err(Error::InvalidConfig {
+                setting: adapter,
+                reason: "Redelivery::retry_backoff: the initial delay must not exceed the maximum"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the adapter tells the broker about one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// The inbox holds the outcome: acknowledge.
+    Ack,
+    /// Deliver it again after this long.
+    Redeliver(Duration),
+    /// It can never be stored: reject it for good (dead-letter), for this reason.
+    Reject(String),
+}
+
+/// The broker's answer for the inbox's `result`.
+pub(crate) fn settle(result: &Result<Receipt>, redelivery: &Redelivery) -> Settle {
+    match result {
+        Ok(receipt) if receipt.settled() => Settle::Ack,
+        Ok(Receipt::Retry { attempts, .. }) => {
+            Settle::Redeliver(redelivery.after_attempt(*attempts))
+        }
+        Ok(Receipt::Gap { .. }) => Settle::Redeliver(redelivery.gap),
+        Ok(_) => Settle::Redeliver(redelivery.busy),
+        Err(Error::InvalidInboxMessage { reason, .. }) => Settle::Reject(reason.clone()),
+        Err(_) => Settle::Redeliver(redelivery.busy),
+    }
+}
+
+/// The parts of a broker message the inbox reads, as the adapter found them.
+#[derive(Debug, Default)]
+pub(crate) struct Parts<'a> {
+    /// The message id (`Nats-Msg-Id`, AMQP `message_id`).
+    pub id: Option<&'a str>,
+    pub payload: &'a [u8],
+    /// `Ordo-Headers`: the stored header map as JSON.
+    pub headers: Option<&'a str>,
+    /// `Ordo-Source`.
+    pub source: Option<&'a str>,
+    /// `Ordo-Position`.
+    pub position: Option<&'a str>,
+    /// `Ordo-Lane`.
+    pub lane: Option<&'a str>,
+}
+
+impl Parts<'_> {
+    /// The inbox message, or why the message cannot be one (it is rejected for good).
+    ///
+    /// The source and position are taken only from a commit-lane relay (or a sender that names
+    /// no lane): an insert-lane position has gaps, which a watermark would wait on for ever.
+    pub(crate) fn message(&self, id_header: &str) -> std::result::Result<InboxMessage, String> {
+        let id = self.id.filter(|id| !id.is_empty()).ok_or_else(|| {
+            format!("the message has no id ({id_header}): nothing to deduplicate on")
+        })?;
+        let payload = std::str::from_utf8(self.payload)
+            .map_err(|_| "the payload is not UTF-8 text".to_owned())?;
+        let mut message = InboxMessage::new(id, payload);
+        if let Some(json) = self.headers {
+            let headers: Headers = serde_json::from_str(json).map_err(|error| {
+                format!("the Ordo-Headers header is not a JSON object: {error}")
+            })?;
+            message = message.with_headers(headers);
+        }
+        let lane = match self.lane {
+            None => None,
+            Some(lane) if lane == Ordering::Commit.as_str() => Some(Ordering::Commit),
+            Some(lane) if lane == Ordering::Insert.as_str() => Some(Ordering::Insert),
+            Some(lane) => return Err(format!("Ordo-Lane {lane:?} is neither commit nor insert")),
+        };
+        let position = match self.position {
+            None => None,
+            Some(text) => Some(
+                text.parse::<u64>()
+                    .map_err(|_| format!("Ordo-Position {text:?} is not a position"))?,
+            ),
+        };
+        if let (Some(source), Some(position)) = (self.source, position)
+            && lane != Some(Ordering::Insert)
+        {
+            message = message.with_source(source, position);
+        }
+        Ok(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settled_receipts_are_acknowledged_and_others_redelivered() {
+        let delays = Redelivery::default()
+            .busy(Duration::from_millis(10))
+            .gap(Duration::from_millis(20))
+            .retry_backoff(Duration::from_millis(100), Duration::from_millis(350));
+        assert_eq!(settle(&Ok(Receipt::Handled), &delays), Settle::Ack);
+        assert_eq!(settle(&Ok(Receipt::Duplicate), &delays), Settle::Ack);
+        let failed = Receipt::Failed {
+            attempts: 3,
+            error: "no".into(),
+        };
+        assert_eq!(settle(&Ok(failed), &delays), Settle::Ack);
+        let ms = Duration::from_millis;
+        assert_eq!(
+            settle(&Ok(Receipt::Busy), &delays),
+            Settle::Redeliver(ms(10))
+        );
+        assert_eq!(
+            settle(&Ok(Receipt::Gap { expected: 4 }), &delays),
+            Settle::Redeliver(ms(20))
+        );
+        let retry = |attempts| Receipt::Retry {
+            attempts,
+            error: "no".into(),
+        };
+        assert_eq!(settle(&Ok(retry(1)), &delays), Settle::Redeliver(ms(100)));
+        assert_eq!(settle(&Ok(retry(2)), &delays), Settle::Redeliver(ms(200)));
+        assert_eq!(settle(&Ok(retry(9)), &delays), Settle::Redeliver(ms(350)));
+        let refused = Error::InvalidInboxMessage {
+            consumer: "c".into(),
+            id: "m".into(),
+            reason: "bad".into(),
+        };
+        assert_eq!(settle(&Err(refused), &delays), Settle::Reject("bad".into()));
+        assert_eq!(
+            settle(&Err(Error::Shutdown), &delays),
+            Settle::Redeliver(ms(10))
+        );
+    }
+
+    #[test]
+    fn ordo_headers_map_to_an_inbox_message() {
+        let parts = Parts {
+            id: Some("e-1"),
+            payload: br#"{"n":1}"#,
+            headers: Some(r#"{"traceparent":"00-abc"}"#),
+            source: Some("orders-db"),
+            position: Some("42"),
+            lane: Some("commit"),
+        };
+        let message = parts.message("Nats-Msg-Id").expect("a message");
+        assert_eq!(message.id, "e-1");
+        assert_eq!(message.payload, r#"{"n":1}"#);
+        assert_eq!(message.source.as_deref(), Some("orders-db"));
+        assert_eq!(message.position, Some(42));
+        assert!(message.headers.contains_key("traceparent"));
+
+        let insert_lane = Parts {
+            lane: Some("insert"),
+            ..parts
+        };
+        let message = insert_lane.message("Nats-Msg-Id").expect("a message");
+        assert_eq!(message.position, None, "insert-lane positions have gaps");
+    }
+
+    #[test]
+    fn what_cannot_be_stored_says_why() {
+        let no_id = Parts {
+            payload: b"{}",
+            ..Parts::default()
+        };
+        let why = no_id.message("message_id").expect_err("no id");
+        assert!(why.contains("message_id"), "{why}");
+        let binary = Parts {
+            id: Some("m"),
+            payload: &[0xff, 0xfe],
+            ..Parts::default()
+        };
+        assert!(binary.message("x").is_err());
+        let bad_position = Parts {
+            id: Some("m"),
+            payload: b"{}",
+            source: Some("s"),
+            position: Some("minus one"),
+            ..Parts::default()
+        };
+        assert!(bad_position.message("x").is_err());
+        let bad_headers = Parts {
+            id: Some("m"),
+            payload: b"{}",
+            headers: Some("[1,2]"),
+            ..Parts::default()
+        };
+        assert!(bad_headers.message("x").is_err());
+    }
+}
