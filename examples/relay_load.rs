@@ -17,7 +17,8 @@
 //!   at a NATS subscriber (which follows the stream's ack), p50/p99/max.
 //!
 //! Runs alternate: raw, relay (one sink), relay x4 (`relay_with_sinks`, four sinks: four batches
-//! in flight), the same backwards; then the latency phase twice.
+//! in flight), the same backwards; then the latency phase twice. `ORDO_PHASES` (e.g.
+//! `relay,raw`) picks other throughput runs, `ORDO_LATENCY_ROUNDS` the latency rounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -213,7 +214,9 @@ async fn main() -> Result<()> {
     let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let events = env("ORDO_EVENTS", 20_000);
     println!("throughput, {events} events, 1,000 keys");
-    for phase in ["raw", "relay", "relay x4", "relay x4", "relay", "raw"] {
+    let phases = std::env::var("ORDO_PHASES")
+        .unwrap_or_else(|_| "raw,relay,relay x4,relay x4,relay,raw".into());
+    for phase in phases.split(',').map(str::trim) {
         let rate = match phase {
             "raw" => raw(&nats, events).await?,
             "relay" => relay(&server, &nats, events, 1).await?,
@@ -222,7 +225,7 @@ async fn main() -> Result<()> {
         println!("{phase:>9} {rate:>10.0} events/s");
     }
     let (rate, seconds) = (env("ORDO_RATE", 500), env("ORDO_SECONDS", 10));
-    for _ in 0..2 {
+    for _ in 0..env("ORDO_LATENCY_ROUNDS", 2) {
         let h = latency(&server, &nats, rate, seconds).await?;
         println!(
             "latency at {rate}/s for {seconds} s: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} events)",
