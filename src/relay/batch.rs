@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -20,12 +21,8 @@ where
     K: Sink,
 {
     /// The next batch: up to the batch size of ready events, as messages. An event that cannot
-    /// be encoded is parked at once (its mark stored here); `Err` when that store says the
-    /// relay must claim again.
-    pub(super) async fn take_batch(
-        &mut self,
-        work: &mut Work<P>,
-    ) -> Result<Option<(Vec<Slot>, Vec<Message>)>, Flow> {
+    /// be encoded is parked at once (its mark written like a batch's).
+    pub(super) fn take_batch(&mut self, work: &mut Work<P>) -> Option<(Vec<Slot>, Vec<Message>)> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
         while slots.len() < self.config.batch_size {
@@ -43,18 +40,16 @@ where
                 Err(error) => {
                     let attempts = entry.attempts + 1;
                     let verdict = Verdict::Failed(SendError::Permanent { message: error });
-                    if let Some(flow) = self.record(work, vec![(slot, attempts, verdict)]).await {
-                        return Err(flow);
-                    }
+                    self.record(work, vec![(slot, attempts, verdict)]);
                 }
             }
         }
-        Ok((!slots.is_empty()).then_some((slots, messages)))
+        (!slots.is_empty()).then_some((slots, messages))
     }
 
     /// A batch back from its flight: its carrier goes back to the idle ones, its results are
-    /// stored and applied to the schedule.
-    pub(super) async fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) -> Option<Flow> {
+    /// written (and applied to the schedule once written, in [`Self::written`]).
+    pub(super) fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) {
         self.idle.push(landed.carrier);
         let latency =
             metrics::histogram!(m::RELAY_DELIVERY_LATENCY, "relay" => self.config.name.clone());
@@ -74,17 +69,17 @@ where
                 (slot, attempts, verdict)
             })
             .collect();
-        self.record(work, results).await
+        self.record(work, results);
     }
 
-    /// Writes the marks of `results` (slot, failed attempts so far, verdict) and applies them
-    /// to the schedule. The write runs as a task of its own: it completes even if this relay
-    /// is stopped while it runs.
-    async fn record(
-        &mut self,
-        work: &mut Work<P>,
-        results: Vec<(Slot, u32, Verdict)>,
-    ) -> Option<Flow> {
+    /// Applies `results` (slot, failed attempts so far, verdict) to the schedule and starts
+    /// writing their marks. The write runs as a task of its own, so the relay goes on sending
+    /// meanwhile (the next event of a delivered key goes out as soon as the receiver has the
+    /// one before it: that is all per-key order needs), and a write completes even if this
+    /// relay is stopped or dropped while it runs. The stored watermark waits for the writes:
+    /// [`flush`](Self::flush) finishes them first, and a write that failed makes the relay
+    /// claim again, so nothing it did not store is taken as done.
+    fn record(&mut self, work: &mut Work<P>, results: Vec<(Slot, u32, Verdict)>) {
         let mut to_store = Marks::default();
         let mut plan = Vec::with_capacity(results.len());
         for (slot, attempts, verdict) in results {
@@ -126,22 +121,40 @@ where
             };
             plan.push((slot, step));
         }
-        let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
-        let written = tokio::spawn(async move { writer.write(to_store).await }).await;
-        match written {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
-                tracing::warn!(relay = %self.config.name, "the lease was lost before the results were recorded: they are dropped, and the new owner sends these events again");
-                return Some(Flow::Reclaim);
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, relay = %self.config.name, "recording the results failed; claiming again");
-                return Some(Flow::Reclaim);
-            }
-            Err(_) => return Some(Flow::Reclaim),
-        }
         self.apply(work, plan);
-        None
+        let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
+        self.writes.push(tokio::spawn(async move {
+            Written(writer.write(to_store).await)
+        }));
+    }
+
+    /// Waits for every write of marks started so far; a flow when one says to claim again.
+    pub(super) async fn finish_writes(&mut self) -> Option<Flow> {
+        let mut flow = None;
+        while let Some(joined) = self.writes.next().await {
+            flow = flow.or(self.written(joined));
+        }
+        flow
+    }
+
+    /// A write of marks is done; a flow when it was not stored (the lease was lost, the write
+    /// failed): the relay claims again, and the owner then sends those events again.
+    pub(super) fn written(&self, joined: Result<Written, tokio::task::JoinError>) -> Option<Flow> {
+        let name = &self.config.name;
+        let Ok(Written(stored)) = joined else {
+            return Some(Flow::Reclaim);
+        };
+        match stored {
+            Ok(true) => None,
+            Ok(false) => {
+                tracing::warn!(relay = %name, "the lease was lost before the results were recorded: they are dropped, and the new owner sends these events again");
+                Some(Flow::Reclaim)
+            }
+            Err(error) => {
+                tracing::warn!(%error, relay = %name, "recording the results failed; claiming again");
+                Some(Flow::Reclaim)
+            }
+        }
     }
 
     fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
@@ -176,6 +189,9 @@ where
         }
     }
 }
+
+/// A finished write of marks: whether it was stored (false: the lease fence refused it).
+pub(crate) struct Written(Result<bool, sqlx::Error>);
 
 /// What a verdict does to the schedule once its mark is stored.
 enum Step {

@@ -10,8 +10,10 @@
 //! - **Blameless** (the deadline expired, or the batch failed as a whole): the sink is reset
 //!   and the events are tried again shortly, no attempt counted.
 //!
-//! The results are written by a task of their own, so a relay stopped between the send and the
-//! marks still records what the receiver took; a relay that lost its lease writes nothing (its
+//! The results apply to the schedule at once (a key's next event goes out as soon as the
+//! receiver has the one before it) and are written by a task of their own while the relay goes
+//! on sending; the stored watermark waits for those writes. So a relay stopped between the send
+//! and the marks still records what the receiver took; a relay that lost its lease writes nothing (its
 //! marks are dropped and logged), and the new owner sends those events again (at least once:
 //! the receiver deduplicates by message id).
 
@@ -40,7 +42,12 @@ use crate::subscription::source::{Item, Source};
 use crate::subscription::sql;
 use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use crate::task::StopSignal;
-use tokio::task::JoinSet;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::batch::Written;
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -75,6 +82,9 @@ pub(crate) struct RelayRunner<P, K> {
     pub(crate) idle: Vec<Carrier<K>>,
     /// The batches in flight, each with its carrier.
     pub(crate) flights: JoinSet<Landed<K>>,
+    /// The writes of landed batches' marks, each a task of its own (dropping this set detaches
+    /// them: they complete anyway).
+    pub(crate) writes: FuturesUnordered<JoinHandle<Written>>,
     pub(crate) keys: KeyFn<P>,
     pub(crate) owner: Uuid,
     pub(crate) stop: StopSignal,
@@ -182,12 +192,14 @@ where
         while let Some(joined) = self.flights.join_next().await {
             let Ok(landed) = joined else { continue };
             if matches!(flow, Flow::Stop) {
-                let _ = self.landed(&mut work, landed).await;
+                self.landed(&mut work, landed);
             } else {
                 self.idle.push(landed.carrier);
             }
         }
-        if matches!(flow, Flow::Stop) {
+        // Every write of marks finishes before the next claim or the stop's last flush.
+        let unstored = self.finish_writes().await;
+        if matches!(flow, Flow::Stop) && unstored.is_none() {
             let _ = self.flush(&mut work).await;
         }
         flow
@@ -203,10 +215,8 @@ where
                 self.admit(work, item);
             }
             while !self.idle.is_empty() && work.lanes.has_ready() {
-                let (slots, messages) = match self.take_batch(work).await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) => break,
-                    Err(flow) => return flow,
+                let Some((slots, messages)) = self.take_batch(work) else {
+                    break;
                 };
                 let Some(carrier) = self.idle.pop() else {
                     break;
@@ -233,7 +243,10 @@ where
                 Some(joined) = self.flights.join_next(), if !self.flights.is_empty() => {
                     // A flight always brings its carrier back; a join error is an abort.
                     let Ok(landed) = joined else { return Flow::Reclaim };
-                    if let Some(flow) = self.landed(work, landed).await {
+                    self.landed(work, landed);
+                }
+                Some(joined) = self.writes.next(), if !self.writes.is_empty() => {
+                    if let Some(flow) = self.written(joined) {
                         return flow;
                     }
                 }

@@ -55,6 +55,7 @@ where
                 })
                 .collect(),
             flights: tokio::task::JoinSet::new(),
+            writes: futures::stream::FuturesUnordered::new(),
             keys,
             owner: run.owner,
             stop: run.stop,

@@ -35,6 +35,11 @@ where
 
     /// Stores the watermark and extends the lease; a flow when the row changed under us.
     pub(super) async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        // The watermark passes only what is stored: the marks of every landed batch first (and
+        // their fence refuses rows below a stored watermark, so they must not come after it).
+        if let Some(flow) = self.finish_writes().await {
+            return Some(flow);
+        }
         let c = &self.config;
         let to = Position::new(c.ordering, work.lanes.watermark());
         let flushed =
