@@ -341,3 +341,37 @@ async fn the_scrub_is_never_jit_compiled() {
     .expect("proconfig");
     assert!(settings.iter().any(|s| s == "jit=off"), "{settings:?}");
 }
+
+/// `ordo secrets add|list|remove|scrub`: the operator's way to the same table.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_names_lists_removes_and_scrubs_secret_keys() {
+    let db = TestDb::new().await;
+    let ordo = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .expect("run ordo");
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    ordo(&["secrets", "add", SECRET, "pin"]);
+    ordo(&["secrets", "add", "token", "--type", "Invited"]);
+    let listed = ordo(&["secrets", "list", "--json"]);
+    let listed: Vec<Value> = listed
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("json"))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            json!({"event_type": null, "key": SECRET}),
+            json!({"event_type": null, "key": "pin"}),
+            json!({"event_type": "Invited", "key": "token"}),
+        ]
+    );
+    ordo(&["secrets", "remove", "pin"]);
+    assert_eq!(ordo(&["secrets", "list"]).lines().count(), 2);
+    ordo(&["secrets", "scrub"]);
+}

@@ -47,7 +47,8 @@ pub struct RelayConfig {
 /// `ordo relay requeue`) and **holds the relay's low watermark**: the relay remembers what it
 /// delivered past it (its rows in `ordo.subscription_progress`) and reads on, but no further
 /// than its window (10,000 events past the watermark) until the parked event is requeued and
-/// delivered.
+/// delivered. So it also keeps its [secret payload keys](crate::admin::add_secret_keys): they
+/// are removed only once the watermark passed it.
 ///
 /// ```
 /// use ordo::relay::{OnParked, RelayConfig};
