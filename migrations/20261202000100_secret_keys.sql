@@ -22,9 +22,10 @@
 --    secret keys removed. Adding or changing a secret key sets it back to 0, so a key named late
 --    is removed from the history already passed as well (a row is rewritten only when it holds
 --    a secret key: the walk itself only reads).
--- 5. `ordo.scrub_secrets(max_sequences)`: one bounded step. It returns at once when no secret
---    key is configured (one read of a small table); otherwise it takes the cursor row (SKIP
---    LOCKED: one scrubber at a time, the others return), removes the secret keys from the
+-- 5. `ordo.scrub_secrets(max_sequences, wait)`: one bounded step. It returns at once when no
+--    secret key is configured (one read of a small table); otherwise it takes the cursor row
+--    (one scrubber at a time: the others wait for it with `wait`, as an operator's scrub does,
+--    or return, as the maintainers do), removes the secret keys from the
 --    events in `[cursor, least(cursor + max_sequences, needed_from()))` that hold one, and
 --    moves the cursor there, in one short transaction. SECURITY DEFINER: writers may not UPDATE
 --    `ordo.events`, and this function lets them do nothing else; it computes its own bound, so
@@ -117,7 +118,7 @@ $$;
 COMMENT ON FUNCTION ordo.needed_from() IS
     'ordo: the lowest event sequence the sequencer or any subscription or relay still needs; every event below it was passed by all of them';
 
-CREATE FUNCTION ordo.scrub_secrets(max_sequences BIGINT DEFAULT 1000)
+CREATE FUNCTION ordo.scrub_secrets(max_sequences BIGINT DEFAULT 1000, wait BOOLEAN DEFAULT FALSE)
 RETURNS TABLE (rewritten BIGINT, scrubbed_below BIGINT, caught_up BOOLEAN)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -134,7 +135,11 @@ BEGIN
         RETURN QUERY SELECT 0::BIGINT, NULL::BIGINT, TRUE;
         RETURN;
     END IF;
-    SELECT c.scrubbed_below INTO done_below FROM ordo.secret_scrub AS c FOR UPDATE SKIP LOCKED;
+    IF wait THEN
+        SELECT c.scrubbed_below INTO done_below FROM ordo.secret_scrub AS c FOR UPDATE;
+    ELSE
+        SELECT c.scrubbed_below INTO done_below FROM ordo.secret_scrub AS c FOR UPDATE SKIP LOCKED;
+    END IF;
     IF NOT FOUND THEN
         -- Another scrubber holds the cursor: it does this work.
         RETURN QUERY SELECT 0::BIGINT, NULL::BIGINT, TRUE;
@@ -167,11 +172,11 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION ordo.scrub_secrets(BIGINT) IS
+COMMENT ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) IS
     'ordo: removes the secret keys (ordo.secret_keys) from at most max_sequences stored events that every reader has passed; returns the rows rewritten, the new cursor and whether it caught up';
 
 -- Functions are executable by PUBLIC by default; this one writes as the owner.
-REVOKE ALL ON FUNCTION ordo.scrub_secrets(BIGINT) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ordo.rescrub_secrets() FROM PUBLIC;
 
 -- The roles' grants, whole (see 20261201000900_grants.sql), with:
@@ -234,6 +239,6 @@ BEGIN
     EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.inbox TO %I', grantee);
     EXECUTE format('GRANT INSERT, UPDATE ON ordo.inbox_watermarks TO %I', grantee);
     -- Secrets: removed from passed events through the function only (no UPDATE on events).
-    EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.scrub_secrets(BIGINT) TO %I', grantee);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) TO %I', grantee);
 END
 $$;

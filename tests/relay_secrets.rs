@@ -15,6 +15,7 @@ use common::brokers::{NATS_ADDR, TestStream};
 use common::relays::config;
 use common::subscribers::PATIENCE;
 use common::{TestDb, eventually};
+use ordo::relay::OnParked;
 use ordo::relay::nats::NatsSink;
 use ordo::{Envelope, Keys, Outbox, OutboxConfig};
 use serde_json::{Value, json};
@@ -64,6 +65,17 @@ async fn outbox(db: &TestDb, interval: Duration) -> Outbox<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_keys_are_removed_after_delivery_and_a_parked_event_keeps_them_until_delivered() {
+    parked_event_keeps_its_secrets(OnParked::HoldKeys).await;
+}
+
+/// With `OnParked::Continue` the parked event has left its key's lane, but it still holds the
+/// watermark, and so its secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_keeps_its_secrets_when_its_key_goes_on() {
+    parked_event_keeps_its_secrets(OnParked::Continue).await;
+}
+
+async fn parked_event_keeps_its_secrets(on_parked: OnParked) {
     let db = TestDb::new().await;
     ordo::admin::add_secret_keys(&db.pool, None, &[SECRET])
         .await
@@ -84,7 +96,7 @@ async fn secret_keys_are_removed_after_delivery_and_a_parked_event_keeps_them_un
         .build()
         .expect("sink");
     let relay = outbox
-        .relay(config("mailer"), sink, user)
+        .relay(config("mailer").on_parked(on_parked), sink, user)
         .await
         .expect("relay");
     // 0..4 before carol's event (4), 5..9 after it, on other keys.
@@ -334,7 +346,7 @@ async fn row_versions(pool: &PgPool) -> Vec<String> {
 async fn the_scrub_is_never_jit_compiled() {
     let db = TestDb::new().await;
     let settings: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(proconfig) FROM pg_proc WHERE oid = 'ordo.scrub_secrets(bigint)'::regprocedure",
+        "SELECT unnest(proconfig) FROM pg_proc WHERE oid = 'ordo.scrub_secrets(bigint, boolean)'::regprocedure",
     )
     .fetch_all(&db.pool)
     .await

@@ -190,8 +190,8 @@ const HOT_PATH: &[HotStatement] = &[
     s(
         "maintenance: scrub secrets",
         secrets::SCRUB,
-        "bigint",
-        "1000",
+        "bigint, boolean",
+        "1000, false",
     ),
     s(
         "keyed subscription: take retries",

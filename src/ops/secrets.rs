@@ -21,9 +21,10 @@ use sqlx::{PgPool, Row};
 use crate::error::{Error, Result};
 use crate::task::StopSignal;
 
-/// One step: removes the secret keys from at most `$1` events every reader has passed.
+/// One step: removes the secret keys from at most `$1` events every reader has passed; with
+/// `$2`, waits for another scrubber's step rather than leave the work to it.
 pub(crate) const SCRUB: &str =
-    "SELECT rewritten, scrubbed_below, caught_up FROM ordo.scrub_secrets($1)";
+    "SELECT rewritten, scrubbed_below, caught_up FROM ordo.scrub_secrets($1, $2)";
 
 /// Adds `$2` for type `$1` (NULL: every type); an existing one stays as it is.
 const ADD: &str = r#"
@@ -65,7 +66,7 @@ pub struct ScrubReport {
     /// Stored events whose payload lost secret keys.
     pub rewritten: u64,
     /// Every event below this sequence has had its secret keys removed (`None`: no secret key
-    /// is configured, or another process was scrubbing).
+    /// is configured).
     pub scrubbed_below: Option<u64>,
 }
 
@@ -174,8 +175,8 @@ pub async fn list_secret_keys(pool: &PgPool) -> Result<Vec<SecretKey>> {
 /// short steps of at most 1,000 events each (one transaction each), until it has caught up.
 /// A running [`Outbox`](crate::Outbox) does this by itself every
 /// [`maintenance_interval`](crate::OutboxConfig::maintenance_interval); call it to scrub at
-/// once (a test, an operator's `ordo secrets scrub`). Safe beside other scrubbers: one works,
-/// the others return.
+/// once (a test, an operator's `ordo secrets scrub`). Safe beside other scrubbers: steps run
+/// one at a time, so when this returns every event passed when it started is scrubbed.
 ///
 /// ```no_run
 /// # async fn example(pool: sqlx::PgPool) -> ordo::Result<()> {
@@ -191,11 +192,16 @@ pub async fn scrub_secrets(pool: &PgPool) -> Result<ScrubReport> {
     scrub(pool, u32::MAX, None).await
 }
 
-/// Up to `steps` steps, stopping early on `stop`.
+/// Up to `steps` steps, stopping early on `stop`; without `stop` (an operator's call), each
+/// step waits for another scrubber's, with it (a maintainer) it leaves the work to that one.
 async fn scrub(pool: &PgPool, steps: u32, stop: Option<&StopSignal>) -> Result<ScrubReport> {
     let mut report = ScrubReport::default();
     for _ in 0..steps {
-        let row = sqlx::query(SCRUB).bind(STEP).fetch_one(pool).await?;
+        let row = sqlx::query(SCRUB)
+            .bind(STEP)
+            .bind(stop.is_none())
+            .fetch_one(pool)
+            .await?;
         let rewritten: i64 = row.try_get("rewritten")?;
         let below: Option<i64> = row.try_get("scrubbed_below")?;
         report.rewritten += u64::try_from(rewritten).unwrap_or(0);

@@ -87,9 +87,7 @@ pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
                     "ordo: {} events scrubbed; every event below sequence {below} is",
                     report.rewritten
                 ),
-                None => eprintln!(
-                    "ordo: nothing to scrub (no secret keys, or another scrubber is at work)"
-                ),
+                None => eprintln!("ordo: nothing to scrub: no secret keys are configured"),
             }
             Ok(())
         }
