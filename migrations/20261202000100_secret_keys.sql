@@ -31,6 +31,9 @@
 --    `ordo.events`, and this function lets them do nothing else; it computes its own bound, so
 --    no caller can have an event scrubbed before every reader passed it. `jit = off`: it runs
 --    periodically, and its statements are planned inside the function, out of EXPLAIN's view.
+-- 6. Dead letters are a subscription's parked events: an event a dead letter names keeps its
+--    secrets (a retry reads it again from ordo.events) until the dead letter is retried or
+--    purged; a trigger then scrubs it, if the cursor passed it meanwhile.
 
 CREATE TABLE ordo.secret_keys (
     event_type TEXT CHECK (event_type IS NULL OR octet_length(event_type) BETWEEN 1 AND 200),
@@ -118,6 +121,39 @@ $$;
 COMMENT ON FUNCTION ordo.needed_from() IS
     'ordo: the lowest event sequence the sequencer or any subscription or relay still needs; every event below it was passed by all of them';
 
+-- The rewrite itself, for the events in [low, high): only rows holding a secret key, and not
+-- an event a dead letter still names (a retry hands it to the handler again, read from
+-- ordo.events: it keeps its secrets until the dead letter is retried or purged, see the
+-- trigger below). `-` on an object removes keys (on an array it would remove elements:
+-- objects only). Called by the two functions below, as their owner; nobody else may.
+CREATE FUNCTION ordo.scrub_secrets_between(low BIGINT, high BIGINT)
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    touched BIGINT;
+BEGIN
+    UPDATE ordo.events AS e
+    SET payload = e.payload - s.keys
+    FROM (
+        SELECT ev.sequence, array_agg(k.key) AS keys
+        FROM ordo.events AS ev
+        JOIN ordo.secret_keys AS k ON k.event_type IS NULL OR k.event_type = ev.event_type
+        WHERE ev.sequence >= low AND ev.sequence < high
+          AND jsonb_typeof(ev.payload) = 'object' AND ev.payload ? k.key
+          AND NOT EXISTS (SELECT 1 FROM ordo.dead_letters AS d WHERE d.sequence = ev.sequence)
+        GROUP BY ev.sequence
+    ) AS s
+    WHERE e.sequence = s.sequence AND e.sequence >= low AND e.sequence < high;
+    GET DIAGNOSTICS touched = ROW_COUNT;
+    RETURN touched;
+END
+$$;
+
+CREATE INDEX dead_letters_sequence_idx ON ordo.dead_letters (sequence);
+
 CREATE FUNCTION ordo.scrub_secrets(max_sequences BIGINT DEFAULT 1000, wait BOOLEAN DEFAULT FALSE)
 RETURNS TABLE (rewritten BIGINT, scrubbed_below BIGINT, caught_up BOOLEAN)
 LANGUAGE plpgsql
@@ -153,20 +189,7 @@ BEGIN
         RETURN;
     END IF;
     upto := least(needed, done_below + greatest(max_sequences, 1));
-    -- Only rows holding a secret key are rewritten; `-` on an object removes keys (on an array
-    -- it would remove elements: objects only).
-    UPDATE ordo.events AS e
-    SET payload = e.payload - s.keys
-    FROM (
-        SELECT ev.sequence, array_agg(k.key) AS keys
-        FROM ordo.events AS ev
-        JOIN ordo.secret_keys AS k ON k.event_type IS NULL OR k.event_type = ev.event_type
-        WHERE ev.sequence >= done_below AND ev.sequence < upto
-          AND jsonb_typeof(ev.payload) = 'object' AND ev.payload ? k.key
-        GROUP BY ev.sequence
-    ) AS s
-    WHERE e.sequence = s.sequence AND e.sequence >= done_below AND e.sequence < upto;
-    GET DIAGNOSTICS touched = ROW_COUNT;
+    touched := ordo.scrub_secrets_between(done_below, upto);
     UPDATE ordo.secret_scrub SET scrubbed_below = upto, updated_at = now();
     RETURN QUERY SELECT touched, upto, upto >= needed;
 END
@@ -175,9 +198,42 @@ $$;
 COMMENT ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) IS
     'ordo: removes the secret keys (ordo.secret_keys) from at most max_sequences stored events that every reader has passed; returns the rows rewritten, the new cursor and whether it caught up';
 
--- Functions are executable by PUBLIC by default; this one writes as the owner.
+-- A dead letter retried (its handler's transaction deletes it) or purged: its event, if the
+-- cursor passed it meanwhile, loses its secrets now. The cursor row is locked first, so a scrub
+-- step running beside this (which skipped the event while the dead letter stood) has finished
+-- and its cursor is the one read. SECURITY DEFINER: the writer that retries may not UPDATE
+-- ordo.events.
+CREATE FUNCTION ordo.scrub_after_dead_letters()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    done_below BIGINT;
+    gone BIGINT;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM ordo.secret_keys) THEN
+        RETURN NULL;
+    END IF;
+    SELECT c.scrubbed_below INTO done_below FROM ordo.secret_scrub AS c FOR UPDATE;
+    FOR gone IN SELECT DISTINCT g.sequence FROM gone_letters AS g WHERE g.sequence < done_below LOOP
+        PERFORM ordo.scrub_secrets_between(gone, gone + 1);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dead_letters_scrub
+AFTER DELETE ON ordo.dead_letters REFERENCING OLD TABLE AS gone_letters
+FOR EACH STATEMENT EXECUTE FUNCTION ordo.scrub_after_dead_letters();
+
+-- Functions are executable by PUBLIC by default; these write as the owner.
 REVOKE ALL ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) FROM PUBLIC;
 REVOKE ALL ON FUNCTION ordo.rescrub_secrets() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ordo.scrub_secrets_between(BIGINT, BIGINT) FROM PUBLIC;
+REVOKE ALL ON FUNCTION ordo.scrub_after_dead_letters() FROM PUBLIC;
 
 -- The roles' grants, whole (see 20261201000900_grants.sql), with:
 -- - readers: SELECT on `ordo.secret_keys` and `ordo.secret_scrub` (status, `ordo secrets list`);

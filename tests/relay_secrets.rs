@@ -14,10 +14,14 @@ use std::time::Duration;
 use common::brokers::{NATS_ADDR, TestStream};
 use common::relays::config;
 use common::subscribers::PATIENCE;
+use common::subscribers::fast_retries;
 use common::{TestDb, eventually};
 use ordo::relay::OnParked;
 use ordo::relay::nats::NatsSink;
-use ordo::{Envelope, Keys, Outbox, OutboxConfig};
+use ordo::{
+    Delivery, Envelope, HandlerError, JobConfig, Keys, OnExhaustion, Outbox, OutboxConfig,
+    Subscriber,
+};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -386,4 +390,69 @@ async fn the_cli_names_lists_removes_and_scrubs_secret_keys() {
     ordo(&["secrets", "remove", "pin"]);
     assert_eq!(ordo(&["secrets", "list"]).lines().count(), 2);
     ordo(&["secrets", "scrub"]);
+}
+
+/// Fails on carol's events while `broken` is set.
+struct FailsForCarol {
+    broken: Arc<AtomicBool>,
+}
+
+impl Subscriber<Value> for FailsForCarol {
+    async fn handle(
+        &self,
+        _tx: &mut sqlx::PgConnection,
+        event: &Delivery<Value>,
+    ) -> Result<(), HandlerError> {
+        if event.payload["user"] == "carol" && self.broken.load(AtomicOrdering::SeqCst) {
+            return Err("carol's mailbox is gone".into());
+        }
+        Ok(())
+    }
+}
+
+/// A dead letter is a subscription's parked event: its event keeps its secrets (a retry reads
+/// it again) until the dead letter is retried, then loses them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_event_keeps_its_secrets_until_retried() {
+    let db = TestDb::new().await;
+    ordo::admin::add_secret_keys(&db.pool, None, &[SECRET])
+        .await
+        .expect("secret");
+    let outbox = outbox(&db, Duration::from_millis(100)).await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let config = JobConfig::new("mails")
+        .retry(fast_retries(2))
+        .on_exhaustion(OnExhaustion::DeadLetter);
+    let broken_handler = FailsForCarol {
+        broken: Arc::clone(&broken),
+    };
+    let handle = outbox
+        .subscribe(config, broken_handler)
+        .await
+        .expect("subscribe");
+    let users = ["alice", "carol", "bob", "dave"];
+    publish(&outbox, users.iter().zip(0..).map(|(u, n)| reset(u, n))).await;
+    let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 4).await;
+    assert!(done, "{status:?}");
+    let kept = eventually(PATIENCE, || async { holding_secret(&db.pool).await == [1] }).await;
+    assert!(kept, "holding: {:?}", holding_secret(&db.pool).await);
+
+    broken.store(false, AtomicOrdering::SeqCst);
+    ordo::admin::retry_dead_letters(&db.pool, "mails")
+        .await
+        .expect("retry");
+    let retried = eventually(PATIENCE, || async {
+        ordo::admin::list_dead_letters(&db.pool, Some("mails"))
+            .await
+            .expect("list")
+            .is_empty()
+    })
+    .await;
+    assert!(retried);
+    assert!(
+        holding_secret(&db.pool).await.is_empty(),
+        "scrubbed with the retry's commit"
+    );
+    handle.shutdown().await;
+    outbox.shutdown().await;
 }

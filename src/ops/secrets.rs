@@ -87,7 +87,11 @@ fn checked<'a>(keys: &'a [&'a str]) -> Result<Vec<&'a str>> {
 /// secret stay as they are. A new key applies to the events already passed too: the next scrubs
 /// walk the stored history again, rewriting only the events that hold a secret key.
 ///
-/// Only top-level keys of object payloads are removed. Events delivered before the scrub kept
+/// Only top-level keys of object payloads are removed. Make the secret fields of your payload
+/// type optional (`Option<_>` or `#[serde(default)]`), so that a scrubbed event still decodes
+/// for a reader that meets it again. An event a dead letter names keeps its secrets until the
+/// dead letter is retried or purged; a relay's parked event until it is requeued and
+/// delivered. Events delivered before the scrub kept
 /// the keys in transit (the receiver got them); a reader that starts later, or a
 /// [replay](crate::admin::reset_subscription) below the scrubbed position, gets the events
 /// without them.
