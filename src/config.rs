@@ -185,7 +185,10 @@ impl OutboxConfig {
         self
     }
 
-    /// How often the maintainer runs (also once at start). Default 60 s.
+    /// How often the maintainer runs (also once at start): partitions (see
+    /// [`retention`](Self::retention)), and the removal of
+    /// [secret payload keys](crate::admin::add_secret_keys) from the events every reader has
+    /// passed. Default 60 s.
     pub fn maintenance_interval(mut self, interval: Duration) -> Self {
         self.maintenance_interval = interval;
         self

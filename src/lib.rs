@@ -191,6 +191,7 @@ pub use ops::metrics;
 #[doc(hidden)]
 pub use ops::plans::{HotStatement, hot_path_statements};
 pub use ops::retention::{MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport};
+pub use ops::secrets::{ScrubReport, SecretKey};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
 pub use ops::trace::TRACEPARENT;
 pub use outbox::Outbox;
@@ -222,6 +223,11 @@ pub mod admin {
 
     /// Partitions: what retention would do, and doing it.
     pub use crate::ops::retention::{plan_retention, run_retention};
+
+    /// Secret payload keys: name them, and remove them from the events every reader passed.
+    pub use crate::ops::secrets::{
+        add_secret_keys, list_secret_keys, remove_secret_keys, scrub_secrets,
+    };
 
     /// Least-privilege roles for writers, readers and operators.
     pub use crate::ops::grants::grant;

@@ -15,6 +15,7 @@ use common::keyed::{Parcel, publish};
 use common::relays::{assert_stream_holds_each_once_in_key_order, config, keys, parcels, relayed};
 use common::subscribers::PATIENCE;
 use common::{TestDb, eventually, run_then_kill};
+use ordo::relay::OnParked;
 use ordo::relay::nats::NatsSink;
 use ordo::{Error, Outbox, OutboxConfig};
 use sqlx::PgPool;
@@ -64,6 +65,68 @@ async fn a_permanent_failure_parks_its_key_only_until_requeued() {
     relayed(&relay, &db.pool, 70).await;
     relay.shutdown().await;
     assert_stream_holds_each_once_in_key_order(&stream, &db.pool).await;
+}
+
+/// `OnParked::Continue`: the later events of a parked event's key are delivered, in order,
+/// while it stays parked (holding the watermark); requeued, it is delivered last of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_continue_a_parked_event_lets_the_later_events_of_its_key_go_on() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let stream = TestStream::new().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let prefix = stream.prefix.clone();
+    let flag = Arc::clone(&broken);
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject(move |message| {
+            let parcel: Parcel = serde_json::from_slice(&message.payload).expect("a parcel");
+            if parcel.id == 3 && flag.load(AtomicOrdering::SeqCst) {
+                "no spaces allowed".to_owned() // permanent: parked at once
+            } else {
+                format!("{prefix}.{}", message.type_or_untyped())
+            }
+        })
+        .build()
+        .expect("sink");
+    let config = config("to-nats").on_parked(OnParked::Continue);
+    let relay = outbox.relay(config, sink, keys).await.expect("relay");
+    publish(&outbox, parcels(0, 70)).await;
+    // Everything but parcel 3 arrives, k3's later parcels (10, 17, ...) included.
+    assert!(eventually(PATIENCE, || async { stream.len().await == 69 }).await);
+    let (status, parked) = relay.wait_for(PATIENCE, |s| s.stalled.len() == 1).await;
+    assert!(parked, "{status:?}");
+    assert_eq!(status.stalled[0].key, "k3");
+    let parked_at = status.stalled[0].position;
+    assert!(
+        status.position.get() < parked_at.get(),
+        "the parked event holds the watermark: {status:?}"
+    );
+    assert_stream_order_of_k3(&stream, &[10, 17, 24, 31, 38, 45, 52, 59, 66]).await;
+
+    broken.store(false, AtomicOrdering::SeqCst);
+    requeue(&db, "to-nats", "k3").await;
+    relayed(&relay, &db.pool, 70).await;
+    let status = relay.status();
+    assert!(status.stalled.is_empty(), "{status:?}");
+    relay.shutdown().await;
+    // Each once; parcel 3 last of its key, the others of k3 still in order.
+    assert_stream_order_of_k3(&stream, &[10, 17, 24, 31, 38, 45, 52, 59, 66, 3]).await;
+    assert_eq!(stream.len().await, 70);
+}
+
+/// The ids of key k3's parcels in the stream, in stream order.
+async fn assert_stream_order_of_k3(stream: &TestStream, expected: &[u32]) {
+    let k3: Vec<u32> = stream
+        .messages()
+        .await
+        .iter()
+        .map(|message| serde_json::from_slice::<Parcel>(&message.payload).expect("a parcel"))
+        .filter(|parcel| parcel.keys[0] == "k3")
+        .map(|parcel| parcel.id)
+        .collect();
+    assert_eq!(k3, expected);
 }
 
 /// An operator's requeue: `ordo relay parked` shows the key and `ordo relay requeue` asks for

@@ -839,3 +839,55 @@ mod cli {
         assert!(!nothing.status.success(), "ordo grant without a role");
     }
 }
+
+/// Secret keys: an operator names them (a writer may not); a writer's outbox removes them from
+/// the events every reader passed through `ordo.scrub_secrets` alone, with no right to update
+/// `ordo.events`; a reader sees which keys are secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_names_secret_keys_and_a_writer_scrubs_without_updating_events() {
+    let roles = Roles::new(1_000_000).await;
+    let (operator, writer, reader) = (
+        roles.pool_as(&roles.operator, 2).await,
+        roles.pool_as(&roles.writer, 6).await,
+        roles.pool_as(&roles.reader, 2).await,
+    );
+    assert!(denied_ordo(
+        ordo::admin::add_secret_keys(&writer, None, &["pin"]).await
+    ));
+    ordo::admin::add_secret_keys(&operator, None, &["pin"])
+        .await
+        .expect("an operator names a secret key");
+    assert_eq!(
+        ordo::admin::list_secret_keys(&reader)
+            .await
+            .expect("a reader lists them")
+            .len(),
+        1
+    );
+    assert!(denied(
+        sqlx::query("UPDATE ordo.events SET payload = '{}'")
+            .execute(&writer)
+            .await
+    ));
+    assert!(denied_ordo(ordo::admin::scrub_secrets(&reader).await));
+
+    let config = OutboxConfig::default().maintenance_interval(Duration::from_millis(100));
+    let outbox = Outbox::<serde_json::Value>::new(writer.clone(), config)
+        .await
+        .expect("a writer starts an outbox");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(serde_json::json!({"n": 1, "pin": 1234}))
+        .expect("publish");
+    tx.commit().await.expect("commit");
+    let scrubbed = eventually(PATIENCE, || async {
+        let payload: serde_json::Value =
+            sqlx::query_scalar("SELECT payload FROM ordo.events WHERE payload IS NOT NULL")
+                .fetch_one(&roles.admin)
+                .await
+                .expect("payload");
+        payload == serde_json::json!({"n": 1})
+    })
+    .await;
+    assert!(scrubbed, "the writer's maintainer scrubs");
+    outbox.shutdown().await;
+}

@@ -16,6 +16,7 @@
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
 //! ordo relay parked|requeue|replay                relays' parked events (see cli/relay.rs)
+//! ordo secrets list|add|remove|scrub             secret payload keys (see cli/secrets.rs)
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
@@ -41,6 +42,8 @@ mod diagnose;
 mod inbox;
 #[path = "cli/relay.rs"]
 mod relay;
+#[path = "cli/secrets.rs"]
+mod secrets;
 
 #[derive(Parser)]
 #[command(name = "ordo", version, about = "Operate an ordo outbox on PostgreSQL")]
@@ -79,6 +82,8 @@ enum Command {
     Inbox(inbox::InboxArgs),
     /// Relays: parked events, requeue, replay.
     Relay(relay::RelayArgs),
+    /// Secret payload keys: removed from stored events once every reader passed them.
+    Secrets(secrets::SecretsArgs),
 }
 
 #[derive(clap::Args)]
@@ -356,6 +361,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::DeadLetters(args) => dead_letters(pool, args).await,
         Command::Inbox(args) => inbox::run(pool, args).await,
         Command::Relay(args) => relay::run(pool, args).await,
+        Command::Secrets(args) => secrets::run(pool, args).await,
     }
 }
 

@@ -6,6 +6,7 @@ pub(crate) mod plans;
 pub(crate) mod prometheus;
 pub(crate) mod render;
 pub(crate) mod retention;
+pub(crate) mod secrets;
 pub(crate) mod sql;
 pub(crate) mod status;
 pub mod trace;
@@ -15,7 +16,8 @@ use sqlx::PgPool;
 use crate::config::OutboxConfig;
 use crate::task::Tasks;
 
-/// Starts an outbox's operations work: the partition and retention maintainer.
+/// Starts an outbox's operations work: the partition and retention maintainer, which also
+/// removes secret payload keys from the events every reader has passed.
 pub(crate) fn spawn(tasks: &Tasks, pool: &PgPool, config: &OutboxConfig) {
     tasks.spawn(
         "ops.retention",

@@ -180,7 +180,7 @@ where
                     metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "released").increment(1);
                 }
                 Step::Park { attempts, why } => {
-                    tracing::error!(relay = %name, error = %why, attempts, "event parked: its keys wait for an operator's requeue");
+                    tracing::error!(relay = %name, error = %why, attempts, "event parked until an operator requeues it");
                     work.lanes.stall(slot, attempts, why);
                     work.stalled_changed = true;
                     metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "parked").increment(1);

@@ -39,6 +39,37 @@ pub struct RelayConfig {
     pub(crate) window: usize,
     pub(crate) start: StartFrom,
     pub(crate) source: Option<String>,
+    pub(crate) on_parked: OnParked,
+}
+
+/// What the later events of a parked event's keys do, set with [`RelayConfig::on_parked`].
+///
+/// Either way the parked event stays parked (listed by `ordo relay parked`, requeued by
+/// `ordo relay requeue`) and **holds the relay's low watermark**: the relay remembers what it
+/// delivered past it (its rows in `ordo.subscription_progress`) and reads on, but no further
+/// than its window (10,000 events past the watermark) until the parked event is requeued and
+/// delivered. So it also keeps its [secret payload keys](crate::admin::add_secret_keys): they
+/// are removed only once the watermark passed it.
+///
+/// ```
+/// use ordo::relay::{OnParked, RelayConfig};
+///
+/// // Each customer's events are independent notifications: one that cannot be delivered
+/// // must not hold back the customer's later ones.
+/// let config = RelayConfig::new("notifications").on_parked(OnParked::Continue);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnParked {
+    /// The later events of its keys wait until an operator requeues it and it is delivered:
+    /// each key's events reach the sink in order, without a gap. The default.
+    #[default]
+    HoldKeys,
+    /// The later events of its keys go on without it, in order among themselves. When it is
+    /// requeued, it rejoins its keys behind their events the relay already holds (it never
+    /// travels beside another event of its keys), so the receiver gets it **late, out of
+    /// order**: choose this only where events of a key do not depend on each other.
+    Continue,
 }
 
 impl RelayConfig {
@@ -58,7 +89,16 @@ impl RelayConfig {
             window: DEFAULT_KEYED_WINDOW,
             start: StartFrom::Beginning,
             source: None,
+            on_parked: OnParked::HoldKeys,
         }
+    }
+
+    /// What the later events of a parked event's keys do: wait for it
+    /// ([`OnParked::HoldKeys`], the default) or go on without it ([`OnParked::Continue`]).
+    /// Every other key goes on either way.
+    pub fn on_parked(mut self, on_parked: OnParked) -> Self {
+        self.on_parked = on_parked;
+        self
     }
 
     /// The lane to relay. Default [`Ordering::Commit`] (a source transaction's events leave

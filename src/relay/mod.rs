@@ -40,7 +40,7 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-pub use config::RelayConfig;
+pub use config::{OnParked, RelayConfig};
 pub use message::{Message, UNTYPED};
 pub use sink::{BatchResult, SendError, Sink};
 pub(crate) use start::message_of;

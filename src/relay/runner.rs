@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::config::RelayConfig;
+use super::config::{OnParked, RelayConfig};
 use super::flight::{Carrier, Landed, fly};
 use super::{SendError, Sink};
 use crate::commit_lane::CommitShared;
@@ -177,7 +177,10 @@ where
         );
         let now = Instant::now();
         let mut work = Work {
-            lanes: Lanes::new(watermark.get()),
+            lanes: match self.config.on_parked {
+                OnParked::HoldKeys => Lanes::new(watermark.get()),
+                OnParked::Continue => Lanes::new(watermark.get()).let_stalled_go(),
+            },
             known,
             stored: watermark,
             flush_at: now + FLUSH_EVERY,

@@ -1,5 +1,6 @@
 //! The maintainer task of an [`Outbox`](crate::Outbox): runs retention every interval, and at
-//! once when the head eats into the partitions ahead.
+//! once when the head eats into the partitions ahead; every interval it also removes secret
+//! payload keys from the events every reader has passed (`ops::secrets`).
 //!
 //! It takes one pooled connection at a time (see [`run_retention`]), so it never holds one
 //! while waiting for another. A role that may not create tables (SQLSTATE 42501) is told once,
@@ -76,6 +77,11 @@ pub(crate) async fn maintain(
                     }
                 }
                 Err(error) => tracing::warn!(%error, "partition maintenance failed; will retry"),
+            }
+            if due {
+                // Whatever the role may do with partitions: the scrub is a function it is
+                // granted.
+                crate::ops::secrets::maintain(&pool, &stop).await;
             }
             next_run = Instant::now() + every;
         }

@@ -45,15 +45,11 @@ pub(super) async fn state(conn: &mut PgConnection) -> Result<State, sqlx::Error>
 }
 
 /// What each subscription still needs, as an insert sequence. A commit-lane subscription needs
-/// the event of its next log row (read from the log).
+/// the event of its next log row (read from the log). The function (migration
+/// `20261202000100_secret_keys`) is shared with the scrubbing of secret keys, so that "every
+/// reader passed it" means one thing to both.
 const SUBSCRIPTION_NEEDS: &str = r#"
-SELECT s.name, s.lane, s.position,
-       CASE s.lane
-       WHEN 'insert' THEN s.position + 1
-       ELSE (SELECT min(c.min_sequence) FROM ordo.commit_chunks AS c
-             WHERE c.last_commit_seq > s.position)
-       END AS needs
-FROM ordo.subscriptions AS s
+SELECT n.name, n.lane, n.position, n.needs FROM ordo.subscription_needs() AS n
 "#;
 
 /// One subscription's need, as [`SUBSCRIPTION_NEEDS`] reads it.

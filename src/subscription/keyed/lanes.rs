@@ -9,9 +9,13 @@
 //! holds every event after it.
 //!
 //! A failed event stays first in its lanes while it backs off, and a stalled one (attempts
-//! exhausted under `Halt`) until an operator retries it: only its own lanes wait. The window
-//! holds every event from the low watermark on, finished or not; the watermark moves past
-//! finished events at its front. No I/O here: the runner (`runner.rs`) drives it.
+//! exhausted under `Halt`, or a relay's parked event) until an operator retries it: only its
+//! own lanes wait. Unless the lanes [let stalled events go](Lanes::let_stalled_go) (a relay's
+//! `OnParked::Continue`): then a stalled event leaves its lanes (*detached*), the events behind
+//! it run on, and a retry puts it back at the end of its lanes, behind the events of its keys
+//! already held. Either way a stalled event stays in the window and holds the watermark. The
+//! window holds every event from the low watermark on, finished or not; the watermark moves
+//! past finished events at its front. No I/O here: the runner (`runner.rs`) drives it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -48,6 +52,9 @@ pub(crate) struct Entry<T> {
     pub(crate) state: State,
     /// The last error, while failing or stalled.
     pub(crate) error: Option<String>,
+    /// Stalled and out of its lanes (and out of the barriers): it holds nothing but the
+    /// watermark.
+    detached: bool,
 }
 
 /// How an event enters the window (a restarted runner knows some from the stored progress).
@@ -69,6 +76,10 @@ pub(crate) struct Lanes<T> {
     barriers: BTreeSet<Slot>,
     ready: BTreeSet<Slot>,
     backoffs: BTreeSet<(Instant, Slot)>,
+    /// A stalled event leaves its lanes instead of holding them.
+    let_stalled_go: bool,
+    /// How many entries are detached.
+    detached: usize,
 }
 
 impl<T> Lanes<T> {
@@ -82,7 +93,17 @@ impl<T> Lanes<T> {
             barriers: BTreeSet::new(),
             ready: BTreeSet::new(),
             backoffs: BTreeSet::new(),
+            let_stalled_go: false,
+            detached: 0,
         }
+    }
+
+    /// A stalled event leaves its lanes: the later events of its keys run on (no longer in
+    /// order with it), and a retry puts it back at the end of its lanes. It still holds the
+    /// watermark. Default: a stalled event holds its lanes until retried.
+    pub(crate) fn let_stalled_go(mut self) -> Self {
+        self.let_stalled_go = true;
+        self
     }
 
     /// Every event at or below this position is finished.
@@ -116,7 +137,8 @@ impl<T> Lanes<T> {
             Arrival::Stalled { attempts, error } => (State::Stalled, attempts, Some(error)),
         };
         let done = state == State::Done;
-        if !done {
+        let detached = self.let_stalled_go && state == State::Stalled;
+        if !done && !detached {
             for key in keys.shared() {
                 self.queues
                     .entry(Arc::clone(key))
@@ -135,7 +157,9 @@ impl<T> Lanes<T> {
             attempts,
             state,
             error,
+            detached,
         });
+        self.detached += usize::from(detached);
         if done {
             self.advance();
         } else {
@@ -183,9 +207,27 @@ impl<T> Lanes<T> {
         entry.state = State::Done;
         entry.item = None;
         entry.error = None;
+        let was_detached = std::mem::take(&mut entry.detached);
         let keys = entry.keys.clone();
         let barrier = entry.barrier;
         self.ready.remove(&slot);
+        if was_detached {
+            self.detached -= 1;
+        } else {
+            self.leave_lanes(slot, &keys, barrier);
+        }
+        let before = self.watermark;
+        self.advance();
+        if self.detached > 0 {
+            // A barrier waits for the events before it, detached ones excepted: this one may
+            // have been the last it waited for.
+            self.check_first_barrier();
+        }
+        self.watermark != before
+    }
+
+    /// Takes `slot` out of its lanes (and the barriers): the events behind it may run.
+    fn leave_lanes(&mut self, slot: Slot, keys: &Keys, barrier: bool) {
         for key in keys.shared() {
             let Some(queue) = self.queues.get_mut(key) else {
                 continue;
@@ -202,9 +244,6 @@ impl<T> Lanes<T> {
             self.barriers.remove(&slot);
             self.check_all();
         }
-        let before = self.watermark;
-        self.advance();
-        self.watermark != before
     }
 
     /// The event failed and will be tried again at `at`, first in its lanes until then.
@@ -218,13 +257,23 @@ impl<T> Lanes<T> {
         }
     }
 
-    /// The event's attempts ran out under `Halt`: its lanes wait until [`retry`](Self::retry).
+    /// The event's attempts ran out under `Halt` (or a relay parked it): its lanes wait until
+    /// [`retry`](Self::retry), unless the lanes [let stalled events go](Self::let_stalled_go).
     pub(crate) fn stall(&mut self, slot: Slot, attempts: u32, error: String) {
-        if let Some(index) = self.index(slot) {
-            let entry = &mut self.window[index];
-            entry.state = State::Stalled;
-            entry.attempts = attempts;
-            entry.error = Some(error);
+        let Some(index) = self.index(slot) else {
+            return;
+        };
+        let entry = &mut self.window[index];
+        entry.state = State::Stalled;
+        entry.attempts = attempts;
+        entry.error = Some(error);
+        if self.let_stalled_go && !entry.detached {
+            entry.detached = true;
+            let (keys, barrier) = (entry.keys.clone(), entry.barrier);
+            self.detached += 1;
+            self.ready.remove(&slot);
+            self.leave_lanes(slot, &keys, barrier);
+            self.check_first_barrier();
         }
     }
 
@@ -236,6 +285,21 @@ impl<T> Lanes<T> {
             let entry = &mut self.window[index];
             entry.state = State::Waiting;
             entry.attempts = 0;
+            if std::mem::take(&mut entry.detached) {
+                // Back at the end of its lanes: behind the events of its keys held now (some
+                // may be running), ahead of those still to come. Never two of a key at once.
+                self.detached -= 1;
+                let (keys, barrier) = (entry.keys.clone(), entry.barrier);
+                for key in keys.shared() {
+                    self.queues
+                        .entry(Arc::clone(key))
+                        .or_default()
+                        .push_back(slot);
+                }
+                if barrier {
+                    self.barriers.insert(slot);
+                }
+            }
             self.check(slot);
         }
     }
@@ -306,7 +370,7 @@ impl<T> Lanes<T> {
         }
         if let Some(&barrier) = self.barriers.first() {
             // A barrier holds everything after it, and waits for everything before it.
-            if barrier < slot || (barrier == slot && slot != self.first) {
+            if barrier < slot || (barrier == slot && !self.only_finished_before(slot)) {
                 return;
             }
         }
@@ -318,6 +382,29 @@ impl<T> Lanes<T> {
         });
         if first_everywhere {
             self.ready.insert(slot);
+        }
+    }
+
+    /// Whether every event before `slot` is finished or detached.
+    fn only_finished_before(&self, slot: Slot) -> bool {
+        if slot == self.first {
+            return true;
+        }
+        // The finished events at the front are gone: with none detached, one is left before.
+        let Some(index) = self.index(slot) else {
+            return false;
+        };
+        self.detached > 0
+            && self
+                .window
+                .iter()
+                .take(index)
+                .all(|entry| entry.state == State::Done || entry.detached)
+    }
+
+    fn check_first_barrier(&mut self) {
+        if let Some(&barrier) = self.barriers.first() {
+            self.check(barrier);
         }
     }
 

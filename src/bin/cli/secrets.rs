@@ -1,0 +1,95 @@
+//! `ordo secrets`: the payload keys removed from stored events once every subscription and
+//! relay has passed them (`ordo.secret_keys`).
+//!
+//! ```text
+//! ordo secrets list [--json]                      the secret keys, every-type ones first
+//! ordo secrets add KEY... [--type TYPE]           name keys secret (for TYPE, or every type)
+//! ordo secrets remove KEY... [--type TYPE]        stop treating them as secret
+//! ordo secrets scrub                              remove them from passed events now
+//! ```
+
+use std::io::{self, Write};
+
+use clap::Subcommand;
+use ordo::admin;
+use sqlx::PgPool;
+
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(clap::Args)]
+pub(crate) struct SecretsArgs {
+    #[command(subcommand)]
+    action: SecretsAction,
+}
+
+#[derive(Subcommand)]
+enum SecretsAction {
+    /// List the secret payload keys.
+    List {
+        /// Print JSON (one object per key) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Name top-level payload keys secret: removed from a stored event once every
+    /// subscription and relay has passed it (the history already passed included).
+    Add {
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Only for events of this type (default: every type).
+        #[arg(long = "type", value_name = "TYPE")]
+        event_type: Option<String>,
+    },
+    /// Stop treating keys as secret (payloads already scrubbed stay so).
+    Remove {
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// The keys named for this type (default: the every-type ones).
+        #[arg(long = "type", value_name = "TYPE")]
+        event_type: Option<String>,
+    },
+    /// Remove the secret keys from every event all readers passed, now (a running Outbox does
+    /// it every maintenance interval).
+    Scrub,
+}
+
+pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
+    match args.action {
+        SecretsAction::List { json } => {
+            let secrets = admin::list_secret_keys(&pool).await?;
+            let mut out = io::stdout().lock();
+            for secret in &secrets {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(secret)?)?;
+                } else {
+                    let scope = secret.event_type.as_deref().unwrap_or("(every type)");
+                    let line = format!("{scope}\t{}", secret.key);
+                    writeln!(out, "{}", admin::printable(&line))?;
+                }
+            }
+            Ok(())
+        }
+        SecretsAction::Add { keys, event_type } => {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let added = admin::add_secret_keys(&pool, event_type.as_deref(), &keys).await?;
+            eprintln!("ordo: {added} secret keys added");
+            Ok(())
+        }
+        SecretsAction::Remove { keys, event_type } => {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let removed = admin::remove_secret_keys(&pool, event_type.as_deref(), &keys).await?;
+            eprintln!("ordo: {removed} secret keys removed");
+            Ok(())
+        }
+        SecretsAction::Scrub => {
+            let report = admin::scrub_secrets(&pool).await?;
+            match report.scrubbed_below {
+                Some(below) => eprintln!(
+                    "ordo: {} events scrubbed; every event below sequence {below} is",
+                    report.rewritten
+                ),
+                None => eprintln!("ordo: nothing to scrub: no secret keys are configured"),
+            }
+            Ok(())
+        }
+    }
+}
