@@ -20,37 +20,19 @@
 //! in flight), the same backwards; then the latency phase twice. `ORDO_PHASES` (e.g.
 //! `relay,raw`) picks other throughput runs, `ORDO_LATENCY_ROUNDS` the latency rounds.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
-
-use hdrhistogram::Histogram;
-use ordo::relay::RelayConfig;
 use ordo::relay::nats::NatsSink;
-use ordo::{Keys, Outbox, OutboxConfig};
-use serde::{Deserialize, Serialize};
 
+#[path = "support/relay_bench.rs"]
+mod relay_bench;
 #[path = "support/scratch.rs"]
 mod scratch;
 
-use scratch::Scratch;
-
-#[derive(Serialize, Deserialize)]
-struct Item {
-    n: u64,
-    key: u64,
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use relay_bench::{Item, env};
 
 /// A stream of its own on `prefix.>`, deleted by [`TestStream::delete`].
 struct TestStream {
@@ -107,25 +89,7 @@ async fn raw(nats: &str, events: u64) -> Result<f64> {
     Ok(rate)
 }
 
-fn keys(event: &ordo::Envelope<Item>) -> Keys {
-    Keys::one(event.payload.key.to_string())
-}
-
 async fn relay(server: &str, nats: &str, events: u64, sinks: usize) -> Result<f64> {
-    let scratch = Scratch::create(server).await?;
-    let pool = scratch.pool(8).await?;
-    sqlx::query(
-        "INSERT INTO ordo.events (commit_xid, payload)
-         SELECT 1000000000000 + g, jsonb_build_object('n', g, 'key', g % 1000)
-         FROM generate_series(0, $1 - 1) AS g ORDER BY g",
-    )
-    .bind(events as i64)
-    .execute(&pool)
-    .await?;
-    let outbox = Outbox::<Item>::new(pool.clone(), OutboxConfig::default()).await?;
-    while outbox.commit_head().get() < events {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     let stream = TestStream::create(nats).await?;
     let sinks = (0..sinks)
         .map(|_| {
@@ -134,78 +98,9 @@ async fn relay(server: &str, nats: &str, events: u64, sinks: usize) -> Result<f6
                 .build()
         })
         .collect::<ordo::Result<Vec<_>>>()?;
-    let config = RelayConfig::new("load")
-        .batch_size(500)
-        .per_event_budget(Duration::from_millis(10));
-    let started = Instant::now();
-    let handle = outbox.relay_with_sinks(config, sinks, keys).await?;
-    let (status, done) = handle
-        .wait_for(Duration::from_secs(600), |s| s.position.get() >= events)
-        .await;
-    let elapsed = started.elapsed();
-    anyhow::ensure!(done, "the relay did not finish: {status:?}");
-    handle.shutdown().await;
-    outbox.shutdown().await;
-    pool.close().await;
-    scratch.drop_db().await?;
+    let rate = relay_bench::relay_rate(server, events, sinks).await?;
     stream.delete().await?;
-    Ok(events as f64 / elapsed.as_secs_f64())
-}
-
-/// Commit → arrival at a NATS subscriber, at `rate` single-event transactions per second.
-async fn latency(server: &str, nats: &str, rate: u64, seconds: u64) -> Result<Histogram<u64>> {
-    let scratch = Scratch::create(server).await?;
-    let pool = scratch.pool(8).await?;
-    let outbox = Outbox::<Item>::new(pool.clone(), OutboxConfig::default()).await?;
-    let stream = TestStream::create(nats).await?;
-    let client = async_nats::connect(nats).await?;
-    let mut arrivals = client.subscribe(format!("{}.>", stream.prefix)).await?;
-    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
-    let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let sink = NatsSink::builder(nats)
-        .subject_prefix(&stream.prefix)
-        .build()?;
-    let handle = outbox
-        .relay(RelayConfig::new("latency"), sink, keys)
-        .await?;
-    let total = rate * seconds;
-    let writer = {
-        let (outbox, sent) = (outbox.clone(), Arc::clone(&sent));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
-            for n in 0..total {
-                tick.tick().await;
-                let mut tx = outbox.begin().await?;
-                tx.publish(Item { n, key: n % 1000 })?;
-                if let Ok(mut sent) = sent.lock() {
-                    sent.insert(n, Instant::now());
-                }
-                tx.commit().await?;
-            }
-            anyhow::Ok(())
-        })
-    };
-    let mut seen = 0;
-    while seen < total {
-        let Ok(Some(message)) =
-            tokio::time::timeout(Duration::from_secs(30), arrivals.next()).await
-        else {
-            anyhow::bail!("only {seen} of {total} arrived");
-        };
-        let item: Item = serde_json::from_slice(&message.payload)?;
-        let at = sent.lock().ok().and_then(|sent| sent.get(&item.n).copied());
-        if let Some(at) = at {
-            histogram.record(at.elapsed().as_micros() as u64)?;
-        }
-        seen += 1;
-    }
-    writer.await??;
-    handle.shutdown().await;
-    outbox.shutdown().await;
-    pool.close().await;
-    scratch.drop_db().await?;
-    stream.delete().await?;
-    Ok(histogram)
+    Ok(rate)
 }
 
 #[tokio::main]
@@ -226,14 +121,18 @@ async fn main() -> Result<()> {
     }
     let (rate, seconds) = (env("ORDO_RATE", 500), env("ORDO_SECONDS", 10));
     for _ in 0..env("ORDO_LATENCY_ROUNDS", 2) {
-        let h = latency(&server, &nats, rate, seconds).await?;
-        println!(
-            "latency at {rate}/s for {seconds} s: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} events)",
-            h.value_at_quantile(0.5) as f64 / 1000.0,
-            h.value_at_quantile(0.99) as f64 / 1000.0,
-            h.max() as f64 / 1000.0,
-            h.len()
-        );
+        let stream = TestStream::create(&nats).await?;
+        let client = async_nats::connect(&nats).await?;
+        let arrivals = client
+            .subscribe(format!("{}.>", stream.prefix))
+            .await?
+            .map(|message| message.payload.to_vec());
+        let sink = NatsSink::builder(&nats)
+            .subject_prefix(&stream.prefix)
+            .build()?;
+        let h = relay_bench::latency(&server, rate, seconds, sink, arrivals).await?;
+        relay_bench::report(rate, seconds, &h);
+        stream.delete().await?;
     }
     Ok(())
 }
