@@ -147,7 +147,21 @@ where
     fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
         let name = &self.config.name;
         let now = Instant::now();
+        // One line per batch that did not all go through, so that an operator sees why a
+        // relay makes no progress before anything is parked.
+        let (mut retried, mut released, mut reason) = (0u32, 0u32, None::<String>);
         for (slot, step) in plan {
+            match &step {
+                Step::Again { why, .. } => {
+                    retried += 1;
+                    reason.get_or_insert_with(|| why.clone());
+                }
+                Step::Release { why, .. } => {
+                    released += 1;
+                    reason.get_or_insert_with(|| why.clone());
+                }
+                Step::Done | Step::Park { .. } => {}
+            }
             match step {
                 Step::Done => {
                     work.lanes.complete(slot);
@@ -173,6 +187,9 @@ where
                     metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "parked").increment(1);
                 }
             }
+        }
+        if let Some(error) = reason {
+            tracing::warn!(relay = %name, retried, released, %error, "a batch was not delivered in full; its events are tried again");
         }
     }
 }
