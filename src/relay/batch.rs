@@ -147,20 +147,14 @@ where
     fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
         let name = &self.config.name;
         let now = Instant::now();
-        // One line per batch that did not all go through, so that an operator sees why a
-        // relay makes no progress before anything is parked.
-        let (mut retried, mut released, mut reason) = (0u32, 0u32, None::<String>);
+        // One line per batch with events the sink failed, so that an operator sees why a
+        // relay makes no progress before anything is parked (a batch released without blame
+        // is logged where it lands, in `flight.rs`).
+        let (mut retried, mut reason) = (0u32, None::<String>);
         for (slot, step) in plan {
-            match &step {
-                Step::Again { why, .. } => {
-                    retried += 1;
-                    reason.get_or_insert_with(|| why.clone());
-                }
-                Step::Release { why, .. } => {
-                    released += 1;
-                    reason.get_or_insert_with(|| why.clone());
-                }
-                Step::Done | Step::Park { .. } => {}
+            if let Step::Again { why, .. } = &step {
+                retried += 1;
+                reason.get_or_insert_with(|| why.clone());
             }
             match step {
                 Step::Done => {
@@ -189,7 +183,7 @@ where
             }
         }
         if let Some(error) = reason {
-            tracing::warn!(relay = %name, retried, released, %error, "a batch was not delivered in full; its events are tried again");
+            tracing::warn!(relay = %name, retried, %error, "events of a batch failed at the sink; they are tried again after a backoff");
         }
     }
 }
