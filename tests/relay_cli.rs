@@ -71,8 +71,11 @@ fn relay_args<'a>(stream: &'a TestStream, url: &'a str) -> Vec<&'a str> {
     ]
 }
 
-fn spawn_relay(db: &TestDb, args: &[&str]) -> Child {
-    Command::new(ORDO_BIN)
+/// An `ordo relay run` process, killed when dropped (a failing test leaves none behind).
+struct RelayProcess(Option<Child>);
+
+fn spawn_relay(db: &TestDb, args: &[&str]) -> RelayProcess {
+    let child = Command::new(ORDO_BIN)
         .args(args)
         .env("DATABASE_URL", &db.url)
         .env_remove("ORDO_RELAY_URL")
@@ -80,15 +83,41 @@ fn spawn_relay(db: &TestDb, args: &[&str]) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn ordo relay run")
+        .expect("spawn ordo relay run");
+    RelayProcess(Some(child))
 }
 
-fn terminate(child: &Child) {
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(sent.success(), "SIGTERM to ordo relay run");
+impl RelayProcess {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a running process")
+    }
+
+    /// SIGKILL: no shutdown, the lease left to expire.
+    fn kill(&mut self) {
+        let child = self.child();
+        child.kill().expect("SIGKILL ordo relay run");
+        let _ = child.wait();
+    }
+
+    /// SIGTERM, then its exit and what it logged.
+    fn terminate(mut self) -> Output {
+        let child = self.0.take().expect("a running process");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "SIGTERM to ordo relay run");
+        child.wait_with_output().expect("ordo relay run ends")
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Every event in the stream once (by `Nats-Msg-Id`), every customer's in id order; the ids
@@ -135,8 +164,7 @@ async fn a_standalone_relay_killed_mid_stream_delivers_every_sql_written_event_o
         eventually(PATIENCE, || async { stream.len().await >= 40 }).await,
         "the first relay process delivered nothing"
     );
-    first.kill().expect("SIGKILL the first relay process");
-    let _ = first.wait();
+    first.kill();
     let at_kill = stream.len().await;
     assert!(at_kill < 400, "the relay was not killed mid-stream");
     writer.await.expect("the writer");
@@ -152,8 +180,7 @@ async fn a_standalone_relay_killed_mid_stream_delivers_every_sql_written_event_o
     let second = spawn_relay(&db, &args);
     insert_by_sql(&db.pool, 400, 50).await;
     let all = eventually(PATIENCE, || async { stream.len().await >= 450 }).await;
-    terminate(&second);
-    let output = second.wait_with_output().expect("the second process ends");
+    let output = second.terminate();
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(all, "not every event reached the stream: {log}");
     assert!(output.status.success(), "a graceful stop exits 0: {log}");
@@ -181,14 +208,28 @@ async fn a_standalone_relay_killed_mid_stream_delivers_every_sql_written_event_o
     assert_eq!(stalled, 0, "nothing failed or parked");
 }
 
+/// Runs `ordo` with `args`, which must fail (within 20 s: a relay that accepted its settings
+/// would run until stopped, so it is killed and the test fails); its stderr.
 fn refused(db: &TestDb, args: &[&str]) -> String {
-    let output: Output = Command::new(ORDO_BIN)
+    let mut child = Command::new(ORDO_BIN)
         .args(args)
         .env("DATABASE_URL", &db.url)
         .env_remove("ORDO_RELAY_URL")
         .env_remove("ORDO_WEBHOOK_SECRET")
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run ordo relay run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("poll ordo").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("accepted, and running: {args:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output: Output = child.wait_with_output().expect("ordo's output");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(!output.status.success(), "accepted: {args:?}: {stderr}");
     stderr
