@@ -50,7 +50,11 @@ impl KeyFrom {
         ))
     }
 
-    /// The event's keys: none, or one.
+    /// The event's keys: none, or one. (Without a sink feature no relay runs to ask.)
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+        allow(dead_code)
+    )]
     pub(crate) fn keys(&self, event: &Envelope<RawPayload>) -> Keys {
         let key = match self {
             KeyFrom::None => None,
@@ -80,6 +84,10 @@ impl std::fmt::Display for KeyFrom {
 
 /// A JSON value as a key: a string as itself, `null` as no key, anything else as its JSON
 /// text (`42`, `true`, `{"a":1}`).
+#[cfg_attr(
+    not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+    allow(dead_code)
+)]
 fn key_text(value: &Value) -> Option<String> {
     match value {
         Value::Null => None,

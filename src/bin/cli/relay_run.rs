@@ -153,6 +153,10 @@ fn relay_config(name: &str, lane: Ordering, s: &Settings) -> RelayConfig {
 }
 
 fn describe(sinks: &Sinks) -> String {
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+        allow(dead_code)
+    )]
     fn first<K: Sink>(sinks: &[K]) -> String {
         sinks.first().map(Sink::describe).unwrap_or_default()
     }
@@ -248,6 +252,10 @@ pub(crate) async fn serve(pool: PgPool, plan: Plan) -> CliResult {
     Ok(())
 }
 
+#[cfg_attr(
+    not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+    allow(dead_code)
+)]
 async fn start<K: Sink>(
     outbox: &Outbox<RawPayload>,
     config: RelayConfig,
