@@ -1,7 +1,8 @@
 //! `ordo relay run`, the standalone relay, as real processes: events written by plain SQL (as
 //! an application in another language writes them) reach a JetStream stream through one
 //! process killed with SIGKILL mid-stream and another started after it, every one at least
-//! once, exactly once after the stream's deduplication, in order per key; the second stops
+//! once, exactly once after the stream's deduplication, in order per key; the second (its URL
+//! from ORDO_RELAY_URL) stops
 //! on SIGTERM and releases its lease. Bad settings are refused, naming the setting.
 #![cfg(all(feature = "cli", feature = "nats", feature = "rabbitmq"))]
 
@@ -74,11 +75,16 @@ fn relay_args<'a>(stream: &'a TestStream, url: &'a str) -> Vec<&'a str> {
 /// An `ordo relay run` process, killed when dropped (a failing test leaves none behind).
 struct RelayProcess(Option<Child>);
 
-fn spawn_relay(db: &TestDb, args: &[&str]) -> RelayProcess {
-    let child = Command::new(ORDO_BIN)
+/// Runs `ordo` with `args`; the sink's URL in ORDO_RELAY_URL when `url_env` gives one.
+fn spawn_relay(db: &TestDb, args: &[&str], url_env: Option<&str>) -> RelayProcess {
+    let mut command = Command::new(ORDO_BIN);
+    match url_env {
+        Some(url) => command.env("ORDO_RELAY_URL", url),
+        None => command.env_remove("ORDO_RELAY_URL"),
+    };
+    let child = command
         .args(args)
         .env("DATABASE_URL", &db.url)
-        .env_remove("ORDO_RELAY_URL")
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -154,7 +160,7 @@ async fn a_standalone_relay_killed_mid_stream_delivers_every_sql_written_event_o
     let args = relay_args(&stream, &url);
     insert_by_sql(&db.pool, 0, 200).await;
 
-    let mut first = spawn_relay(&db, &args);
+    let mut first = spawn_relay(&db, &args, None);
     // More events arrive while the first process delivers.
     let writer = {
         let pool = db.pool.clone();
@@ -177,7 +183,13 @@ async fn a_standalone_relay_killed_mid_stream_delivers_every_sql_written_event_o
     .expect("the relay's row");
     assert!(leased.is_some(), "a killed process released its lease");
 
-    let second = spawn_relay(&db, &args);
+    // The same relay, its URL from the environment this time.
+    let without_url: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|arg| *arg != "--url" && *arg != url)
+        .collect();
+    let second = spawn_relay(&db, &without_url, Some(&url));
     insert_by_sql(&db.pool, 400, 50).await;
     let all = eventually(PATIENCE, || async { stream.len().await >= 450 }).await;
     let output = second.terminate();
