@@ -2,8 +2,8 @@
 //! an application in another language writes them) reach a JetStream stream through one
 //! process killed with SIGKILL mid-stream and another started after it, every one at least
 //! once, exactly once after the stream's deduplication, in order per key; the second (its URL
-//! from ORDO_RELAY_URL) stops
-//! on SIGTERM and releases its lease. Bad settings are refused, naming the setting.
+//! from ORDO_RELAY_URL) stops on SIGTERM and releases its lease. Bad settings are refused,
+//! naming the setting.
 #![cfg(all(feature = "cli", feature = "nats", feature = "rabbitmq"))]
 
 mod common;
