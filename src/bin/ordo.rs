@@ -15,6 +15,7 @@
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
+//! ordo relay run NAME --sink S --key-from K ...   a relay until SIGINT/SIGTERM (cli/relay_run.rs)
 //! ordo relay parked|requeue|replay                relays' parked events (see cli/relay.rs)
 //! ordo secrets list|add|remove|scrub             secret payload keys (see cli/secrets.rs)
 //! ```
@@ -80,7 +81,7 @@ enum Command {
     DeadLetters(DeadLettersArgs),
     /// The consumer inbox: failed messages, replays, watermarks.
     Inbox(inbox::InboxArgs),
-    /// Relays: parked events, requeue, replay.
+    /// Relays: run one standalone; parked events, requeue, replay.
     Relay(relay::RelayArgs),
     /// Secret payload keys: removed from stored events once every reader passed them.
     Secrets(secrets::SecretsArgs),
@@ -320,14 +321,20 @@ fn lane_parser() -> impl clap::builder::TypedValueParser<Value = Ordering> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A standalone relay is a long-running service: its operator sees it start, change state
+    // and progress. Every other command only warns. RUST_LOG overrides both.
+    let quiet = match &cli.command {
+        Command::Relay(args) if args.runs_a_relay() => "warn,ordo=info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet)),
         )
         .with_writer(io::stderr)
         .init();
-    let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -345,7 +352,12 @@ async fn run(cli: Cli) -> CliResult {
     let Some(url) = cli.database_url else {
         return Err("no database: set DATABASE_URL or pass --database-url".into());
     };
-    let pool = connect(&url, cli.connect_timeout).await?;
+    let database = connect(&url, cli.connect_timeout);
+    let pool = match cli.command {
+        // `ordo relay run` checks its settings before it connects.
+        Command::Relay(args) => return relay::run(database, args).await,
+        _ => database.await?,
+    };
     match cli.command {
         Command::Migrate => {
             ordo::migrate(&pool).await?;
@@ -360,7 +372,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Grant(args) => grant(pool, args).await,
         Command::DeadLetters(args) => dead_letters(pool, args).await,
         Command::Inbox(args) => inbox::run(pool, args).await,
-        Command::Relay(args) => relay::run(pool, args).await,
+        Command::Relay(args) => relay::run(std::future::ready(Ok(pool)), args).await,
         Command::Secrets(args) => secrets::run(pool, args).await,
     }
 }

@@ -160,7 +160,15 @@ where
     fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
         let name = &self.config.name;
         let now = Instant::now();
+        // One line per batch with events the sink failed, so that an operator sees why a
+        // relay makes no progress before anything is parked (a batch released without blame
+        // is logged where it lands, in `flight.rs`).
+        let (mut retried, mut reason) = (0u32, None::<String>);
         for (slot, step) in plan {
+            if let Step::Again { why, .. } = &step {
+                retried += 1;
+                reason.get_or_insert_with(|| why.clone());
+            }
             match step {
                 Step::Done => {
                     work.lanes.complete(slot);
@@ -186,6 +194,9 @@ where
                     metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "parked").increment(1);
                 }
             }
+        }
+        if let Some(error) = reason {
+            tracing::warn!(relay = %name, retried, %error, "events of a batch failed at the sink; they are tried again after a backoff");
         }
     }
 }

@@ -1,19 +1,32 @@
-//! `ordo relay`: a relay's parked events, requeued or replayed. A relay keeps its position in
-//! `ordo.subscriptions` under its name, and its parked events are its stalled keys, so these
-//! are the subscription functions under the names an operator of a relay looks for.
+//! `ordo relay`: a relay run standalone, and its parked events, requeued or replayed. A relay
+//! keeps its position in `ordo.subscriptions` under its name, and its parked events are its
+//! stalled keys, so the operator's commands are the subscription functions under the names an
+//! operator of a relay looks for.
 //!
 //! ```text
+//! ordo relay run NAME --sink nats|rabbitmq|webhook --key-from SOURCE [...] [--config FILE]
+//!                                             a relay until SIGINT/SIGTERM (see relay_run.rs)
 //! ordo relay parked NAME [--json]             parked events, by key, with their errors
 //! ordo relay requeue NAME KEY | --all         deliver the parked event of KEY (or every one) again
 //! ordo relay replay NAME --from POSITION      deliver again everything from POSITION on
 //! ```
 
+use std::future::Future;
 use std::io::{self, Write};
 
 use clap::Subcommand;
 use ordo::admin;
 use ordo::{CommitSequence, EventSequence, Ordering, Position};
 use sqlx::PgPool;
+
+#[path = "relay_keys.rs"]
+mod keys;
+#[path = "relay_run.rs"]
+mod run;
+#[path = "relay_settings.rs"]
+mod settings;
+#[path = "relay_sinks.rs"]
+mod sinks;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -23,8 +36,21 @@ pub(crate) struct RelayArgs {
     action: RelayAction,
 }
 
+impl RelayArgs {
+    /// Whether this is `ordo relay run`, which logs its progress by default.
+    pub(crate) fn runs_a_relay(&self) -> bool {
+        matches!(self.action, RelayAction::Run(_))
+    }
+}
+
 #[derive(Subcommand)]
 enum RelayAction {
+    /// Run a relay until SIGINT or SIGTERM: deliver every event of `ordo.events` (however it
+    /// was written, plain SQL included) to NATS JetStream, RabbitMQ or a webhook, at least
+    /// once, the event id as the message id, in order per key. Settings by flags or
+    /// --config FILE (flags win); secrets only from the environment. Any number of processes
+    /// may run the same relay: one delivers, the others stand by.
+    Run(Box<run::RunArgs>),
     /// List a relay's parked events (one line per key they hold), oldest first.
     Parked {
         name: String,
@@ -53,8 +79,19 @@ enum RelayAction {
     },
 }
 
-pub(crate) async fn run(pool: PgPool, args: RelayArgs) -> CliResult {
+/// Runs `args`, connecting with `database` only once the arguments are found sound: a
+/// standalone relay's settings are refused before any connection is made.
+pub(crate) async fn run<D>(database: D, args: RelayArgs) -> CliResult
+where
+    D: Future<Output = Result<PgPool, Box<dyn std::error::Error>>>,
+{
+    if let RelayAction::Run(run) = args.action {
+        let plan = run.plan()?;
+        return run::serve(database.await?, plan).await;
+    }
+    let pool = database.await?;
     match args.action {
+        RelayAction::Run(_) => Ok(()),
         RelayAction::Parked { name, json } => {
             let parked = admin::list_stalled_keys(&pool, &name).await?;
             let mut out = io::stdout().lock();
