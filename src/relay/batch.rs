@@ -122,30 +122,39 @@ where
             plan.push((slot, step));
         }
         self.apply(work, plan);
+        // What the status may call recorded once this write and every one before it are.
+        let number = work.recording.start(work.lanes.watermark());
         let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
         self.writes.push(tokio::spawn(async move {
-            Written(writer.write(to_store).await)
+            Written(number, writer.write(to_store).await)
         }));
     }
 
     /// Waits for every write of marks started so far; a flow when one says to claim again.
-    pub(super) async fn finish_writes(&mut self) -> Option<Flow> {
+    pub(super) async fn finish_writes(&mut self, work: &mut Work<P>) -> Option<Flow> {
         let mut flow = None;
         while let Some(joined) = self.writes.next().await {
-            flow = flow.or(self.written(joined));
+            flow = flow.or(self.written(work, joined));
         }
         flow
     }
 
     /// A write of marks is done; a flow when it was not stored (the lease was lost, the write
     /// failed): the relay claims again, and the owner then sends those events again.
-    pub(super) fn written(&self, joined: Result<Written, tokio::task::JoinError>) -> Option<Flow> {
+    pub(super) fn written(
+        &self,
+        work: &mut Work<P>,
+        joined: Result<Written, tokio::task::JoinError>,
+    ) -> Option<Flow> {
         let name = &self.config.name;
-        let Ok(Written(stored)) = joined else {
+        let Ok(Written(number, stored)) = joined else {
             return Some(Flow::Reclaim);
         };
         match stored {
-            Ok(true) => None,
+            Ok(true) => {
+                work.recording.stored(number);
+                None
+            }
             Ok(false) => {
                 tracing::warn!(relay = %name, "the lease was lost before the results were recorded: they are dropped, and the new owner sends these events again");
                 Some(Flow::Reclaim)
@@ -201,8 +210,53 @@ where
     }
 }
 
-/// A finished write of marks: whether it was stored (false: the lease fence refused it).
-pub(crate) struct Written(Result<bool, sqlx::Error>);
+/// A finished write of marks: its number, whether it was stored (false: the lease fence
+/// refused it).
+pub(crate) struct Written(u64, Result<bool, sqlx::Error>);
+
+/// How far the relay's results are stored: the schedule moves on as soon as a batch lands,
+/// its marks are written behind it, possibly out of order; the status reports a position only
+/// once every result at or below it is stored.
+#[derive(Default)]
+pub(super) struct Recording {
+    next: u64,
+    /// Writes not yet stored, in the order they started, with the schedule's watermark right
+    /// after each was applied.
+    pending: std::collections::VecDeque<(u64, u64)>,
+    /// Writes stored while one before them was not.
+    stored_early: std::collections::HashSet<u64>,
+    /// Every result at or below this position is stored.
+    pub(super) recorded: u64,
+}
+
+impl Recording {
+    pub(super) fn new(watermark: u64) -> Self {
+        Self {
+            recorded: watermark,
+            ..Self::default()
+        }
+    }
+
+    /// A write starts, after its results moved the schedule's watermark to `watermark`.
+    fn start(&mut self, watermark: u64) -> u64 {
+        let number = self.next;
+        self.next += 1;
+        self.pending.push_back((number, watermark));
+        number
+    }
+
+    /// Write `number` is stored.
+    fn stored(&mut self, number: u64) {
+        self.stored_early.insert(number);
+        while let Some(&(first, watermark)) = self.pending.front() {
+            if !self.stored_early.remove(&first) {
+                break;
+            }
+            self.pending.pop_front();
+            self.recorded = self.recorded.max(watermark);
+        }
+    }
+}
 
 /// What a verdict does to the schedule once its mark is stored.
 enum Step {

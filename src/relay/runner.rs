@@ -38,7 +38,7 @@ use crate::subscription::keyed::Keys;
 use crate::subscription::keyed::lanes::Lanes;
 use crate::subscription::keyed::progress::{self, Known};
 use crate::subscription::keyed::runner::admit;
-use crate::subscription::source::{Item, Source};
+use crate::subscription::source::{Item, ReadAhead, Source};
 use crate::subscription::sql;
 use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use crate::task::StopSignal;
@@ -47,7 +47,7 @@ use futures::stream::FuturesUnordered;
 
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::batch::Written;
+use super::batch::{Recording, Written};
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -95,6 +95,8 @@ pub(super) struct Work<P> {
     pub(super) lanes: Lanes<Item<P>>,
     pub(super) known: HashMap<u64, Known>,
     pub(super) stored: Position,
+    /// How far the results are stored (what the status reports).
+    pub(super) recording: Recording,
     pub(super) flush_at: Instant,
     pub(super) renew_at: Instant,
     pub(super) retries_at: Instant,
@@ -168,13 +170,15 @@ where
             }
         };
         let filter = crate::event_type::TypeFilter::default();
-        let mut source = Source::new(
+        let source = Source::new(
             &self.lane,
             &self.commit,
             self.stop.clone(),
             watermark,
             filter,
         );
+        // Up to a page read ahead, beside the runner (see `ReadAhead`).
+        let mut source = ReadAhead::spawn(source, self.lane.page_size);
         let now = Instant::now();
         let mut work = Work {
             lanes: match self.config.on_parked {
@@ -183,6 +187,7 @@ where
             },
             known,
             stored: watermark,
+            recording: Recording::new(watermark.get()),
             flush_at: now + FLUSH_EVERY,
             renew_at: now + self.config.lease / 3,
             retries_at: now,
@@ -201,21 +206,24 @@ where
             }
         }
         // Every write of marks finishes before the next claim or the stop's last flush.
-        let unstored = self.finish_writes().await;
+        let unstored = self.finish_writes(&mut work).await;
         if matches!(flow, Flow::Stop) && unstored.is_none() {
             let _ = self.flush(&mut work).await;
         }
         flow
     }
 
-    async fn relay_loop(&mut self, work: &mut Work<P>, source: &mut Source<P>) -> Flow {
+    async fn relay_loop(&mut self, work: &mut Work<P>, source: &mut ReadAhead<P>) -> Flow {
         loop {
             if self.stop.is_stopped() {
                 return Flow::Stop;
             }
             while work.lanes.len() < self.config.window {
-                let Some(item) = source.pop() else { break };
-                self.admit(work, item);
+                match source.try_next() {
+                    Some(Ok(item)) => self.admit(work, item),
+                    Some(Err(error)) => return self.read_failed(&error).await,
+                    None => break,
+                }
             }
             while !self.idle.is_empty() && work.lanes.has_ready() {
                 let Some((slots, messages)) = self.take_batch(work) else {
@@ -239,7 +247,7 @@ where
             .flatten()
             .min()
             .unwrap_or(work.renew_at);
-            let may_read = work.lanes.len() < self.config.window && !source.has_buffered();
+            let may_read = work.lanes.len() < self.config.window;
             tokio::select! {
                 biased;
                 _ = self.stop.stopped() => return Flow::Stop,
@@ -249,17 +257,16 @@ where
                     self.landed(work, landed);
                 }
                 Some(joined) = self.writes.next(), if !self.writes.is_empty() => {
-                    if let Some(flow) = self.written(joined) {
+                    if let Some(flow) = self.written(work, joined) {
                         return flow;
                     }
                 }
-                filled = source.fill(), if may_read => match filled {
-                    None => return Flow::Stop,
-                    Some(Ok(())) => {}
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, relay = %self.config.name, "reading the lane failed");
-                        return self.pause(ERROR_BACKOFF).await;
-                    }
+                read = source.next(), if may_read => match read {
+                    // The reader ends on a stop; ended otherwise (it panicked), claim again.
+                    None if self.stop.is_stopped() => return Flow::Stop,
+                    None => return Flow::Reclaim,
+                    Some(Ok(item)) => self.admit(work, item),
+                    Some(Err(error)) => return self.read_failed(&error).await,
                 },
                 _ = tokio::time::sleep_until(wake) => {
                     if let Some(flow) = self.on_timers(work).await {
@@ -268,6 +275,11 @@ where
                 }
             }
         }
+    }
+
+    async fn read_failed(&mut self, error: &crate::Error) -> Flow {
+        tracing::warn!(%error, relay = %self.config.name, "reading the lane failed");
+        self.pause(ERROR_BACKOFF).await
     }
 
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {

@@ -37,7 +37,7 @@ where
     pub(super) async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
         // The watermark passes only what is stored: the marks of every landed batch first (and
         // their fence refuses rows below a stored watermark, so they must not come after it).
-        if let Some(flow) = self.finish_writes().await {
+        if let Some(flow) = self.finish_writes(work).await {
             return Some(flow);
         }
         let c = &self.config;
@@ -85,7 +85,12 @@ where
     /// The handle's status: the watermark, the lag and the parked events' keys.
     pub(super) fn publish_status(&self, work: &mut Work<P>) {
         let ordering = self.config.ordering;
-        let position = Position::new(ordering, work.lanes.watermark());
+        // Only what is stored: the schedule may be ahead of the marks being written. With no
+        // write pending it is not (events done before this claim complete without one).
+        if self.writes.is_empty() {
+            work.recording.recorded = work.recording.recorded.max(work.lanes.watermark());
+        }
+        let position = Position::new(ordering, work.recording.recorded);
         let head = match ordering {
             crate::Ordering::Insert => self.lane.frontier(),
             crate::Ordering::Commit => self.commit.head(),

@@ -160,3 +160,62 @@ where
         Some(Ok(()))
     }
 }
+
+/// A [`Source`] read ahead by a task of its own, into a bounded channel.
+///
+/// A runner that waited on [`Source::fill`] inside a `select!` with other work abandoned the
+/// page read in progress each time the other work woke it first (a batch landing every few
+/// milliseconds), and started it again: under load the read finished only when nothing else
+/// was left to do, and the runner stalled on it. Here the read runs to completion beside the
+/// runner, which takes items as they come.
+pub(crate) struct ReadAhead<P> {
+    items: tokio::sync::mpsc::Receiver<Result<Item<P>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<P> ReadAhead<P>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    /// Reads `source` ahead, holding at most `capacity` items (at least 1) the runner has not
+    /// taken. The reading ends when the source stops, fails (the error is the last item) or
+    /// this is dropped.
+    pub(crate) fn spawn(mut source: Source<P>, capacity: usize) -> Self {
+        let (sender, items) = tokio::sync::mpsc::channel(capacity.max(1));
+        let task = tokio::spawn(async move {
+            loop {
+                match source.fill().await {
+                    None => return,
+                    Some(Err(error)) => {
+                        let _ = sender.send(Err(error)).await;
+                        return;
+                    }
+                    Some(Ok(())) => {
+                        while let Some(item) = source.pop() {
+                            if sender.send(Ok(item)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Self { items, task }
+    }
+
+    /// The next item if one is read already.
+    pub(crate) fn try_next(&mut self) -> Option<Result<Item<P>>> {
+        self.items.try_recv().ok()
+    }
+
+    /// The next item; `None` once the source stopped. Cancel safe.
+    pub(crate) async fn next(&mut self) -> Option<Result<Item<P>>> {
+        self.items.recv().await
+    }
+}
+
+impl<P> Drop for ReadAhead<P> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -29,7 +29,7 @@ use crate::subscription::config::{Keyed, OnExhaustion};
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::keys::Keys;
 use crate::subscription::runner::{ERROR_BACKOFF, Flow, Runner};
-use crate::subscription::source::{Item, Source};
+use crate::subscription::source::{Item, ReadAhead, Source};
 use crate::subscription::sql::{self, Stored};
 use crate::subscription::subscriber::Subscriber;
 
@@ -72,13 +72,15 @@ where
                 return self.pause(ERROR_BACKOFF).await;
             }
         };
-        let mut source = Source::new(
+        let source = Source::new(
             &self.lane,
             &self.commit,
             self.stop.clone(),
             row.position,
             self.config.types.clone(),
         );
+        // Up to a page read ahead, beside the runner (see `ReadAhead`).
+        let mut source = ReadAhead::spawn(source, self.lane.page_size);
         let now = Instant::now();
         let mut work = Work {
             lanes: Lanes::new(row.position.get()),
@@ -110,7 +112,7 @@ where
     async fn keyed_loop(
         &mut self,
         work: &mut Work<P>,
-        source: &mut Source<P>,
+        source: &mut ReadAhead<P>,
         context: &Arc<Context<S>>,
         keyed: Keyed,
     ) -> Flow {
@@ -119,8 +121,11 @@ where
                 return Flow::Stop;
             }
             while work.lanes.len() < keyed.window {
-                let Some(item) = source.pop() else { break };
-                self.admit(work, item);
+                match source.try_next() {
+                    Some(Ok(item)) => self.admit(work, item),
+                    Some(Err(error)) => return self.read_failed(error, work.stored).await,
+                    None => break,
+                }
             }
             if let Some(flow) = self.start_ready(work, context, keyed.concurrency).await {
                 return flow;
@@ -136,7 +141,7 @@ where
             .flatten()
             .min()
             .unwrap_or(work.renew_at);
-            let may_read = work.lanes.len() < keyed.window && !source.has_buffered();
+            let may_read = work.lanes.len() < keyed.window;
             tokio::select! {
                 biased;
                 _ = self.stop.stopped() => return Flow::Stop,
@@ -148,9 +153,11 @@ where
                         return flow;
                     }
                 }
-                filled = source.fill(), if may_read => match filled {
-                    None => return Flow::Stop,
-                    Some(Ok(())) => {}
+                read = source.next(), if may_read => match read {
+                    // The reader ends on a stop; ended otherwise (it panicked), claim again.
+                    None if self.stop.is_stopped() => return Flow::Stop,
+                    None => return Flow::Reclaim,
+                    Some(Ok(item)) => self.admit(work, item),
                     Some(Err(error)) => return self.read_failed(error, work.stored).await,
                 },
                 _ = tokio::time::sleep_until(wake) => {
