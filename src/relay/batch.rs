@@ -276,3 +276,25 @@ enum Step {
         why: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Recording;
+
+    #[test]
+    fn the_recorded_position_waits_for_every_earlier_write() {
+        let mut recording = Recording::new(10);
+        let first = recording.start(20);
+        let second = recording.start(30);
+        let third = recording.start(35);
+        recording.stored(second);
+        assert_eq!(recording.recorded, 10, "the first write is not stored yet");
+        recording.stored(first);
+        assert_eq!(recording.recorded, 30, "the first two are");
+        recording.stored(third);
+        assert_eq!(recording.recorded, 35);
+        let fourth = recording.start(40);
+        recording.stored(fourth);
+        assert_eq!(recording.recorded, 40);
+    }
+}
