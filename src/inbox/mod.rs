@@ -70,9 +70,9 @@ mod transport;
 mod watermark;
 
 #[cfg(feature = "nats")]
-mod nats;
+pub mod nats;
 #[cfg(feature = "rabbitmq")]
-mod rabbitmq;
+pub mod rabbitmq;
 
 use std::sync::Arc;
 use std::time::Duration;
