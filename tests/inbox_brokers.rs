@@ -515,3 +515,108 @@ async fn bad_adapter_settings_and_a_missing_stream_are_refused_with_the_setting_
         other => panic!("expected a broker error, got {other:?}"),
     }
 }
+
+/// Publishes `count` messages `order-{from}` … through `publish`, each with its own id.
+async fn publish_orders<F, Fut>(from: u32, count: u32, publish: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for n in from..from + count {
+        publish(format!("order-{n}")).await;
+    }
+}
+
+/// Runs `run` (an adapter behind `proxy`) while the proxy cuts every connection after 5
+/// messages were handled and passes again a second later; returns once `total` are handled.
+async fn through_a_cut<R>(db: &TestDb, proxy: &TcpFault, handler: &Recording, total: u32, run: R)
+where
+    R: Future<Output = ordo::Result<()>>,
+{
+    let orchestrate = async {
+        let five = eventually(PATIENCE, || async { handler.calls() >= 5 }).await;
+        assert!(five, "the adapter handled its first messages");
+        proxy.set(Fault::Cut);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.set(Fault::Pass);
+        let all = eventually(PATIENCE, || async {
+            all_effects(&db.pool).await >= i64::from(total)
+        })
+        .await;
+        assert!(all, "every message handled after the connection came back");
+    };
+    tokio::select! {
+        ran = run => panic!("the adapter stopped by itself: {ran:?}"),
+        () = orchestrate => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_an_adapter_whose_connection_is_cut_reconnects_and_loses_nothing() {
+    let (db, inbox) = setup("billing", 5).await;
+    let queue = InboxQueue::new().await;
+    let handler = Recording::holding(Duration::from_millis(20));
+    declare(
+        &rabbit_adapter(&amqp_uri(addr(RABBIT_ADDR)), &queue),
+        &inbox,
+        &handler,
+    )
+    .await;
+    publish_orders(0, 30, |id| {
+        let queue = &queue;
+        async move { queue.publish("placed", Some(&id), &[], "{}").await }
+    })
+    .await;
+    let proxy = TcpFault::start(addr(RABBIT_ADDR)).await;
+    let adapter = rabbit_adapter(&amqp_uri(proxy.addr()), &queue);
+    let (_stop, shutdown) = stopper();
+    through_a_cut(
+        &db,
+        &proxy,
+        &handler,
+        30,
+        adapter.run(&inbox, &handler, shutdown),
+    )
+    .await;
+    for n in 0..30 {
+        assert_eq!(
+            effects(&db.pool, &format!("order-{n}")).await,
+            1,
+            "order-{n}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_an_adapter_whose_connection_is_cut_reconnects_and_loses_nothing() {
+    let (db, inbox) = setup("billing", 5).await;
+    let stream = TestStream::new().await;
+    publish_orders(0, 30, |id| {
+        let stream = &stream;
+        async move {
+            stream
+                .publish("placed", &[("Nats-Msg-Id", id.as_str())], "{}")
+                .await
+        }
+    })
+    .await;
+    let handler = Recording::holding(Duration::from_millis(20));
+    let proxy = TcpFault::start(addr(NATS_ADDR)).await;
+    let adapter = nats_adapter(&nats_url(proxy.addr()), &stream, "billing");
+    let (_stop, shutdown) = stopper();
+    through_a_cut(
+        &db,
+        &proxy,
+        &handler,
+        30,
+        adapter.run(&inbox, &handler, shutdown),
+    )
+    .await;
+    for n in 0..30 {
+        assert_eq!(
+            effects(&db.pool, &format!("order-{n}")).await,
+            1,
+            "order-{n}"
+        );
+    }
+}
