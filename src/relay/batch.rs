@@ -173,6 +173,8 @@ where
         // relay makes no progress before anything is parked (a batch released without blame
         // is logged where it lands, in `flight.rs`).
         let (mut retried, mut reason) = (0u32, None::<String>);
+        // Counted per batch, not per event: each `counter!` call looks its series up again.
+        let [mut delivered, mut released, mut parked] = [0u64; 3];
         for (slot, step) in plan {
             if let Step::Again { why, .. } = &step {
                 retried += 1;
@@ -181,7 +183,7 @@ where
             match step {
                 Step::Done => {
                     work.lanes.complete(slot);
-                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "delivered").increment(1);
+                    delivered += 1;
                 }
                 Step::Again {
                     attempts,
@@ -189,20 +191,29 @@ where
                     after,
                 } => {
                     work.lanes.back_off(slot, attempts, why, now + after);
-                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "retried").increment(1);
                 }
                 Step::Release { attempts, why } => {
                     let at = now + super::runner::BLAMELESS_RETRY;
                     work.lanes.back_off(slot, attempts, why, at);
-                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "released").increment(1);
+                    released += 1;
                 }
                 Step::Park { attempts, why } => {
                     tracing::error!(relay = %name, error = %why, attempts, "event parked until an operator requeues it");
                     work.lanes.stall(slot, attempts, why);
                     work.stalled_changed = true;
-                    metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => "parked").increment(1);
+                    parked += 1;
                 }
             }
+        }
+        let counts = [
+            ("delivered", delivered),
+            ("retried", u64::from(retried)),
+            ("released", released),
+            ("parked", parked),
+        ];
+        for (result, count) in counts.into_iter().filter(|(_, count)| *count > 0) {
+            metrics::counter!(m::RELAY_EVENTS, "relay" => name.clone(), "result" => result)
+                .increment(count);
         }
         if let Some(error) = reason {
             tracing::warn!(relay = %name, retried, %error, "events of a batch failed at the sink; they are tried again after a backoff");
