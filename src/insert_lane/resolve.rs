@@ -128,15 +128,22 @@ impl Resolver {
     }
 
     async fn fill(&self, from: u64, upto: u64) -> Result<u64> {
-        let filled = fill_placeholders(
-            &self.pool,
-            EventSequence::new(from),
-            EventSequence::new(upto),
-        )
-        .await?;
-        // Counted here, not when the frontier task joins the resolver: the frontier may pass
-        // the hole (seeing the placeholder) and drop the resolver's result unread.
-        metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(filled);
-        Ok(filled)
+        let pool = self.pool.clone();
+        // A task of its own, counted there: the frontier aborts this resolver once it passes
+        // the hole, which the placeholder written here lets it do before this future resumes,
+        // and the count must not go with it (the frontier may also drop the result unread).
+        let written = tokio::spawn(async move {
+            let filled =
+                fill_placeholders(&pool, EventSequence::new(from), EventSequence::new(upto))
+                    .await?;
+            metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(filled);
+            Ok::<u64, sqlx::Error>(filled)
+        });
+        match written.await {
+            Ok(filled) => Ok(filled?),
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // Only a runtime shutting down cancels it.
+            Err(_) => Err(crate::Error::Shutdown),
+        }
     }
 }
