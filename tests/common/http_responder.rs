@@ -4,6 +4,8 @@
 //! It reads a request head up to the blank line, then exactly `Content-Length` body bytes,
 //! and keeps the connection alive. It listens on 127.0.0.1 only and stops when the
 //! [`Responder`] is dropped, or after five minutes in any case.
+//!
+//! `examples/relay_load_webhook.rs` uses it too, as the receiver it measures against.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -12,6 +14,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 const LIFETIME: Duration = Duration::from_secs(300);
@@ -68,6 +71,7 @@ impl Reply {
 struct Shared {
     requests: Mutex<Vec<Request>>,
     script: Mutex<VecDeque<Reply>>,
+    watchers: Mutex<Vec<mpsc::UnboundedSender<Request>>>,
 }
 
 pub struct Responder {
@@ -104,6 +108,22 @@ impl Responder {
     pub fn requests(&self) -> Vec<Request> {
         self.shared.requests.lock().expect("requests lock").clone()
     }
+
+    /// How many requests were received so far.
+    pub fn count(&self) -> usize {
+        self.shared.requests.lock().expect("requests lock").len()
+    }
+
+    /// Every request received from now on, as it arrives (before it is answered).
+    pub fn watch(&self) -> mpsc::UnboundedReceiver<Request> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.shared
+            .watchers
+            .lock()
+            .expect("watchers lock")
+            .push(sender);
+        receiver
+    }
 }
 
 impl Drop for Responder {
@@ -127,6 +147,11 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     while let Some(request) = read_request(&mut read).await {
+        shared
+            .watchers
+            .lock()
+            .expect("watchers lock")
+            .retain(|watcher| watcher.send(request.clone()).is_ok());
         shared.requests.lock().expect("requests lock").push(request);
         let reply = shared
             .script
