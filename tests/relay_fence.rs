@@ -52,6 +52,13 @@ async fn done_rows(db: &TestDb) -> i64 {
         .expect("progress")
 }
 
+async fn stored_position(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT position FROM ordo.subscriptions WHERE name = 'gated'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("position")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_lost_its_lease_mid_batch_records_nothing_and_the_owner_resends() {
     let db = TestDb::new().await;
@@ -96,6 +103,11 @@ async fn a_relay_that_lost_its_lease_mid_batch_records_nothing_and_the_owner_res
         done_rows(&db).await,
         0,
         "a relay without the lease recorded a delivery"
+    );
+    assert_eq!(
+        stored_position(&db).await,
+        0,
+        "a relay without the lease moved the stored watermark"
     );
 
     // The lease comes free: the relay claims it and sends what it could not record again.

@@ -13,6 +13,7 @@ use super::marks::{self, Mark, Marks};
 use super::runner::{Flow, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
 use crate::ops::metrics as m;
+use crate::subscription::handle::Position;
 use crate::subscription::keyed::lanes::Slot;
 
 impl<P, K> RelayRunner<P, K>
@@ -122,11 +123,21 @@ where
             plan.push((slot, step));
         }
         self.apply(work, plan);
+        let watermark = work.lanes.watermark();
+        // A batch whose delivered events the watermark now covers (the usual case: batches
+        // land in order) stores the watermark instead of a row per event, which the flush
+        // would delete again.
+        let covered = !to_store.delivered.is_empty()
+            && to_store.delivered.iter().all(|at| at.get() <= watermark);
+        if covered && watermark > work.stored.get() {
+            to_store.advance_to = Some(Position::new(self.config.ordering, watermark));
+        }
+        let advance = to_store.advance_to;
         // What the status may call recorded once this write and every one before it are.
-        let number = work.recording.start(work.lanes.watermark());
+        let number = work.recording.start(watermark);
         let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
         self.writes.push(tokio::spawn(async move {
-            Written(number, writer.write(to_store).await)
+            Written(number, advance, writer.write(to_store).await)
         }));
     }
 
@@ -147,12 +158,15 @@ where
         joined: Result<Written, tokio::task::JoinError>,
     ) -> Option<Flow> {
         let name = &self.config.name;
-        let Ok(Written(number, stored)) = joined else {
+        let Ok(Written(number, advance, stored)) = joined else {
             return Some(Flow::Reclaim);
         };
         match stored {
             Ok(true) => {
                 work.recording.stored(number);
+                if let Some(to) = advance.filter(|to| to.get() > work.stored.get()) {
+                    work.stored = to;
+                }
                 None
             }
             Ok(false) => {
@@ -223,7 +237,9 @@ where
 
 /// A finished write of marks: its number, whether it was stored (false: the lease fence
 /// refused it).
-pub(crate) struct Written(u64, Result<bool, sqlx::Error>);
+/// A write of marks done: its number, the watermark it stored instead of completion rows, and
+/// whether it was stored (false: the fence refused).
+pub(crate) struct Written(u64, Option<Position>, Result<bool, sqlx::Error>);
 
 /// How far the relay's results are stored: the schedule moves on as soon as a batch lands,
 /// its marks are written behind it, possibly out of order; the status reports a position only

@@ -1,5 +1,6 @@
 //! A batch's results, stored in one transaction fenced by the relay's lease: delivered events
-//! become done (their completion rows; the watermark moves past them), failed ones store their
+//! become done (the stored watermark moves to cover them when the schedule's watermark does,
+//! otherwise a completion row each, which the flush folds into the watermark), failed ones store their
 //! attempts and error, parked ones their keys too. A relay that lost its lease stores nothing.
 
 use sqlx::PgPool;
@@ -8,18 +9,42 @@ use uuid::Uuid;
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::progress;
 
-/// Every delivered position at once, fenced like a keyed completion (`FOR SHARE` of the
-/// relay's row holds off a takeover until COMMIT). Rows inserted or updated = positions given,
-/// unless the fence refused.
+/// Every delivered position above the stored watermark at once, fenced like a keyed
+/// completion (`FOR SHARE` of the relay's row holds off a takeover until COMMIT). The fence is
+/// the row itself: a position at or below the watermark needs no row (an earlier write of this
+/// relay may have moved the watermark past it), so the answer is whether the row was there.
 pub(crate) const DELIVERED: &str = r#"
-INSERT INTO ordo.subscription_progress (subscription, position, state)
-SELECT s.name, d.position, 'done'
-FROM ordo.subscriptions AS s, unnest($3::bigint[]) AS d(position)
-WHERE s.name = $1 AND s.lease_owner = $2 AND s.status = 'active' AND s.position < d.position
-FOR SHARE OF s
-ON CONFLICT (subscription, position) DO UPDATE
-SET state = 'done', last_error = NULL, retry_requested_at = NULL, updated_at = now()
-WHERE ordo.subscription_progress.state <> 'done'
+WITH fence AS (
+    SELECT s.name, s.position FROM ordo.subscriptions AS s
+    WHERE s.name = $1 AND s.lease_owner = $2 AND s.status = 'active'
+    FOR SHARE
+), stored AS (
+    INSERT INTO ordo.subscription_progress (subscription, position, state)
+    SELECT f.name, d.position, 'done'
+    FROM fence AS f, unnest($3::bigint[]) AS d(position)
+    WHERE f.position < d.position
+    ON CONFLICT (subscription, position) DO UPDATE
+    SET state = 'done', last_error = NULL, retry_requested_at = NULL, updated_at = now()
+    WHERE ordo.subscription_progress.state <> 'done'
+)
+SELECT EXISTS (SELECT 1 FROM fence)
+"#;
+
+/// The watermark moved to `$3` (never back) in place of completion rows, when a batch's
+/// delivered events are all at or below the schedule's contiguous watermark once it landed:
+/// every event up to there was delivered, by this batch or one before it. Progress rows at or
+/// below it go, as in a flush. Fenced by the lease; the answer is whether the row was there.
+pub(crate) const ADVANCE: &str = r#"
+WITH moved AS (
+    UPDATE ordo.subscriptions
+    SET position = GREATEST(position, $3), updated_at = now()
+    WHERE name = $1 AND lease_owner = $2 AND status = 'active'
+    RETURNING position
+), pruned AS (
+    DELETE FROM ordo.subscription_progress AS p
+    WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
+)
+SELECT EXISTS (SELECT 1 FROM moved)
 "#;
 
 /// A failed delivery's record.
@@ -36,6 +61,8 @@ pub(crate) struct Mark {
 pub(crate) struct Marks {
     pub(crate) delivered: Vec<Position>,
     pub(crate) failed: Vec<Mark>,
+    /// Store this watermark instead of a row per delivered position (see [`ADVANCE`]).
+    pub(crate) advance_to: Option<Position>,
 }
 
 /// Writes marks for one relay owner (owned, so a task of its own can run it).
@@ -57,22 +84,35 @@ impl Writer {
     /// Stores `marks` in one transaction; false (nothing stored) when the fence refused.
     pub(crate) async fn write(self, marks: Marks) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        if !marks.delivered.is_empty() {
-            let positions: Vec<i64> = marks
-                .delivered
-                .iter()
-                .map(|at| i64::try_from(at.get()).unwrap_or(i64::MAX))
-                .collect();
-            let done = sqlx::query(DELIVERED)
-                .bind(&self.name)
-                .bind(self.owner)
-                .bind(&positions)
-                .execute(&mut *tx)
-                .await?;
-            if done.rows_affected() != positions.len() as u64 {
-                tx.rollback().await?;
-                return Ok(false);
+        let fenced = match marks.advance_to {
+            Some(to) => Some(
+                sqlx::query_scalar(ADVANCE)
+                    .bind(&self.name)
+                    .bind(self.owner)
+                    .bind(to)
+                    .fetch_one(&mut *tx)
+                    .await?,
+            ),
+            None if !marks.delivered.is_empty() => {
+                let positions: Vec<i64> = marks
+                    .delivered
+                    .iter()
+                    .map(|at| i64::try_from(at.get()).unwrap_or(i64::MAX))
+                    .collect();
+                Some(
+                    sqlx::query_scalar(DELIVERED)
+                        .bind(&self.name)
+                        .bind(self.owner)
+                        .bind(&positions)
+                        .fetch_one(&mut *tx)
+                        .await?,
+                )
             }
+            None => None,
+        };
+        if fenced == Some(false) {
+            tx.rollback().await?;
+            return Ok(false);
         }
         for mark in marks.failed {
             let failed = progress::Failed {
