@@ -38,6 +38,7 @@ use crate::subscription::keyed::Keys;
 use crate::subscription::keyed::lanes::Lanes;
 use crate::subscription::keyed::progress::{self, Known};
 use crate::subscription::keyed::runner::admit;
+use crate::subscription::runner::{ReadFailed, read_failed};
 use crate::subscription::source::{Item, ReadAhead, Source};
 use crate::subscription::sql;
 use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
@@ -118,11 +119,13 @@ where
             let claimed = sql::claim(&self.pool, &c.name, c.ordering, self.owner, c.lease).await;
             let flow = match claimed {
                 Ok(Some(row)) if row.status == RunStatus::Active => {
-                    self.set_state(SubscriptionState::Running, Some(row.position));
+                    self.set_state(SubscriptionState::Running, Some(&row));
                     self.process(row.position).await
                 }
-                Ok(Some(_)) => {
-                    self.set_state(SubscriptionState::Paused, None);
+                // Paused by an operator, or halted (below the retention floor): it waits for
+                // an operator's resume, its row's last error in the status.
+                Ok(Some(row)) => {
+                    self.set_state(SubscriptionState::stored(row.status, true), Some(&row));
                     self.pause(self.config.lease / 3).await
                 }
                 Ok(None) => {
@@ -144,11 +147,11 @@ where
         self.set_state(SubscriptionState::Stopped, None);
     }
 
-    fn set_state(&self, state: SubscriptionState, position: Option<Position>) {
+    fn set_state(&self, state: SubscriptionState, row: Option<&sql::Stored>) {
         self.status.send_modify(|status| {
             status.state = state;
-            if let Some(position) = position {
-                status.position = position;
+            if let Some(row) = row {
+                status.claimed(row);
             }
         });
     }
@@ -221,7 +224,7 @@ where
             while work.lanes.len() < self.config.window {
                 match source.try_next() {
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error).await,
+                    Some(Err(error)) => return self.read_failed(&error, work.stored).await,
                     None => break,
                 }
             }
@@ -266,7 +269,7 @@ where
                     None if self.stop.is_stopped() => return Flow::Stop,
                     None => return Flow::Reclaim,
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error).await,
+                    Some(Err(error)) => return self.read_failed(&error, work.stored).await,
                 },
                 _ = tokio::time::sleep_until(wake) => {
                     if let Some(flow) = self.on_timers(work).await {
@@ -277,9 +280,13 @@ where
         }
     }
 
-    async fn read_failed(&mut self, error: &crate::Error) -> Flow {
-        tracing::warn!(%error, relay = %self.config.name, "reading the lane failed");
-        self.pause(ERROR_BACKOFF).await
+    /// A failed read of the lane from the stored watermark `at`: below the retention floor the
+    /// relay halts, as a subscription does (see [`read_failed`]); anything else is retried.
+    async fn read_failed(&mut self, error: &crate::Error, at: Position) -> Flow {
+        match read_failed(&self.pool, &self.config.name, self.owner, error, at).await {
+            ReadFailed::Halted => Flow::Reclaim,
+            ReadFailed::Retry => self.pause(ERROR_BACKOFF).await,
+        }
     }
 
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {

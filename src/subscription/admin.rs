@@ -181,8 +181,10 @@ pub async fn pause_subscription(pool: &PgPool, name: &str) -> Result<()> {
     set_status(pool, name, RunStatus::Paused).await
 }
 
-/// Resumes a paused or halted subscription, clearing its attempts and last error; a halted
-/// one tries its failing event again.
+/// Resumes a paused or halted subscription (or relay), clearing its attempts and last error; a
+/// halted one tries its failing event again. One halted below the retention floor reads from
+/// its position again, and halts again unless [`reset_subscription`] first moved it to the
+/// floor (to the position before the floor its last error names).
 ///
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription.

@@ -10,7 +10,7 @@ mod delivery;
 pub(crate) mod handle;
 pub(crate) mod keyed;
 mod lease;
-mod runner;
+pub(crate) mod runner;
 pub(crate) mod shutdown;
 pub(crate) mod source;
 pub(crate) mod sql;

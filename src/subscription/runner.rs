@@ -5,7 +5,8 @@
 //! ```text
 //!            claim ok, active                 lease lost / reset / commit unknown
 //!  Starting ───────────────────▶ Running ──────────────────────────────┐
-//!     ▲  claim refused ▲    │ exhausted + Halt          pause          │
+//!     ▲  claim refused ▲    │ exhausted + Halt,         pause          │
+//!     │                │    │ or below the retention floor             │
 //!     │   ▼            │    ▼                             ▼            │
 //!     │ Standby        │  Halted ── resume ──▶ Running   Paused ─ resume ─▶ Running
 //!     └────────────────┴───────────────────────────────────────────────┘
@@ -49,6 +50,49 @@ pub(super) enum Flow {
     Stop,
 }
 
+/// What a runner does after a failed read of its lane ([`read_failed`]).
+pub(crate) enum ReadFailed {
+    /// The subscription is halted (or another runner or an operator changed its row): claim
+    /// again, which finds it halted and waits for an operator.
+    Halted,
+    /// Try again after a backoff.
+    Retry,
+}
+
+/// A failed read of the lane of subscription (or relay) `name`, whose stored position is `at`.
+/// Events below the retention floor ([`crate::Error::BelowRetentionFloor`]) are gone: nothing
+/// will make them readable again, so retrying would loop for ever. The subscription halts
+/// instead, with the error as its last error (`ordo subscriptions`, `ordo status`, its handle's
+/// status), until an operator moves it to the floor (`ordo subscriptions reset`,
+/// `ordo relay replay --from`) and resumes it. Any other error is retried. Serial and keyed
+/// subscriptions and relays all end here.
+pub(crate) async fn read_failed(
+    pool: &PgPool,
+    name: &str,
+    owner: Uuid,
+    error: &crate::Error,
+    at: Position,
+) -> ReadFailed {
+    let crate::Error::BelowRetentionFloor { .. } = error else {
+        tracing::warn!(%error, subscription = %name, "reading the lane failed");
+        return ReadFailed::Retry;
+    };
+    let message = error.to_string();
+    // Fenced by the lease and the position: a runner that lost either halts nothing.
+    match sql::halt(pool, name, owner, 0, &message, at).await {
+        Ok(()) => {
+            tracing::error!(subscription = %name, %message, "halted below the retention floor: an operator moves it to the floor and resumes it");
+            metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.to_owned())
+                .increment(1);
+            ReadFailed::Halted
+        }
+        Err(halting) => {
+            tracing::warn!(error = %halting, subscription = %name, %message, "halting below the retention floor failed; will try again");
+            ReadFailed::Retry
+        }
+    }
+}
+
 /// How waiting for the lane's next items ended.
 enum Waited {
     /// Items are buffered.
@@ -78,10 +122,7 @@ where
         self.status.send_modify(|status| {
             status.state = state;
             if let Some(row) = row {
-                status.position = row.position;
-                status.status = row.status;
-                status.attempts = row.attempts;
-                status.last_error = row.last_error.clone();
+                status.claimed(row);
             }
         });
     }
@@ -222,17 +263,11 @@ where
             filled = source.fill() => match filled {
                 None => Waited::Done(Flow::Stop),
                 Some(Ok(())) => Waited::Filled,
-                Some(Err(error @ crate::Error::BelowRetentionFloor { .. })) => {
-                    // Nothing will ever make these events readable again: halt, visibly.
-                    let message = error.to_string();
-                    tracing::error!(subscription = %self.config.name, %message, "subscription halted");
-                    let _ = sql::halt(&self.pool, &self.config.name, self.owner, 0, &message, position)
-                        .await;
-                    Waited::Done(Flow::Reclaim)
-                }
                 Some(Err(error)) => {
-                    tracing::warn!(%error, subscription = %self.config.name, "reading the lane failed");
-                    Waited::Done(self.pause(ERROR_BACKOFF).await)
+                    match read_failed(&self.pool, &self.config.name, self.owner, &error, position).await {
+                        ReadFailed::Halted => Waited::Done(Flow::Reclaim),
+                        ReadFailed::Retry => Waited::Done(self.pause(ERROR_BACKOFF).await),
+                    }
                 }
             },
             _ = tokio::time::sleep_until(*renew_at) => {

@@ -18,9 +18,11 @@ use uuid::Uuid;
 
 use super::config::Ordering;
 use super::handle::Position;
+use super::sql::Stored;
 
 /// Whether a subscription may run: `ordo.subscriptions.status`, set by operators (pause,
-/// resume) and by a runner that exhausts an event's attempts (halt).
+/// resume) and by a runner that exhausts an event's attempts or finds its position below the
+/// retention floor (halt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -30,7 +32,10 @@ pub enum RunStatus {
     Active,
     /// Paused by an operator (stored `paused`): no runner handles events until it is resumed.
     Paused,
-    /// Halted on an event that exhausted its attempts (stored `halted`); resumable.
+    /// Halted (stored `halted`): on an event that exhausted its attempts, or because its
+    /// position is below the retention floor (retention dropped the events it needs; its last
+    /// error says so). Resumable; below the floor, move it to the floor first
+    /// ([`reset_subscription`](crate::admin::reset_subscription)).
     Halted,
 }
 
@@ -108,7 +113,8 @@ pub enum SubscriptionState {
     Standby,
     /// An operator paused it (`ordo subscriptions pause`).
     Paused,
-    /// Halted on an event that exhausted its attempts; resumable.
+    /// Halted on an event that exhausted its attempts, or below the retention floor (see
+    /// [`RunStatus::Halted`]); resumable.
     Halted,
     /// No runner runs it: a handle's runner shut down or, read from the database, the
     /// subscription is active and no process holds a live lease on it.
@@ -190,6 +196,16 @@ pub struct StalledKey {
 }
 
 impl SubscriptionStatus {
+    /// What a claim or renewal read from the subscription's row: its position, whether it may
+    /// run, and its attempts and last error (a halted one's reason). Subscriptions and relays
+    /// report their row alike.
+    pub(crate) fn claimed(&mut self, row: &Stored) {
+        self.position = row.position;
+        self.status = row.status;
+        self.attempts = row.attempts;
+        self.last_error = row.last_error.clone();
+    }
+
     /// Whether a runner holds the lease at `now` (owner set, not expired).
     pub fn is_leased_at(&self, now: DateTime<Utc>) -> bool {
         self.lease_owner.is_some() && self.lease_expires_at.is_some_and(|at| at > now)

@@ -9,6 +9,7 @@
 //! ordo relay parked NAME [--json]             parked events, by key, with their errors
 //! ordo relay requeue NAME KEY | --all         deliver the parked event of KEY (or every one) again
 //! ordo relay replay NAME --from POSITION      deliver again everything from POSITION on
+//! ordo relay resume NAME                      run a halted (or paused) relay again
 //! ```
 
 use std::future::Future;
@@ -16,7 +17,7 @@ use std::io::{self, Write};
 
 use clap::Subcommand;
 use ordo::admin;
-use ordo::{CommitSequence, EventSequence, Ordering, Position};
+use ordo::{CommitSequence, EventSequence, Ordering, Position, RunStatus};
 use sqlx::PgPool;
 
 #[path = "relay_keys.rs"]
@@ -77,6 +78,10 @@ enum RelayAction {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         from: u64,
     },
+    /// Run a halted (or paused) relay again, clearing its last error. A relay halts when its
+    /// position is below the retention floor (retention dropped the events it needs): first
+    /// `replay --from` the floor its error names, then resume.
+    Resume { name: String },
 }
 
 /// Runs `args`, connecting with `database` only once the arguments are found sound: a
@@ -124,6 +129,17 @@ where
                 "ordo: relay {name:?} delivers again from {} position {from}",
                 row.lane
             );
+            if row.status != RunStatus::Active {
+                eprintln!(
+                    "ordo: relay {name:?} is {}: `ordo relay resume {name}` runs it again",
+                    row.status
+                );
+            }
+            Ok(())
+        }
+        RelayAction::Resume { name } => {
+            admin::resume_subscription(&pool, &name).await?;
+            eprintln!("ordo: relay {name:?} resumed");
             Ok(())
         }
     }

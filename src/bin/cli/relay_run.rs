@@ -323,7 +323,11 @@ fn state_changed(name: &str, before: &SubscriptionStatus, now: &SubscriptionStat
                 relay = %name, "standing by: another process holds the relay's lease"
             ),
             SubscriptionState::Paused => tracing::warn!(
-                relay = %name, "paused by an operator (`ordo subscriptions resume {name}`)"
+                relay = %name, "paused by an operator (`ordo relay resume {name}`)"
+            ),
+            SubscriptionState::Halted => tracing::error!(
+                relay = %name, position, error = now.last_error.as_deref().unwrap_or("-"),
+                "halted: below the retention floor, `ordo relay replay {name} --from FLOOR` then `ordo relay resume {name}`"
             ),
             state => tracing::info!(relay = %name, ?state, position, "state changed"),
         }

@@ -28,7 +28,7 @@ use crate::envelope::Envelope;
 use crate::subscription::config::{Keyed, OnExhaustion};
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::keys::Keys;
-use crate::subscription::runner::{ERROR_BACKOFF, Flow, Runner};
+use crate::subscription::runner::{ERROR_BACKOFF, Flow, ReadFailed, Runner, read_failed};
 use crate::subscription::source::{Item, ReadAhead, Source};
 use crate::subscription::sql::{self, Stored};
 use crate::subscription::subscriber::Subscriber;
@@ -170,20 +170,12 @@ where
     }
 
     /// A failed read of the lane: events below the retention floor halt the subscription
-    /// (nothing will make them readable again); anything else is retried.
+    /// (see [`read_failed`]); anything else is retried.
     async fn read_failed(&mut self, error: crate::Error, at: Position) -> Flow {
-        if let crate::Error::BelowRetentionFloor { .. } = error {
-            let message = error.to_string();
-            tracing::error!(subscription = %self.config.name, %message, "subscription halted");
-            let halted =
-                sql::halt(&self.pool, &self.config.name, self.owner, 0, &message, at).await;
-            if let Err(error) = halted {
-                tracing::warn!(%error, "halting the subscription failed");
-            }
-            return Flow::Reclaim;
+        match read_failed(&self.pool, &self.config.name, self.owner, &error, at).await {
+            ReadFailed::Halted => Flow::Reclaim,
+            ReadFailed::Retry => self.pause(ERROR_BACKOFF).await,
         }
-        tracing::warn!(%error, subscription = %self.config.name, "reading the lane failed");
-        self.pause(ERROR_BACKOFF).await
     }
 
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
