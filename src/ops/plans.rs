@@ -65,6 +65,12 @@ const HOT_PATH: &[HotStatement] = &[
         "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
     ),
     s(
+        "write: insert one event",
+        write::INSERT_EVENT,
+        "uuid, text, text, text",
+        "'0190c9d2-0000-7000-8000-000000000001', '{}', '{}', 'Placed'",
+    ),
+    s(
         "insert lane: page",
         rows::PAGE_FULL,
         "bigint, bigint, bigint",
