@@ -9,16 +9,23 @@
 //!
 //! - **raw**: `ORDO_EVENTS` messages published with `async-nats`' JetStream client, pipelined
 //!   (up to 1,024 acks outstanding), `Nats-Msg-Id` set: the ceiling a relay can reach.
+//! - **raw full**: the same, with the headers a `NatsSink` sends besides `Nats-Msg-Id`
+//!   (`Ordo-Sequence`, `Ordo-Position`, `Ordo-Lane`, `Ordo-Recorded-At`, `Content-Type`,
+//!   `Ordo-Key`): the raw client sending what the relay sends.
+//! - **sink**: the messages the relay would build for those events, sent by a `NatsSink` alone
+//!   (no database), 500 at a time: the relay's own cost is the gap between this and **relay**;
+//!   the gap between **raw full** and this is the sink's batching and message building.
 //! - **relay**: the same number of events written to `ordo.events` first (single-event
 //!   transactions), then a relay from the commit lane's start; events/s until its watermark
-//!   reaches the last one.
+//!   reaches the last one. **relay x4**: `relay_with_sinks` with four sinks (four batches in
+//!   flight).
 //! - **latency**: single-event transactions committed at `ORDO_RATE`/s for `ORDO_SECONDS`,
 //!   relayed as they come; for each, from just before its COMMIT to the stream message's arrival
 //!   at a NATS subscriber (which follows the stream's ack), p50/p99/max.
 //!
-//! Runs alternate: raw, relay (one sink), relay x4 (`relay_with_sinks`, four sinks: four batches
-//! in flight), the same backwards; then the latency phase twice. `ORDO_PHASES` (e.g.
-//! `relay,raw`) picks other throughput runs, `ORDO_LATENCY_ROUNDS` the latency rounds.
+//! Runs alternate: raw, raw full, sink, relay, relay x4, then the same backwards; then the
+//! latency phase twice. `ORDO_PHASES` (e.g. `relay,raw`) picks other throughput runs,
+//! `ORDO_LATENCY_ROUNDS` the latency rounds, `ORDO_EVENTS` the events per throughput run.
 
 use std::time::Instant;
 
@@ -62,6 +69,12 @@ impl TestStream {
 }
 
 async fn raw(nats: &str, events: u64) -> Result<f64> {
+    raw_with(nats, events, false).await
+}
+
+/// `full`: with the headers a `NatsSink` sends too (see `ordo::relay::nats`), not only
+/// `Nats-Msg-Id`.
+async fn raw_with(nats: &str, events: u64, full: bool) -> Result<f64> {
     let stream = TestStream::create(nats).await?;
     let payload = serde_json::to_vec(&Item { n: 0, key: 0 })?;
     let started = Instant::now();
@@ -69,6 +82,14 @@ async fn raw(nats: &str, events: u64) -> Result<f64> {
     for _ in 0..events {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
+        if full {
+            headers.insert("Ordo-Sequence", "12345");
+            headers.insert("Ordo-Position", "12345");
+            headers.insert("Ordo-Lane", "commit");
+            headers.insert("Ordo-Recorded-At", chrono::Utc::now().to_rfc3339().as_str());
+            headers.insert("Content-Type", "application/json");
+            headers.insert("Ordo-Key", "345");
+        }
         let subject = format!("{}.Item", stream.prefix);
         let ack = stream
             .js
@@ -109,12 +130,23 @@ async fn main() -> Result<()> {
     let nats = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let events = env("ORDO_EVENTS", 20_000);
     println!("throughput, {events} events, 1,000 keys");
-    let phases = std::env::var("ORDO_PHASES")
-        .unwrap_or_else(|_| "raw,relay,relay x4,relay x4,relay,raw".into());
+    let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| {
+        "raw,raw full,sink,relay,relay x4,relay x4,relay,sink,raw full,raw".into()
+    });
     for phase in phases.split(',').map(str::trim) {
         let rate = match phase {
             "raw" => raw(&nats, events).await?,
             "relay" => relay(&server, &nats, events, 1).await?,
+            "raw full" => raw_with(&nats, events, true).await?,
+            "sink" => {
+                let stream = TestStream::create(&nats).await?;
+                let sink = NatsSink::builder(&nats)
+                    .subject_prefix(&stream.prefix)
+                    .build()?;
+                let rate = relay_bench::sink_rate(events, sink).await?;
+                stream.delete().await?;
+                rate
+            }
             _ => relay(&server, &nats, events, 4).await?,
         };
         println!("{phase:>9} {rate:>10.0} events/s");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::{Stream, StreamExt};
 use hdrhistogram::Histogram;
-use ordo::relay::{RelayConfig, Sink};
+use ordo::relay::{Message, RelayConfig, Sink};
 use ordo::{Keys, Outbox, OutboxConfig};
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +67,34 @@ pub async fn relay_rate<K: Sink>(server: &str, events: u64, sinks: Vec<K>) -> Re
     pool.close().await;
     scratch.drop_db().await?;
     Ok(events as f64 / elapsed.as_secs_f64())
+}
+
+/// Events/s of `sink` alone, no database: the messages a relay would build for `events` events
+/// (the same payloads, ids, keys, positions and headers), sent in batches of 500 with one batch
+/// in flight, as a relay with one sink sends them. Between the raw client and the relay, it
+/// tells the sink's own cost from the relay's (reading the lane, the schedule, the marks).
+pub async fn sink_rate<K: Sink>(events: u64, mut sink: K) -> Result<f64> {
+    let messages: Vec<Message> = (0..events)
+        .map(|g| {
+            let payload = serde_json::to_vec(&Item {
+                n: g,
+                key: g % 1000,
+            })?;
+            Ok(Message::new(payload)
+                .with_id(uuid::Uuid::now_v7())
+                .with_position(g + 1)
+                .with_key(Some(&(g % 1000).to_string())))
+        })
+        .collect::<Result<_>>()?;
+    let started = Instant::now();
+    for batch in messages.chunks(500) {
+        let results = sink.send(batch).await?;
+        anyhow::ensure!(
+            results.iter().all(Result::is_ok),
+            "the sink failed a message"
+        );
+    }
+    Ok(events as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Commit → arrival, at `rate` single-event transactions per second for `seconds`: each
