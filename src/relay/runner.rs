@@ -3,7 +3,9 @@
 //! each batch under one deadline with no database transaction open, then records the results
 //! (`marks.rs`) fenced by the lease.
 //!
-//! - **Delivered**: the event is done (its completion row; the watermark moves past it).
+//! - **Delivered**: the event is done. A batch that the schedule's watermark covers once it
+//!   lands (batches landing in order) stores that watermark; one that lands ahead of an earlier
+//!   batch stores a completion row per event, which the next flush folds into the watermark.
 //! - **Failed** (the sink blamed the message): an attempt is counted and stored; the event
 //!   backs off in place, first in its keys; after `max_attempts`, or at once for a permanent
 //!   error, it is **parked**: its keys wait until an operator requeues it.
