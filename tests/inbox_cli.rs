@@ -3,26 +3,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::TestDb;
 use common::inbox::{Recording, effects_table, status};
 use ordo::inbox::{Inbox, InboxConfig, InboxMessage, InboxMode, Receipt};
-
-const ORDO_BIN: &str = env!("CARGO_BIN_EXE_ordo");
-
-fn ordo(db: &TestDb, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(ORDO_BIN)
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .expect("run ordo");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordo_inbox_lists_failed_messages_and_replays_one_or_all() {
@@ -38,7 +21,7 @@ async fn ordo_inbox_lists_failed_messages_and_replays_one_or_all() {
         }
     }
 
-    let (ok, out, err) = ordo(&db, &["inbox", "failed", "--consumer", "billing", "--json"]);
+    let (ok, out, err) = db.ordo(&["inbox", "failed", "--consumer", "billing", "--json"]);
     assert!(ok, "{err}");
     let ids: Vec<String> = out
         .lines()
@@ -48,12 +31,12 @@ async fn ordo_inbox_lists_failed_messages_and_replays_one_or_all() {
         })
         .collect();
     assert_eq!(ids, ["m-1", "m-2"]);
-    let (ok, table, _) = ordo(&db, &["inbox", "failed"]);
+    let (ok, table, _) = db.ordo(&["inbox", "failed"]);
     assert!(ok);
     assert!(table.contains("planned failure 1"), "{table}");
     assert_eq!(table.lines().count(), 5, "{table}");
 
-    let (ok, _, err) = ordo(&db, &["inbox", "replay", "m-1", "--consumer", "billing"]);
+    let (ok, _, err) = db.ordo(&["inbox", "replay", "m-1", "--consumer", "billing"]);
     assert!(ok, "{err}");
     assert_eq!(
         status(&db.pool, "billing", "m-1").await.as_deref(),
@@ -63,15 +46,15 @@ async fn ordo_inbox_lists_failed_messages_and_replays_one_or_all() {
         status(&db.pool, "audit", "m-1").await.as_deref(),
         Some("failed")
     );
-    let (ok, _, err) = ordo(&db, &["inbox", "replay", "m-1", "--consumer", "billing"]);
+    let (ok, _, err) = db.ordo(&["inbox", "replay", "m-1", "--consumer", "billing"]);
     assert!(!ok, "a message that is not failed was replayed");
     assert!(err.contains("no failed message \"m-1\""), "{err}");
-    let (ok, _, err) = ordo(&db, &["inbox", "replay", "--all"]);
+    let (ok, _, err) = db.ordo(&["inbox", "replay", "--all"]);
     assert!(ok, "{err}");
     assert!(err.contains("3 message(s)"), "{err}");
-    let (ok, out, _) = ordo(&db, &["inbox", "failed", "--json"]);
+    let (ok, out, _) = db.ordo(&["inbox", "failed", "--json"]);
     assert!(ok && out.is_empty(), "{out}");
-    let (ok, _, _) = ordo(&db, &["inbox", "replay"]);
+    let (ok, _, _) = db.ordo(&["inbox", "replay"]);
     assert!(!ok, "replay without an id or --all was accepted");
 
     let config = InboxConfig::new("replica").mode(InboxMode::Watermark);
@@ -83,7 +66,7 @@ async fn ordo_inbox_lists_failed_messages_and_replays_one_or_all() {
         .await
         .expect("receive");
     assert_eq!(receipt, Receipt::Handled);
-    let (ok, out, _) = ordo(&db, &["inbox", "watermarks"]);
+    let (ok, out, _) = db.ordo(&["inbox", "watermarks"]);
     assert!(ok);
     assert!(
         out.lines()

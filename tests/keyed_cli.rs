@@ -4,25 +4,10 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::keyed::{Ledger, Parcel, effects, effects_table, publish};
 use common::subscribers::{PATIENCE, fast_retries};
 use common::{TestDb, eventually};
 use ordo::{JobConfig, Outbox, OutboxConfig};
-
-fn ordo(db: &TestDb, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .expect("run ordo");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_see_a_stalled_key_and_retry_it_from_the_command_line() {
@@ -51,7 +36,7 @@ async fn operators_see_a_stalled_key_and_retry_it_from_the_command_line() {
     assert!(stalled, "{status:?}");
     assert!(eventually(PATIENCE, || async { effects(&db.pool).await.len() == 1 }).await);
 
-    let (ok, table, _) = ordo(&db, &["subscriptions"]);
+    let (ok, table, _) = db.ordo(&["subscriptions"]);
     assert!(ok);
     let line = table
         .lines()
@@ -61,22 +46,22 @@ async fn operators_see_a_stalled_key_and_retry_it_from_the_command_line() {
         line.contains("key \"bob\" stalled at 1: parcel 0 fails"),
         "{table}"
     );
-    let (ok, listed, _) = ordo(&db, &["subscriptions", "stalled", "mailer"]);
+    let (ok, listed, _) = db.ordo(&["subscriptions", "stalled", "mailer"]);
     assert!(
         ok && listed.lines().any(|l| l.starts_with("bob")),
         "{listed}"
     );
-    let (_, json, _) = ordo(&db, &["subscriptions", "stalled", "mailer", "--json"]);
+    let (_, json, _) = db.ordo(&["subscriptions", "stalled", "mailer", "--json"]);
     let key: serde_json::Value = serde_json::from_str(json.trim()).expect("one JSON key");
     assert_eq!(
         (key["key"].as_str(), key["attempts"].as_u64()),
         (Some("bob"), Some(2))
     );
 
-    let (ok, _, error) = ordo(&db, &["subscriptions", "retry-keys", "mailer"]);
+    let (ok, _, error) = db.ordo(&["subscriptions", "retry-keys", "mailer"]);
     assert!(!ok, "a key or --all is required: {error}");
     ledger.behaviour.fail("bob", false);
-    let (ok, _, said) = ordo(&db, &["subscriptions", "retry-keys", "mailer", "bob"]);
+    let (ok, _, said) = db.ordo(&["subscriptions", "retry-keys", "mailer", "bob"]);
     assert!(ok, "{said}");
     assert!(said.contains("1 stalled events"), "{said}");
     let (status, resumed) = handle
@@ -85,7 +70,7 @@ async fn operators_see_a_stalled_key_and_retry_it_from_the_command_line() {
     assert!(resumed, "{status:?}");
     assert_eq!(effects(&db.pool).await.len(), 3);
     handle.shutdown().await;
-    let (ok, _, error) = ordo(&db, &["subscriptions", "stalled", "nope"]);
+    let (ok, _, error) = db.ordo(&["subscriptions", "stalled", "nope"]);
     assert!(
         !ok && error.contains("no subscription named \"nope\""),
         "{error}"

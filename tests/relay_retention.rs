@@ -131,7 +131,7 @@ async fn assert_halted(
     );
     #[cfg(feature = "cli")]
     {
-        let (ok, table, err) = ordo(db, &["status"]);
+        let (ok, table, err) = db.ordo(&["status"]);
         let line = table.lines().find(|l| l.starts_with("retained"));
         assert!(
             ok && line.is_some_and(|l| l.contains(" halted ") && l.contains(&message)),
@@ -140,31 +140,17 @@ async fn assert_halted(
     }
 }
 
-#[cfg(feature = "cli")]
-fn ordo(db: &TestDb, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .expect("run ordo");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The documented recovery: `ordo relay replay NAME --from FLOOR`, then `ordo relay resume
 /// NAME` (the API when the CLI is not built).
 #[cfg(feature = "cli")]
 async fn recover(db: &TestDb, floor: u64) {
     let from = floor.to_string();
-    let (ok, _, said) = ordo(db, &["relay", "replay", "retained", "--from", &from]);
+    let (ok, _, said) = db.ordo(&["relay", "replay", "retained", "--from", &from]);
     assert!(
         ok && said.contains("is halted: `ordo relay resume retained`"),
         "{said}"
     );
-    let (ok, _, said) = ordo(db, &["relay", "resume", "retained"]);
+    let (ok, _, said) = db.ordo(&["relay", "resume", "retained"]);
     assert!(ok && said.contains("resumed"), "{said}");
 }
 
@@ -183,7 +169,7 @@ async fn recover(db: &TestDb, floor: u64) {
 #[cfg(feature = "cli")]
 async fn replay(db: &TestDb, from: u64) {
     let from = from.to_string();
-    let (ok, _, said) = ordo(db, &["relay", "replay", "retained", "--from", &from]);
+    let (ok, _, said) = db.ordo(&["relay", "replay", "retained", "--from", &from]);
     assert!(ok, "{said}");
 }
 

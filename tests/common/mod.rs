@@ -26,6 +26,21 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// Runs the `ordo` command against this database: (succeeded, stdout, stderr).
+    #[cfg(feature = "cli")]
+    pub fn ordo(&self, args: &[&str]) -> (bool, String, String) {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .env("DATABASE_URL", &self.url)
+            .output()
+            .expect("run ordo");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
     /// Creates a database, runs ordo's migrations in it and returns a pool of 10 connections.
     pub async fn new() -> TestDb {
         Self::with_partition_size(None).await
