@@ -25,8 +25,11 @@ use super::store::Planned;
 /// the commit lane's extra delay when the appending process dies; it costs nothing while it
 /// lives.
 pub(crate) const PEER_GRACE: Duration = Duration::from_millis(25);
-/// The first look at what a peer appended comes this long after a plan of its groups forms,
-/// the next ones after pauses doubling up to [`PEER_POLL_MAX`].
+/// The first look at what a peer appended comes as soon as a plan of its groups forms: this
+/// process learns of another's commit a wake-up and a read after that process did, by when the
+/// peer has most often appended it (a first look 1 ms later added that millisecond to every
+/// other process's commit lane). The next looks come after pauses of this long, doubling up to
+/// [`PEER_POLL_MAX`].
 const PEER_POLL_FIRST: Duration = Duration::from_millis(1);
 const PEER_POLL_MAX: Duration = Duration::from_millis(8);
 
@@ -63,8 +66,8 @@ impl Turns {
         let now = Instant::now();
         let wait = self.waiting.get_or_insert_with(|| Waiting {
             since: now,
-            ask_at: now + PEER_POLL_FIRST,
-            pause: PEER_POLL_FIRST,
+            ask_at: now,
+            pause: PEER_POLL_FIRST / 2,
         });
         let deadline = wait.since + PEER_GRACE;
         if now >= deadline {
