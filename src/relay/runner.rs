@@ -226,7 +226,7 @@ where
             while work.lanes.len() < self.config.window {
                 match source.try_next() {
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error, work.stored).await,
+                    Some(Err(error)) => return self.read_failed(&error, work).await,
                     None => break,
                 }
             }
@@ -271,7 +271,7 @@ where
                     None if self.stop.is_stopped() => return Flow::Stop,
                     None => return Flow::Reclaim,
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error, work.stored).await,
+                    Some(Err(error)) => return self.read_failed(&error, work).await,
                 },
                 _ = tokio::time::sleep_until(wake) => {
                     if let Some(flow) = self.on_timers(work).await {
@@ -282,9 +282,16 @@ where
         }
     }
 
-    /// A failed read of the lane from the stored watermark `at`: below the retention floor the
-    /// relay halts, as a subscription does (see [`read_failed`]); anything else is retried.
-    async fn read_failed(&mut self, error: &crate::Error, at: Position) -> Flow {
+    /// A failed read of the lane: below the retention floor the relay halts, as a subscription
+    /// does (see [`read_failed`]), at its stored watermark once every write of marks in flight
+    /// has landed (one may move it); anything else is retried.
+    async fn read_failed(&mut self, error: &crate::Error, work: &mut Work<P>) -> Flow {
+        if let crate::Error::BelowRetentionFloor { .. } = error
+            && let Some(flow) = self.finish_writes(work).await
+        {
+            return flow;
+        }
+        let at = work.stored;
         match read_failed(&self.pool, &self.config.name, self.owner, error, at).await {
             ReadFailed::Halted => Flow::Reclaim,
             ReadFailed::Retry => self.pause(ERROR_BACKOFF).await,

@@ -243,12 +243,17 @@ where
                 let name = &self.config.name;
                 let halted =
                     sql::halt(&self.pool, name, self.owner, attempts, message, position).await;
-                if let Err(error) = halted {
-                    tracing::warn!(%error, "halting the subscription failed");
+                match halted {
+                    Ok(true) => {
+                        tracing::error!(subscription = %name, position = position.get(), %message, "subscription halted");
+                        metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.clone())
+                            .increment(1);
+                    }
+                    Ok(false) => {
+                        tracing::warn!(subscription = %name, position = position.get(), "the subscription's row changed (lease or position) before it could halt; claiming again");
+                    }
+                    Err(error) => tracing::warn!(%error, "halting the subscription failed"),
                 }
-                tracing::error!(subscription = %name, position = position.get(), %message, "subscription halted");
-                metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.clone())
-                    .increment(1);
                 Outcome::Flow(Flow::Reclaim)
             }
             OnExhaustion::DeadLetter => {

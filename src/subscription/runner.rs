@@ -80,10 +80,14 @@ pub(crate) async fn read_failed(
     let message = error.to_string();
     // Fenced by the lease and the position: a runner that lost either halts nothing.
     match sql::halt(pool, name, owner, 0, &message, at).await {
-        Ok(()) => {
+        Ok(true) => {
             tracing::error!(subscription = %name, %message, "halted below the retention floor: an operator moves it to the floor and resumes it");
             metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.to_owned())
                 .increment(1);
+            ReadFailed::Halted
+        }
+        Ok(false) => {
+            tracing::warn!(subscription = %name, %message, "read below the retention floor, but the row changed under this runner (lease or position): not halted; claiming again");
             ReadFailed::Halted
         }
         Err(halting) => {

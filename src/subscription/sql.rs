@@ -276,7 +276,8 @@ pub(crate) async fn record_failure(
     Ok(done.rows_affected() == 1)
 }
 
-/// [`HALT`]: halts the subscription at `at` (fenced by the lease and the position).
+/// [`HALT`]: halts the subscription at `at` (fenced by the lease and the position); false when
+/// the fence refused (another runner holds the lease, or an operator moved the position).
 pub(crate) async fn halt(
     pool: &PgPool,
     name: &str,
@@ -284,8 +285,8 @@ pub(crate) async fn halt(
     attempts: u32,
     message: &str,
     at: Position,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(HALT)
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(HALT)
         .bind(name)
         .bind(owner)
         .bind(attempts_bound(attempts))
@@ -293,7 +294,7 @@ pub(crate) async fn halt(
         .bind(at)
         .execute(pool)
         .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 /// [`DEAD_LETTER`] in the dead-lettering transaction: the event `sequence` at `position`.
