@@ -130,3 +130,99 @@ async fn a_relay_that_lost_its_lease_mid_batch_records_nothing_and_the_owner_res
         "after dedup by id, each event exactly once"
     );
 }
+
+/// Records every message; the batch holding lane position 1 waits for `open`, every other
+/// batch goes through at once.
+struct HoldFirst {
+    received: Arc<Mutex<Vec<Message>>>,
+    open: watch::Receiver<bool>,
+}
+
+impl Sink for HoldFirst {
+    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+        if let Ok(mut received) = self.received.lock() {
+            received.extend(batch.iter().cloned());
+        }
+        if batch.iter().any(|message| message.position == 1) {
+            let _ = self.open.wait_for(|open| *open).await;
+        }
+        Ok(batch.iter().map(|_| Ok(())).collect())
+    }
+
+    async fn reset(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "hold-first (test)".to_owned()
+    }
+}
+
+/// Batches that land ahead of an earlier one are stored as completion rows (the watermark cannot
+/// pass the batch still out); once that batch lands, the watermark covers them all and the rows
+/// go. No batch is sent twice: the relay never took its own moved watermark for a lost lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_landing_out_of_order_are_stored_as_rows_then_covered_by_the_watermark() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    publish(
+        &outbox,
+        (0..20).map(|id| Parcel::new(id, &[&format!("k{id}")])),
+    )
+    .await;
+    let folded = eventually(PATIENCE, || async { outbox.commit_head().get() >= 20 }).await;
+    assert!(folded, "the commit lane holds the 20 events");
+
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let (open, gate) = watch::channel(false);
+    let sink = || HoldFirst {
+        received: Arc::clone(&received),
+        open: gate.clone(),
+    };
+    // The held batch must stay within the batch deadline, or it would be released and resent.
+    let config = RelayConfig::new("gated")
+        .batch_size(5)
+        .per_event_budget(Duration::from_secs(1))
+        .batch_deadline(Duration::from_secs(30))
+        .lease(Duration::from_secs(60));
+    let relay = outbox
+        .relay_with_sinks(config, vec![sink(), sink()], keys)
+        .await
+        .expect("relay");
+
+    // The batch of positions 1-5 is held; the other sink delivers 6-20, stored as rows.
+    let rows = eventually(PATIENCE, || async { done_rows(&db).await == 15 }).await;
+    assert!(
+        rows,
+        "the later batches were stored as completion rows: {} rows",
+        done_rows(&db).await
+    );
+    assert_eq!(
+        stored_position(&db).await,
+        0,
+        "the watermark passed a batch still out"
+    );
+
+    open.send_replace(true);
+    let (status, delivered) = relay.wait_for(PATIENCE, |s| s.position.get() >= 20).await;
+    assert!(delivered, "{status:?}");
+    // The status reports what is stored: the landing batch's write moved the watermark to 20
+    // and took the rows below it away, in one statement.
+    assert_eq!(
+        stored_position(&db).await,
+        20,
+        "the watermark covers every batch"
+    );
+    assert_eq!(
+        done_rows(&db).await,
+        0,
+        "the rows the watermark covers are gone"
+    );
+    relay.shutdown().await;
+    let received = received.lock().map(|r| r.clone()).unwrap_or_default();
+    let distinct: HashSet<_> = received.iter().map(|m| m.id).collect();
+    assert_eq!(distinct.len(), 20, "every event delivered");
+    assert_eq!(received.len(), 20, "no batch was sent twice");
+}
