@@ -1,0 +1,3 @@
+BEGIN;
+INSERT INTO ordo.events (payload) VALUES ('{"writer": 1, "n": 12345}');
+COMMIT;
