@@ -136,8 +136,19 @@ where
         // What the status may call recorded once this write and every one before it are.
         let number = work.recording.start(watermark);
         let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
+        // Writes commit one after another, in the order their results were applied: a write
+        // that moves the watermark past an event that failed before (and was since delivered)
+        // committing first would make the failure's fenced mark find the watermark past it.
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let before = self.last_write.replace(finished);
         self.writes.push(tokio::spawn(async move {
-            Written(number, advance, writer.write(to_store).await)
+            if let Some(before) = before {
+                // An error only says the write before ended without a word (aborted): go on.
+                let _ = before.await;
+            }
+            let written = Written(number, advance, writer.write(to_store).await);
+            let _ = done.send(());
+            written
         }));
     }
 

@@ -88,6 +88,10 @@ pub(crate) struct RelayRunner<P, K> {
     /// The writes of landed batches' marks, each a task of its own (dropping this set detaches
     /// them: they complete anyway).
     pub(crate) writes: FuturesUnordered<JoinHandle<Written>>,
+    /// Done when the latest write started so far has finished: the next one waits for it, so
+    /// marks commit in the order their results were applied (a write that moves the watermark
+    /// past an event must not commit before the one recording that event's failure).
+    pub(crate) last_write: Option<tokio::sync::oneshot::Receiver<()>>,
     pub(crate) keys: KeyFn<P>,
     pub(crate) owner: Uuid,
     pub(crate) stop: StopSignal,

@@ -56,6 +56,7 @@ where
                 .collect(),
             flights: tokio::task::JoinSet::new(),
             writes: futures::stream::FuturesUnordered::new(),
+            last_write: None,
             keys,
             owner: run.owner,
             stop: run.stop,
