@@ -9,16 +9,17 @@
 //!
 //! - **raw**: `ORDO_EVENTS` messages published with `async-nats`' JetStream client, pipelined
 //!   (up to 1,024 acks outstanding), `Nats-Msg-Id` set: the ceiling a relay can reach.
-//! - **raw full**: the same, with the headers a `NatsSink` sends besides `Nats-Msg-Id`
-//!   (`Ordo-Sequence`, `Ordo-Position`, `Ordo-Lane`, `Ordo-Recorded-At`, `Content-Type`,
-//!   `Ordo-Key`): the raw client sending what the relay sends.
+//! - **raw full**: the same, with the headers a `NatsSink` sends by default besides
+//!   `Nats-Msg-Id` (`Ordo-Position`, `Ordo-Lane`, `Ordo-Key`): the raw client sending what the
+//!   relay sends.
 //! - **sink**: the messages the relay would build for those events, sent by a `NatsSink` alone
 //!   (no database), 500 at a time: the relay's own cost is the gap between this and **relay**;
 //!   the gap between **raw full** and this is the sink's batching and message building.
 //! - **relay**: the same number of events written to `ordo.events` first (single-event
 //!   transactions), then a relay from the commit lane's start; events/s until its watermark
 //!   reaches the last one. **relay x4**: `relay_with_sinks` with four sinks (four batches in
-//!   flight).
+//!   flight). **relay detail** (only when named in `ORDO_PHASES`): one sink with
+//!   `detail_headers(true)`.
 //! - **latency**: single-event transactions committed at `ORDO_RATE`/s for `ORDO_SECONDS`,
 //!   relayed as they come; for each, from just before its COMMIT to the stream message's arrival
 //!   at a NATS subscriber (which follows the stream's ack), p50/p99/max.
@@ -83,11 +84,8 @@ async fn raw_with(nats: &str, events: u64, full: bool) -> Result<f64> {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
         if full {
-            headers.insert("Ordo-Sequence", "12345");
             headers.insert("Ordo-Position", "12345");
             headers.insert("Ordo-Lane", "commit");
-            headers.insert("Ordo-Recorded-At", chrono::Utc::now().to_rfc3339().as_str());
-            headers.insert("Content-Type", "application/json");
             headers.insert("Ordo-Key", "345");
         }
         let subject = format!("{}.Item", stream.prefix);
@@ -110,12 +108,13 @@ async fn raw_with(nats: &str, events: u64, full: bool) -> Result<f64> {
     Ok(rate)
 }
 
-async fn relay(server: &str, nats: &str, events: u64, sinks: usize) -> Result<f64> {
+async fn relay(server: &str, nats: &str, events: u64, sinks: usize, detail: bool) -> Result<f64> {
     let stream = TestStream::create(nats).await?;
     let sinks = (0..sinks)
         .map(|_| {
             NatsSink::builder(nats)
                 .subject_prefix(&stream.prefix)
+                .detail_headers(detail)
                 .build()
         })
         .collect::<ordo::Result<Vec<_>>>()?;
@@ -136,7 +135,8 @@ async fn main() -> Result<()> {
     for phase in phases.split(',').map(str::trim) {
         let rate = match phase {
             "raw" => raw(&nats, events).await?,
-            "relay" => relay(&server, &nats, events, 1).await?,
+            "relay" => relay(&server, &nats, events, 1, false).await?,
+            "relay detail" => relay(&server, &nats, events, 1, true).await?,
             "raw full" => raw_with(&nats, events, true).await?,
             "sink" => {
                 let stream = TestStream::create(&nats).await?;
@@ -147,7 +147,7 @@ async fn main() -> Result<()> {
                 stream.delete().await?;
                 rate
             }
-            _ => relay(&server, &nats, events, 4).await?,
+            _ => relay(&server, &nats, events, 4, false).await?,
         };
         println!("{phase:>9} {rate:>10.0} events/s");
     }

@@ -284,6 +284,25 @@ async fn bad_settings_are_refused_naming_the_setting_before_anything_runs() {
         foreign.contains("--exchange is a setting of --sink rabbitmq"),
         "{foreign}"
     );
+    let detail = refused(
+        &db,
+        &[
+            "relay",
+            "run",
+            "orders",
+            "--sink",
+            "rabbitmq",
+            "--url",
+            "amqp://127.0.0.1:5672",
+            "--key-from",
+            "event-type",
+            "--detail-headers",
+        ],
+    );
+    assert!(
+        detail.contains("--detail-headers is a setting of --sink nats"),
+        "{detail}"
+    );
     // Required settings, and what they accept.
     let no_keys = refused(&db, &base[..7]);
     assert!(no_keys.contains("--key-from is required"), "{no_keys}");

@@ -90,7 +90,6 @@ where
             let Some(position) = entry.item.as_ref().map(|item| item.position) else {
                 continue;
             };
-            let keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
             let step = match verdict {
                 Verdict::Delivered => {
                     to_store.delivered.push(position);
@@ -105,7 +104,7 @@ where
                         at: position,
                         parked: park,
                         attempts,
-                        keys,
+                        keys: entry.keys.iter().map(str::to_owned).collect(),
                         error: why.clone(),
                     });
                     if park {

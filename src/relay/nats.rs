@@ -15,12 +15,18 @@
 //!
 //! # Headers
 //!
-//! `Nats-Msg-Id` (the event id), `Ordo-Sequence` (insert-lane sequence), `Ordo-Position` and
-//! `Ordo-Lane` (the event's position on the relay's lane: `commit`, dense, or `insert`),
-//! `Ordo-Recorded-At` (RFC 3339), `Content-Type: application/json`, and when present
-//! `Ordo-Source` ([`RelayConfig::source`](super::RelayConfig::source)), `Ordo-Event-Type`,
-//! `Ordo-Key`, `traceparent` and `Ordo-Headers` (the stored header map as JSON). An
-//! [`ordo::inbox::NatsInbox`](crate::inbox::NatsInbox) reads them back.
+//! `Nats-Msg-Id` (the event id), `Ordo-Position` and `Ordo-Lane` (the event's position on the
+//! relay's lane: `commit`, dense, or `insert`), and when present `Ordo-Source`
+//! ([`RelayConfig::source`](super::RelayConfig::source)), `Ordo-Event-Type`, `Ordo-Key`,
+//! `traceparent` and `Ordo-Headers` (the stored header map as JSON). An
+//! [`ordo::inbox::NatsInbox`](crate::inbox::NatsInbox) reads them back. The body is always the
+//! event's JSON.
+//!
+//! [`detail_headers`](NatsSinkBuilder::detail_headers) adds `Ordo-Sequence` (the insert-lane
+//! sequence), `Ordo-Recorded-At` (RFC 3339) and `Content-Type: application/json`. They are off
+//! by default: together about 100 bytes on every message, which JetStream stores and scans,
+//! for what few consumers read (the body is always JSON; the position says where the event
+//! sits).
 //!
 //! # Errors, transient or permanent
 //!
@@ -62,6 +68,7 @@ pub struct NatsSinkBuilder {
     ack_timeout: Duration,
     connect_timeout: Duration,
     max_in_flight: usize,
+    detail_headers: bool,
 }
 
 impl fmt::Debug for NatsSinkBuilder {
@@ -73,6 +80,7 @@ impl fmt::Debug for NatsSinkBuilder {
             .field("ack_timeout", &self.ack_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_in_flight", &self.max_in_flight)
+            .field("detail_headers", &self.detail_headers)
             .finish()
     }
 }
@@ -112,6 +120,20 @@ impl NatsSinkBuilder {
         self
     }
 
+    /// Also send `Ordo-Sequence`, `Ordo-Recorded-At` and `Content-Type: application/json` with
+    /// every message (see [Headers](self#headers)). Default off.
+    ///
+    /// ```
+    /// let sink = ordo::relay::nats::NatsSink::builder("nats://127.0.0.1:4222")
+    ///     .detail_headers(true)
+    ///     .build()?;
+    /// # Ok::<(), ordo::Error>(())
+    /// ```
+    pub fn detail_headers(mut self, on: bool) -> Self {
+        self.detail_headers = on;
+        self
+    }
+
     /// Checks the settings and returns the sink. It connects on its first
     /// [`send`](Sink::send), so a server that is down now is a transient send error later,
     /// not a start-up failure.
@@ -146,6 +168,7 @@ impl NatsSinkBuilder {
             ack_timeout: self.ack_timeout,
             connect_timeout: self.connect_timeout,
             max_in_flight: self.max_in_flight,
+            detail_headers: self.detail_headers,
             connection: None,
             dirty: false,
         })
@@ -197,6 +220,7 @@ pub struct NatsSink {
     ack_timeout: Duration,
     connect_timeout: Duration,
     max_in_flight: usize,
+    detail_headers: bool,
     connection: Option<Connection>,
     /// A `send` began and did not finish (its future was dropped): the connection's state is
     /// unknown, so the next `send` rebuilds it even if nobody called `reset`.
@@ -223,6 +247,7 @@ impl NatsSink {
             ack_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 1024,
+            detail_headers: false,
         }
     }
 
@@ -254,6 +279,7 @@ impl NatsSink {
 
     async fn publish_all(&mut self, batch: &[Message]) -> BatchResult {
         let subject = Arc::clone(&self.subject);
+        let detail = self.detail_headers;
         let connection = self.connect().await?;
         let (client, jetstream) = (connection.client.clone(), connection.jetstream.clone());
         if let Some(lost) = self.lost(&client) {
@@ -277,7 +303,7 @@ impl NatsSink {
             }
             let publish = PublishMessage::build()
                 .payload(message.payload.clone())
-                .headers(headers(message));
+                .headers(headers(message, detail));
             match jetstream.send_publish(subject, publish).await {
                 Ok(ack) => in_flight.push_back((index, ack)),
                 Err(error) => results[index] = Some(Err(classify(&error))),
@@ -306,32 +332,53 @@ async fn acked(ack: PublishAckFuture) -> Result<(), SendError> {
     ack.await.map(drop).map_err(|error| classify(&error))
 }
 
-/// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body.
-fn headers(message: &Message) -> HeaderMap {
+mod names {
+    use async_nats::HeaderName;
+
+    // Built once: a name made from a `&str` per message is an allocation and a check each.
+    pub(super) const MSG_ID: HeaderName = HeaderName::from_static("Nats-Msg-Id");
+    pub(super) const POSITION: HeaderName = HeaderName::from_static("Ordo-Position");
+    pub(super) const LANE: HeaderName = HeaderName::from_static("Ordo-Lane");
+    pub(super) const SOURCE: HeaderName = HeaderName::from_static("Ordo-Source");
+    pub(super) const EVENT_TYPE: HeaderName = HeaderName::from_static("Ordo-Event-Type");
+    pub(super) const KEY: HeaderName = HeaderName::from_static("Ordo-Key");
+    pub(super) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+    pub(super) const HEADERS: HeaderName = HeaderName::from_static("Ordo-Headers");
+    pub(super) const SEQUENCE: HeaderName = HeaderName::from_static("Ordo-Sequence");
+    pub(super) const RECORDED_AT: HeaderName = HeaderName::from_static("Ordo-Recorded-At");
+    pub(super) const CONTENT_TYPE: HeaderName = HeaderName::from_static("Content-Type");
+}
+
+/// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body;
+/// with `detail`, the [detail headers](NatsSinkBuilder::detail_headers) too.
+fn headers(message: &Message, detail: bool) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    headers.insert("Nats-Msg-Id", message.id.to_string().as_str());
-    headers.insert("Ordo-Sequence", message.sequence.get().to_string().as_str());
-    headers.insert("Ordo-Position", message.position.to_string().as_str());
-    headers.insert("Ordo-Lane", message.lane.as_str());
-    if let Some(source) = &message.source {
-        headers.insert("Ordo-Source", source.as_str());
-    }
+    let mut id = uuid::Uuid::encode_buffer();
     headers.insert(
-        "Ordo-Recorded-At",
-        message.recorded_at.to_rfc3339().as_str(),
+        names::MSG_ID,
+        &*message.id.hyphenated().encode_lower(&mut id),
     );
-    headers.insert("Content-Type", "application/json");
+    headers.insert(names::POSITION, message.position.to_string());
+    headers.insert(names::LANE, message.lane.as_str());
+    if let Some(source) = &message.source {
+        headers.insert(names::SOURCE, source.as_str());
+    }
     if let Some(event_type) = &message.event_type {
-        headers.insert("Ordo-Event-Type", event_type.as_str());
+        headers.insert(names::EVENT_TYPE, event_type.as_str());
     }
     if let Some(key) = &message.key {
-        headers.insert("Ordo-Key", key.as_str());
+        headers.insert(names::KEY, key.as_str());
     }
     if let Some(traceparent) = message.traceparent() {
-        headers.insert("traceparent", traceparent);
+        headers.insert(names::TRACEPARENT, traceparent);
     }
     if let Some(json) = message.headers_json() {
-        headers.insert("Ordo-Headers", json.as_str());
+        headers.insert(names::HEADERS, json);
+    }
+    if detail {
+        headers.insert(names::SEQUENCE, message.sequence.get().to_string());
+        headers.insert(names::RECORDED_AT, message.recorded_at.to_rfc3339());
+        headers.insert(names::CONTENT_TYPE, "application/json");
     }
     headers
 }

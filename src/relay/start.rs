@@ -89,16 +89,18 @@ pub(crate) fn message_of<P: Serialize>(
             item.sequence
         )
     })?;
-    Ok(Message::new(payload)
-        .with_id(event.id)
-        .with_sequence(event.sequence)
-        .with_origin(
-            config.source.as_deref(),
-            config.ordering,
-            item.position.get(),
-        )
-        .with_event_type(event.event_type.as_deref())
-        .with_key(keys.iter().next())
-        .with_headers(event.headers.clone())
-        .with_recorded_at(event.recorded_at))
+    // Built whole, not from `Message::new`, whose fresh id and clock reading would be
+    // replaced at once (a relay builds one message per event).
+    Ok(Message {
+        id: event.id,
+        sequence: event.sequence,
+        position: item.position.get(),
+        lane: config.ordering,
+        source: config.source.clone(),
+        event_type: event.event_type.clone(),
+        key: keys.iter().next().map(str::to_owned),
+        payload: payload.into(),
+        headers: event.headers.clone(),
+        recorded_at: event.recorded_at,
+    })
 }

@@ -35,6 +35,63 @@ async fn nats_stream_acknowledges_a_batch_with_event_ids_as_message_ids() {
 }
 
 #[tokio::test]
+async fn nats_headers_are_the_lean_set_unless_detail_headers_is_on() {
+    let stream = TestStream::new().await;
+    let message = ordo::relay::Message::new(br#"{"order_id":1}"#.as_slice())
+        .with_event_type(Some("placed"))
+        .with_key(Some("customer-7"))
+        .with_origin(Some("shop"), ordo::Ordering::Commit, 41)
+        .with_sequence(ordo::EventSequence::new(97));
+    let mut lean = NatsSink::builder(nats_url(addr(NATS_ADDR)))
+        .subject_prefix(stream.prefix.as_str())
+        .build()
+        .expect("valid settings");
+    assert!(delivered(
+        &send(&mut lean, std::slice::from_ref(&message)).await,
+        1
+    ));
+    let mut detailed = NatsSink::builder(nats_url(addr(NATS_ADDR)))
+        .subject_prefix(stream.prefix.as_str())
+        .detail_headers(true)
+        .build()
+        .expect("valid settings");
+    let again = message.clone().with_id(uuid::Uuid::now_v7());
+    assert!(delivered(
+        &send(&mut detailed, std::slice::from_ref(&again)).await,
+        1
+    ));
+
+    let stored = stream.messages().await;
+    assert_eq!(stored.len(), 2);
+    let header = |at: usize, name: &str| {
+        stored[at]
+            .headers
+            .get(name)
+            .map(|value| value.as_str().to_owned())
+    };
+    for at in [0, 1] {
+        assert_eq!(header(at, "Ordo-Position").as_deref(), Some("41"));
+        assert_eq!(header(at, "Ordo-Lane").as_deref(), Some("commit"));
+        assert_eq!(header(at, "Ordo-Source").as_deref(), Some("shop"));
+        assert_eq!(header(at, "Ordo-Event-Type").as_deref(), Some("placed"));
+        assert_eq!(header(at, "Ordo-Key").as_deref(), Some("customer-7"));
+    }
+    assert_eq!(header(0, "Nats-Msg-Id"), Some(message.id.to_string()));
+    for name in ["Ordo-Sequence", "Ordo-Recorded-At", "Content-Type"] {
+        assert_eq!(header(0, name), None, "{name} is a detail header");
+    }
+    assert_eq!(header(1, "Ordo-Sequence").as_deref(), Some("97"));
+    assert_eq!(
+        header(1, "Ordo-Recorded-At"),
+        Some(again.recorded_at.to_rfc3339())
+    );
+    assert_eq!(
+        header(1, "Content-Type").as_deref(),
+        Some("application/json")
+    );
+}
+
+#[tokio::test]
 async fn nats_stream_deduplicates_a_resent_batch_by_message_id() {
     let stream = TestStream::new().await;
     let mut sink = NatsSink::builder(nats_url(addr(NATS_ADDR)))

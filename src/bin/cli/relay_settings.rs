@@ -122,6 +122,10 @@ pub(crate) struct Settings {
     /// Acks awaited at once [default: 1024].
     #[arg(long, help_heading = "NATS", value_name = "N")]
     pub(crate) max_in_flight: Option<usize>,
+    /// Also send Ordo-Sequence, Ordo-Recorded-At and Content-Type with each message
+    /// [default: false].
+    #[arg(long, help_heading = "NATS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) detail_headers: Option<bool>,
 
     /// The exchange; the routing key is the event type [default: "", the default exchange].
     #[arg(long, help_heading = "RabbitMQ", value_name = "EXCHANGE")]
@@ -155,7 +159,7 @@ impl Settings {
         let (a, b) = (self, fallback);
         prefer!(a, b; sink, url, key_from, lane, start, sinks, progress, batch_size,
             per_event_budget, batch_deadline, lease, max_attempts, backoff_initial, backoff_max,
-            sink_connect_timeout, subject_prefix, ack_timeout, max_in_flight, exchange,
+            sink_connect_timeout, subject_prefix, ack_timeout, max_in_flight, detail_headers, exchange,
             pipeline_depth, secret_env, request_timeout, concurrency)
     }
 
@@ -172,6 +176,11 @@ impl Settings {
             (
                 self.max_in_flight.is_some(),
                 "max-in-flight",
+                SinkKind::Nats,
+            ),
+            (
+                self.detail_headers.is_some(),
+                "detail-headers",
                 SinkKind::Nats,
             ),
             (self.exchange.is_some(), "exchange", SinkKind::Rabbitmq),

@@ -78,6 +78,7 @@ mod nats {
             });
             let builder = set(builder, s.max_in_flight, B::max_in_flight);
             let builder = set(builder, s.ack_timeout, B::ack_timeout);
+            let builder = set(builder, s.detail_headers, B::detail_headers);
             set(builder, s.sink_connect_timeout, B::connect_timeout).build()
         };
         many(count, one).map(Sinks::Nats)
