@@ -174,3 +174,74 @@ async fn no_hot_path_statement_is_jit_compiled_once_the_tables_hold_data() {
         .expect("analyze");
     check_every_statement(&db, "10,000 events, analyzed").await;
 }
+
+/// The rows a plan's scans of `relation` returned, summed over the plan tree.
+fn rows_read_from(node: &serde_json::Value, relation: &str) -> f64 {
+    let own = if node["Relation Name"].as_str() == Some(relation) {
+        node["Actual Rows"].as_f64().unwrap_or(0.0) * node["Actual Loops"].as_f64().unwrap_or(1.0)
+    } else {
+        0.0
+    };
+    let below: f64 = node["Plans"]
+        .as_array()
+        .map(|plans| plans.iter().map(|p| rows_read_from(p, relation)).sum())
+        .unwrap_or(0.0);
+    own + below
+}
+
+/// A range of the log reads the chunks that hold it, not every chunk that begins within 1,024
+/// positions below it: with one-event appends (a trickle of single-event transactions) that
+/// was a thousand chunks per call, and every catch-up of a folding peer paid for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_range_reads_only_the_chunks_that_hold_it() {
+    let db = TestDb::new().await;
+    // One full chunk (positions 1 to 1,024), then 2,000 chunks of one entry each.
+    sqlx::raw_sql(
+        "INSERT INTO ordo.commit_chunks
+             (first_commit_seq, last_commit_seq, min_sequence, max_sequence, sequences, group_last)
+         SELECT 1, 1024, 1, 1024, array_agg(g ORDER BY g), array_agg(g % 2 = 0 ORDER BY g)
+         FROM generate_series(1, 1024) AS g;
+         INSERT INTO ordo.commit_chunks
+             (first_commit_seq, last_commit_seq, min_sequence, max_sequence, sequences, group_last)
+         SELECT g, g, g, g, ARRAY[g], ARRAY[true] FROM generate_series(1025, 3024) AS g;
+         ANALYZE ordo.commit_chunks;",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("chunks");
+
+    // What comes back: the range exactly, from inside the full chunk on into the small ones.
+    for (after, upto) in [
+        (3000, 3010),
+        (500, 1030),
+        (0, 3),
+        (1023, 1025),
+        (3020, 4000),
+    ] {
+        let rows: Vec<(i64, i64, bool)> =
+            sqlx::query_as("SELECT * FROM ordo.commit_log_range($1, $2)")
+                .bind(after)
+                .bind(upto)
+                .fetch_all(&db.pool)
+                .await
+                .expect("range");
+        let expected: Vec<(i64, i64, bool)> = (after + 1..=upto.min(3024))
+            .map(|p| (p, p, p > 1024 || p % 2 == 0))
+            .collect();
+        assert_eq!(rows, expected, "commit_log_range({after}, {upto})");
+    }
+
+    // What it reads: the ten one-entry chunks holding 3,001 to 3,010 (and the index descent's
+    // one row), not the thousand that begin within 1,024 positions below.
+    let explained: serde_json::Value = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM ordo.commit_log_range(3000, 3010)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("explain");
+    let read = rows_read_from(&explained[0]["Plan"], "commit_chunks");
+    assert!(
+        read <= 12.0,
+        "read {read} chunk rows for 10 positions: {explained}"
+    );
+}
