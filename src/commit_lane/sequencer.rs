@@ -41,6 +41,30 @@ use crate::insert_lane::rows::ReadMode;
 use crate::ops::metrics as m;
 use crate::task::StopSignal;
 
+/// The session settings of the sequencer's own connections (they touch nothing else).
+///
+/// - `synchronous_commit = off`: an append is a pure function of durable data (committed
+///   events, the state row), so losing the last appends in a server crash only means folding
+///   them again, identically; and anything durable that depends on an append (a
+///   subscription's checkpoint) commits after it, so its WAL flush carries the append's commit
+///   record too. What it saves is a WAL flush per append, which with one writer was a second
+///   flushed transaction per published one.
+/// - `jit = off`: no statement of the fold runs long enough to gain from it, and a stock server
+///   compiles any plan whose estimate crosses `jit_above_cost`, for hundreds of milliseconds
+///   (the statements are also shaped to stay under it, see `sql.rs`).
+/// - `enable_seqscan = off`: every statement of the fold reads by index, and a sequential scan
+///   of a growing table is never the right plan; but the planner picks one for a generic plan
+///   made while a partition of `ordo.events` was small (its first autovacuum ANALYZE, at a few
+///   hundred rows, on a fresh database or a partition that has just started to fill), and keeps
+///   it until the next ANALYZE, up to a minute later. Each append then read the whole
+///   partition: 15 to 200 ms per append once it held 65,000 events, the fold 12,000 events
+///   behind eight writers (`tests/plans.rs` checks the plans).
+pub(crate) const SESSION: &[(&str, &str)] = &[
+    ("synchronous_commit", "off"),
+    ("jit", "off"),
+    ("enable_seqscan", "off"),
+];
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// After an append that took `d`, the next one starts no sooner than `min(d, REST_MAX)` after
 /// it ended: the sequencer's backend appends at most half the time. Under a stream of commits
@@ -78,21 +102,11 @@ where
         batch: usize,
         interval: Duration,
     ) -> Self {
-        // The sequencer's own connections commit asynchronously. An append is a pure function
-        // of durable data (committed events, the state row), so losing the last appends in a
-        // server crash only means folding them again, identically; and anything durable that
-        // depends on an append (a subscription's checkpoint) commits after it, so its WAL flush
-        // carries the append's commit record too. What it saves is a WAL flush per append,
-        // which with one writer was a second flushed transaction per published one.
-        // `jit` is off as well: no statement of the fold runs long enough to gain from it, and
-        // a stock server compiles any plan whose estimate crosses `jit_above_cost`, for
-        // hundreds of milliseconds (the statements are also shaped to stay under it, see
-        // `sql.rs`; these are ordo's own connections, so the setting touches nothing else).
         let options = pool
             .connect_options()
             .as_ref()
             .clone()
-            .options([("synchronous_commit", "off"), ("jit", "off")]);
+            .options(SESSION.iter().copied());
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_lazy_with(options);

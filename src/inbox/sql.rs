@@ -205,6 +205,7 @@ const fn hot(
         sql,
         types,
         args,
+        session: &[],
     }
 }
 

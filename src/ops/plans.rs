@@ -21,6 +21,9 @@ pub struct HotStatement {
     pub types: &'static str,
     /// Its parameters as SQL literals, comma-separated.
     pub args: &'static str,
+    /// The session settings of the connections it runs on, where ordo sets any (its
+    /// sequencer's own pool); empty for the application's pool.
+    pub session: &'static [(&'static str, &'static str)],
 }
 
 use crate::commit_lane::sql as commit;
@@ -54,6 +57,15 @@ const fn s(
         sql,
         types,
         args,
+        session: &[],
+    }
+}
+
+/// A statement the sequencer runs, on its own connections.
+const fn on_sequencer(statement: HotStatement) -> HotStatement {
+    HotStatement {
+        session: crate::commit_lane::sequencer::SESSION,
+        ..statement
     }
 }
 
@@ -110,19 +122,19 @@ const HOT_PATH: &[HotStatement] = &[
         "bigint, bigint",
         "5, 9",
     ),
-    s("commit lane: restart", commit::RESTART, "", ""),
-    s(
+    on_sequencer(s("commit lane: restart", commit::RESTART, "", "")),
+    on_sequencer(s(
         "commit lane: catch up",
         commit::CATCH_UP,
         "bigint, bigint",
         "0, 8192",
-    ),
-    s(
+    )),
+    on_sequencer(s(
         "commit lane: append",
         commit::APPEND,
         "bigint, bigint, bigint[], bigint[]",
         "0, 10, ARRAY[700, 701]::bigint[], ARRAY[1, 4]::bigint[]",
-    ),
+    )),
     s("commit lane: head", commit::HEAD, "", ""),
     s(
         "commit lane: page",
