@@ -127,7 +127,7 @@ where
     let head = read_head(pool).await?;
     let commit = Arc::new(CommitShared::new(head.get(), config.cache_capacity));
     if config.sequencer {
-        let sequencer = Sequencer::new(
+        let mut sequencer = Sequencer::new(
             pool.clone(),
             Arc::clone(lane),
             Arc::clone(&commit),
@@ -135,6 +135,10 @@ where
             config.fold_batch,
             config.fold_interval,
         );
+        if config.cross_process_wakeups {
+            let announcer = sequencer.announcer(config.notify_channel.clone(), tasks.signal());
+            tasks.spawn("commit_lane.announcer", announcer);
+        }
         tasks.spawn("commit_lane.sequencer", sequencer.run());
     } else {
         tasks.spawn(

@@ -28,6 +28,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::store::{self, Appended, AppendedEntry, PeerAppends, Planned, Restart};
@@ -88,7 +89,25 @@ pub(crate) struct Sequencer<P> {
     batch: usize,
     interval: Duration,
     turns: Turns,
+    /// What to tell peers on the wake-up channel, when they listen (see [`Self::announcer`]).
+    announce: Option<watch::Sender<Announcement>>,
+    /// When this sequencer last told peers that it leaves its appends to them.
+    yielded_at: Option<Instant>,
 }
+
+/// What a sequencer tells other processes' sequencers: the log head it appended (or, yielding,
+/// knows) and the insert sequence the log covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Announcement {
+    head: u64,
+    covered: u64,
+}
+
+/// After an append, peers are told of it while one of them spoke within this long: a yielding
+/// peer says so this often ([`YIELDING_SAID_EVERY`]), and a process alone sends nothing.
+const PEERS_HEARD: Duration = Duration::from_secs(3);
+/// How often a yielding sequencer tells the peers that it reads their appends.
+const YIELDING_SAID_EVERY: Duration = Duration::from_secs(1);
 
 impl<P> Sequencer<P>
 where
@@ -118,6 +137,48 @@ where
             batch,
             interval,
             turns: Turns::default(),
+            announce: None,
+            yielded_at: None,
+        }
+    }
+
+    /// The task that sends this sequencer's announcements on `channel`, one at a time, always
+    /// the latest (a burst of appends is told as its last). A yielding peer then reads an
+    /// append as soon as it is made instead of at its next poll. The wake-up rides on the
+    /// channel the insert lanes listen on; a process of an older version takes it as a commit
+    /// hint at the covered sequence, which it holds already.
+    pub(crate) fn announcer(
+        &mut self,
+        channel: String,
+        mut stop: StopSignal,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (sender, mut latest) = watch::channel(Announcement::default());
+        self.announce = Some(sender);
+        let pool = self.pool.clone();
+        let instance = self.lane.instance;
+        async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stop.stopped() => return,
+                    changed = latest.changed() => if changed.is_err() { return },
+                }
+                let Announcement { head, covered } = *latest.borrow_and_update();
+                if let Err(error) = store::announce(&pool, &channel, covered, instance, head).await
+                {
+                    // Peers poll as well: a lost announcement costs them latency only.
+                    tracing::debug!(%error, "telling peers of an append failed");
+                }
+            }
+        }
+    }
+
+    fn tell_peers(&self, state: &Restart) {
+        if let Some(announce) = &self.announce {
+            announce.send_replace(Announcement {
+                head: state.head,
+                covered: state.cursor,
+            });
         }
     }
 
@@ -188,10 +249,17 @@ where
                     }
                     continue;
                 }
+                let peer_log = &self.lane.peer_log;
                 tokio::select! {
                     biased;
                     batch = reader.next_batch() => batch,
                     _ = tokio::time::sleep_until(at) => continue,
+                    _ = peer_log.wake.notified(), if step == Step::AskPeer => {
+                        if peer_log.head() > state.head {
+                            self.turns.ask_now();
+                        }
+                        continue;
+                    }
                 }
             };
             let Some(batch) = batch else {
@@ -229,15 +297,23 @@ where
 
     /// One look at what peers appended while yielding; follows them if they moved.
     async fn ask_peer(
-        &self,
+        &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
     ) -> Result<()> {
+        if self
+            .yielded_at
+            .is_none_or(|at| at.elapsed() >= YIELDING_SAID_EVERY)
+        {
+            self.yielded_at = Some(Instant::now());
+            self.tell_peers(state);
+        }
         match store::catch_up(&self.pool, state.head).await? {
             Some(peer) if peer.cursor > state.cursor || peer.head > state.head => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "left_to_peer").increment(1);
                 self.follow(state, reader, plan, peer);
+                self.turns.peer_moved(plan);
             }
             Some(_) => {}
             None => self.restart(state, reader, plan).await?,
@@ -280,6 +356,9 @@ where
                 let head = entries.last().map_or(state.head, |e| e.commit_seq);
                 plan.clear();
                 self.publish(state, head, &entries);
+                if self.lane.peer_log.heard_within(PEERS_HEARD) {
+                    self.tell_peers(state);
+                }
             }
             Appended::Refused => {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);

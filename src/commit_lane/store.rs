@@ -140,6 +140,26 @@ pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppe
     }))
 }
 
+/// Tells other processes' sequencers on `channel` (the wake-up channel) that this one appended
+/// up to `head`, or, from a yielding one, that it leaves its appends to them (see
+/// [`turns`](super::turns)).
+pub(crate) async fn announce(
+    pool: &PgPool,
+    channel: &str,
+    covered: u64,
+    instance: u64,
+    head: u64,
+) -> Result<()> {
+    sqlx::query(crate::write::sql::NOTIFY)
+        .bind(channel)
+        .bind(crate::insert_lane::wakeup::log_payload(
+            covered, instance, head,
+        ))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// The log head and how far it covers the insert lane.
 pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<(u64, u64)> {
     let (head, cursor): (CommitSequence, EventSequence) =

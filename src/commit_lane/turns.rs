@@ -4,13 +4,14 @@
 //! statement waits on the winner's row lock, is refused, and reads what the winner wrote, and a
 //! process that lost the race for its *own* writer's transaction delivered it a peer's append
 //! plus two round trips late (two folding processes: p99 7.5–14 ms at 500 tx/s, against 3 ms
-//! with one). So a sequencer that has lost the compare-and-set once *yields*: groups its own
-//! process committed it appends at once (it learns of them first, from the writer itself);
-//! groups committed elsewhere it leaves to their writers' processes and reads what they
-//! appended (a read, polled with a growing pause). If no peer has covered them within
-//! [`PEER_GRACE`] (the peer stopped, crashed, or runs no sequencer), it appends them itself and
-//! stops yielding until it loses again. Correctness never depends on this: the compare-and-set
-//! still decides every append.
+//! with one). So a sequencer that has lost the compare-and-set once *yields*: it leaves every
+//! group to the peer that won and reads what that peer appended (a read, polled with a growing
+//! pause), which makes the winner a soft leader. Its own process's groups it leaves for at most
+//! [`OWN_GRACE`]; other processes' groups for at most [`PEER_GRACE`] (those the leader learns
+//! of no later than this process does). If no peer has covered them by then (the peer stopped,
+//! crashed, stalled, or runs no sequencer), it appends them itself and stops yielding until it
+//! loses again. Correctness never depends on this: the compare-and-set still decides every
+//! append.
 
 use std::time::Duration;
 
@@ -25,11 +26,16 @@ use super::store::Planned;
 /// the commit lane's extra delay when the appending process dies; it costs nothing while it
 /// lives.
 pub(crate) const PEER_GRACE: Duration = Duration::from_millis(25);
-/// The first look at what a peer appended comes as soon as a plan of its groups forms: this
-/// process learns of another's commit a wake-up and a read after that process did, by when the
-/// peer has most often appended it (a first look 1 ms later added that millisecond to every
-/// other process's commit lane). The next looks come after pauses of this long, doubling up to
-/// [`PEER_POLL_MAX`].
+/// How long a yielding sequencer leaves its own process's groups to the leader. The leader
+/// learns of them a wake-up and a read after this process did, and appends them with the next
+/// append it makes; a leader that has not covered them after this long is stopped or stalled,
+/// and this process appends them itself (racing it again, which decides anew who leads).
+pub(crate) const OWN_GRACE: Duration = Duration::from_millis(10);
+/// The first look at what a peer appended comes as soon as a plan forms (and again as soon as
+/// one of this process's own groups joins it): this process learns of another's commit a
+/// wake-up and a read after that process did, by when the peer has most often appended it (a
+/// first look 1 ms later added that millisecond to every other process's commit lane). The
+/// next looks come after pauses of this long, doubling up to [`PEER_POLL_MAX`].
 const PEER_POLL_FIRST: Duration = Duration::from_millis(1);
 const PEER_POLL_MAX: Duration = Duration::from_millis(8);
 
@@ -41,35 +47,47 @@ pub(crate) enum Step {
     AskPeer,
 }
 
-/// A plan of other processes' groups, waiting for a peer to append it.
+/// A plan waiting for a peer to append it.
 struct Waiting {
+    /// Since when the plan has waited, and since when it has held a group of this process's.
     since: Instant,
+    own_since: Option<Instant>,
     ask_at: Instant,
     pause: Duration,
 }
 
 #[derive(Default)]
 pub(crate) struct Turns {
-    /// Set after a lost compare-and-set: leave other processes' groups to them for a while.
+    /// Set after a lost compare-and-set: leave groups to the peer that won, for a while.
     yielding: bool,
     waiting: Option<Waiting>,
 }
 
 impl Turns {
-    /// When to act on the non-empty `plan`, and how: append once `due`, or, while yielding and
-    /// the plan holds only other processes' groups, look at what peers appended, until
-    /// [`PEER_GRACE`] has passed.
+    /// When to act on the non-empty `plan`, and how: append once `due`, or, while yielding,
+    /// look at what peers appended until the plan's grace has passed ([`OWN_GRACE`] once it
+    /// holds a group of this process's, [`PEER_GRACE`] otherwise).
     pub(crate) fn next_step(&mut self, plan: &[Planned], due: Instant) -> (Instant, Step) {
-        if !self.yielding || plan.iter().any(|group| group.own) {
+        if !self.yielding {
             return (due, Step::Append);
         }
         let now = Instant::now();
         let wait = self.waiting.get_or_insert_with(|| Waiting {
             since: now,
+            own_since: None,
             ask_at: now,
             pause: PEER_POLL_FIRST / 2,
         });
-        let deadline = wait.since + PEER_GRACE;
+        if wait.own_since.is_none() && plan.iter().any(|group| group.own) {
+            // One of ours joined: the leader may have appended it already.
+            wait.own_since = Some(now);
+            wait.ask_at = now;
+            wait.pause = PEER_POLL_FIRST / 2;
+        }
+        let deadline = match wait.own_since {
+            Some(own) => (own + OWN_GRACE).min(wait.since + PEER_GRACE),
+            None => wait.since + PEER_GRACE,
+        };
         if now >= deadline {
             // No peer covered these groups in time: it stopped, or none folds them.
             tracing::debug!("no peer appended within the grace; this sequencer appends again");
@@ -87,6 +105,23 @@ impl Turns {
         }
     }
 
+    /// A peer said it appended past what this process knows: look now.
+    pub(crate) fn ask_now(&mut self) {
+        if let Some(wait) = self.waiting.as_mut() {
+            wait.ask_at = Instant::now();
+        }
+    }
+
+    /// A peer appended part of the plan: what is left waits afresh from now (the peer lives),
+    /// and the pause between looks goes on growing.
+    pub(crate) fn peer_moved(&mut self, plan: &[Planned]) {
+        if let Some(wait) = self.waiting.as_mut() {
+            let now = Instant::now();
+            wait.since = now;
+            wait.own_since = plan.iter().any(|group| group.own).then_some(now);
+        }
+    }
+
     /// The plan was appended or emptied: the next one waits afresh.
     pub(crate) fn settled(&mut self) {
         self.waiting = None;
@@ -95,5 +130,91 @@ impl Turns {
     /// A peer won the compare-and-set: it folds too.
     pub(crate) fn lost(&mut self) {
         self.yielding = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(xid: i64, own: bool) -> Planned {
+        Planned { xid, low: 1, own }
+    }
+
+    #[test]
+    fn a_sequencer_that_never_lost_appends_when_due() {
+        let mut turns = Turns::default();
+        let due = Instant::now() + Duration::from_millis(3);
+        assert_eq!(
+            turns.next_step(&[group(1, false)], due),
+            (due, Step::Append)
+        );
+        assert_eq!(turns.next_step(&[group(1, true)], due), (due, Step::Append));
+    }
+
+    #[test]
+    fn after_a_loss_even_its_own_groups_are_left_to_the_leader_until_the_own_grace() {
+        let mut turns = Turns::default();
+        turns.lost();
+        let due = Instant::now();
+        let plan = [group(1, false), group(2, true)];
+        let (at, step) = turns.next_step(&plan, due);
+        assert_eq!(
+            step,
+            Step::AskPeer,
+            "a yielding sequencer asks the leader first"
+        );
+        assert!(at <= Instant::now(), "the first look is at once");
+        turns.asked();
+        let (later, step) = turns.next_step(&plan, due);
+        assert_eq!(step, Step::AskPeer);
+        assert!(later > at, "the next look waits");
+        std::thread::sleep(OWN_GRACE + Duration::from_millis(1));
+        assert_eq!(
+            turns.next_step(&plan, due),
+            (due, Step::Append),
+            "past the grace, the leader is taken for stopped"
+        );
+        // It appends from now on, until it loses again.
+        turns.settled();
+        assert_eq!(
+            turns.next_step(&[group(3, false)], due),
+            (due, Step::Append)
+        );
+    }
+
+    #[test]
+    fn other_processes_groups_wait_for_the_longer_grace() {
+        let mut turns = Turns::default();
+        turns.lost();
+        let before = Instant::now();
+        let (at, step) = turns.next_step(&[group(1, false)], before);
+        assert_eq!(step, Step::AskPeer);
+        assert!(at <= before + PEER_GRACE);
+        // One of ours joins: looked for at once, and bounded by the shorter grace.
+        turns.asked();
+        let (at, step) = turns.next_step(&[group(1, false), group(2, true)], before);
+        assert_eq!(step, Step::AskPeer);
+        assert!(
+            at <= Instant::now(),
+            "a group of ours joining is looked for at once"
+        );
+    }
+
+    #[test]
+    fn a_leader_that_moves_restarts_the_grace() {
+        let mut turns = Turns::default();
+        turns.lost();
+        let due = Instant::now();
+        let plan = [group(2, true)];
+        turns.next_step(&plan, due);
+        std::thread::sleep(OWN_GRACE + Duration::from_millis(1));
+        // The leader appended part of the plan just now: it lives, what is left waits afresh.
+        turns.peer_moved(&plan);
+        assert_eq!(turns.next_step(&plan, due).1, Step::AskPeer);
+        // A peer's announcement: the next look is now.
+        turns.asked();
+        turns.ask_now();
+        assert!(turns.next_step(&plan, due).0 <= Instant::now());
     }
 }

@@ -52,6 +52,8 @@ pub(crate) struct LaneShared<P> {
     /// Set by a wake-up from another process: rows may have committed below what this process
     /// holds, in the holes it waits on.
     foreign_wake: std::sync::atomic::AtomicBool,
+    /// Other processes' sequencers, as their wake-ups tell of them.
+    pub(crate) peer_log: wakeup::PeerLog,
 }
 
 /// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
@@ -77,6 +79,7 @@ impl<P> LaneShared<P> {
             own_commits: Mutex::new(HashSet::new()),
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
+            peer_log: wakeup::PeerLog::default(),
         }
     }
 

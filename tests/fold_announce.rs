@@ -1,0 +1,92 @@
+//! A sequencer that yields tells its peers so on the wake-up channel, and the peer it yields to
+//! then announces each append there, so that the follower reads it at once instead of at its
+//! next poll. A process alone announces nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::{ORDO, check_log};
+use common::{Note, TestDb, eventually};
+use ordo::{Outbox, OutboxConfig};
+use sqlx::postgres::PgListener;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+async fn publish(outbox: &Outbox<Note>, writer: u32, from: u32, transactions: u32) {
+    for n in from..from + transactions {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish(Note { writer, n }).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// Announcements (wake-ups that carry a log head: three fields) heard within `window`.
+async fn announcements(listener: &mut PgListener, window: Duration) -> Vec<String> {
+    let mut heard = Vec::new();
+    let until = tokio::time::Instant::now() + window;
+    while let Ok(Ok(notification)) = tokio::time::timeout_at(until, listener.recv()).await {
+        if notification.payload().split(' ').count() == 3 {
+            heard.push(notification.payload().to_owned());
+        }
+    }
+    heard
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_announces_its_appends_once_a_peer_yields_to_it() {
+    let db = TestDb::new().await;
+    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
+    listener.listen("ordo_events").await.expect("listen");
+
+    // Alone, a folding process announces nothing.
+    let writer = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the writer's outbox");
+    publish(&writer, 0, 0, 50).await;
+    assert!(
+        eventually(PATIENCE, || async { writer.commit_head().get() >= 50 }).await,
+        "the log did not reach 50"
+    );
+    let alone = announcements(&mut listener, Duration::from_millis(300)).await;
+    assert!(alone.is_empty(), "a process alone announced: {alone:?}");
+
+    // A second folding process loses the race once, yields, and says so; the writer's process
+    // then announces its appends (each one, where the yielding process speaks once a second).
+    let peer = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the peer's outbox");
+    let mut next = 50;
+    let mut heard = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while heard.len() < 10 && tokio::time::Instant::now() < deadline {
+        publish(&writer, 0, next, 20).await;
+        next += 20;
+        heard.extend(announcements(&mut listener, Duration::from_millis(200)).await);
+    }
+    assert!(
+        heard.len() >= 10,
+        "fewer than 10 announcements while a peer yields: {heard:?}"
+    );
+    let heads: Vec<u64> = heard
+        .iter()
+        .filter_map(|payload| payload.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        heads.iter().any(|&head| head > 50),
+        "no announcement of an append past the first 50: {heard:?}"
+    );
+    let total = u64::from(next);
+    assert!(
+        eventually(PATIENCE, || async {
+            writer.commit_head().get() >= total && peer.commit_head().get() >= total
+        })
+        .await,
+        "the log did not reach {total} in both processes"
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    writer.shutdown().await;
+    peer.shutdown().await;
+}
