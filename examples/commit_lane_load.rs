@@ -12,7 +12,9 @@
 //!   insert lane (the baseline) and on the commit lane, in the writer's process and in a second
 //!   `Outbox` on its own pool (another process, as far as ordo can tell: both fold).
 //! - `lag`: 8 writers of single-event transactions as fast as they go; commit → commit-lane
-//!   listener latency beside the insert lane's, with 1 and with 3 outboxes folding (1, 3, 3, 1).
+//!   listener latency beside the insert lane's, with 1 and with 3 outboxes folding (1, 3, 3, 1;
+//!   `ORDO_LAG_FOLDERS` sets another list), each in a fresh database, and how far the fold
+//!   trailed the insert lane.
 //! - `wal`: 8 writers, raw `INSERT`s (each in its own transaction, as an application's would
 //!   be) with nothing of ordo running against the same writers
 //!   publishing through an `Outbox` that folds (raw, ordo, ordo, raw): events/s and WAL bytes
@@ -71,7 +73,13 @@ async fn main() -> Result<()> {
         scratch.drop_db().await?;
     }
     if phases.contains("lag") {
-        for folders in [1, 3, 3, 1] {
+        // ORDO_LAG_FOLDERS picks the sittings (default 1,3,3,1: outboxes folding in each).
+        let sittings = std::env::var("ORDO_LAG_FOLDERS").unwrap_or_else(|_| "1,3,3,1".into());
+        for folders in sittings.split(',') {
+            let folders: usize = folders
+                .trim()
+                .parse()
+                .map_err(|_| anyhow!("ORDO_LAG_FOLDERS takes counts such as 1,3,3,1"))?;
             let scratch = Scratch::create(&server).await?;
             lag(&scratch, seconds, folders).await?;
             scratch.drop_db().await?;
@@ -278,10 +286,31 @@ async fn lag(scratch: &Scratch, seconds: u64, folders: usize) -> Result<()> {
     let window = Duration::from_secs(seconds);
     let insert = receive_insert(&outboxes[0], start, window);
     let commit = receive_commit(&outboxes[0], start, window);
+    // How far the fold trails the insert lane in the listeners' outbox (no transaction rolls
+    // back here, so every insert sequence gets a commit sequence): a commit lane that trails its
+    // insert lane by much more than one append's worth is the fold falling behind, not the
+    // listener.
+    let behind = {
+        let outbox = outboxes[0].clone();
+        let folded_from = outbox.insert_frontier().get() as i64 - outbox.commit_head().get() as i64;
+        tokio::spawn(async move {
+            let mut worst = 0i64;
+            let until = Instant::now() + window;
+            while Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let gap = outbox.insert_frontier().get() as i64
+                    - outbox.commit_head().get() as i64
+                    - folded_from;
+                worst = worst.max(gap);
+            }
+            worst
+        })
+    };
     recording.store(true, Ordering::Relaxed);
     let began = Instant::now();
     let insert = clock.latencies(&insert.await??)?;
     let commit = clock.latencies(&commit.await??)?;
+    let behind = behind.await?;
     let rate = written.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
@@ -294,6 +323,7 @@ async fn lag(scratch: &Scratch, seconds: u64, folders: usize) -> Result<()> {
         "  commit lane p99 - insert lane p99: {} us",
         commit.value_at_quantile(0.99) as i64 - insert.value_at_quantile(0.99) as i64
     );
+    println!("  fold behind the insert lane, worst of 100 ms samples: {behind} events");
     for outbox in outboxes {
         outbox.shutdown().await;
     }
@@ -309,8 +339,14 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     if let Err(error) = sqlx::query("CHECKPOINT").execute(&pool).await {
         println!("wal: CHECKPOINT refused ({error}); figures include checkpoint noise");
     }
+    // Diagnostics, to tell the costs apart: ORDO_WAL_FOLDS=0 publishes without a sequencer,
+    // ORDO_WAL_DEBOUNCE_MS sets the wake-up debounce (default 2).
+    let config_folds = env_or("ORDO_WAL_FOLDS", 1u8) != 0;
+    let config = OutboxConfig::default()
+        .sequencer(config_folds)
+        .notify_debounce(Duration::from_millis(env_or("ORDO_WAL_DEBOUNCE_MS", 2)));
     let outbox = match ordo {
-        true => Some(Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?),
+        true => Some(Outbox::<Tick>::new(pool.clone(), config).await?),
         false => None,
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -373,10 +409,10 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     let events = (w1 - w0) as f64;
     println!(
         "wal: {WRITERS} writers, {:<28} {:>8.0} events/s  {:>6.0} WAL bytes/event",
-        if ordo {
-            "ordo (commit lane folding)"
-        } else {
-            "raw INSERT (no ordo)"
+        match (ordo, config_folds) {
+            (true, true) => "ordo (commit lane folding)",
+            (true, false) => "ordo (no sequencer)",
+            (false, _) => "raw INSERT (no ordo)",
         },
         events / (t1 - t0).as_secs_f64(),
         bytes / events
