@@ -1,6 +1,7 @@
 //! A sequencer that yields tells its peers so on the wake-up channel, and the peer it yields to
 //! then announces each append there, so that the follower reads it at once instead of at its
-//! next poll. A process alone announces nothing.
+//! next poll. A process alone announces nothing. A follower leaves even its own writers'
+//! transactions to the leader, and takes them back when the leader stops.
 
 mod common;
 
@@ -89,4 +90,75 @@ async fn a_leader_announces_its_appends_once_a_peer_yields_to_it() {
     }
     writer.shutdown().await;
     peer.shutdown().await;
+}
+
+/// Writes `transactions` transactions from `writer` starting at `from`: every fifth rolls back,
+/// every third publishes a group of three. Returns how many events committed.
+async fn write_mixed(outbox: &Outbox<Note>, writer: u32, from: u32, transactions: u32) -> u64 {
+    let mut committed = 0;
+    for n in from..from + transactions {
+        let mut tx = outbox.begin().await.expect("begin");
+        let size = if n % 3 == 0 { 3 } else { 1 };
+        tx.publish_all((0..size).map(|i| Note {
+            writer,
+            n: n * 10 + i,
+        }))
+        .expect("publish");
+        if n % 5 == 0 {
+            tx.rollback().await.expect("rollback");
+        } else {
+            tx.commit().await.expect("commit");
+            committed += u64::from(size);
+        }
+    }
+    committed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
+    let db = TestDb::new().await;
+    let leader = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the leader's outbox");
+    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the follower's outbox");
+    // The leader's writer goes first: the follower learns of those transactions later, loses
+    // the race and yields (see tests/fold_turns.rs). Then both write at once, rollbacks and
+    // groups among them: the follower leaves its own transactions to the leader.
+    let mut total = write_mixed(&leader, 0, 0, 60).await;
+    let (a, b) = tokio::join!(
+        write_mixed(&leader, 0, 60, 100),
+        write_mixed(&follower, 1, 0, 100)
+    );
+    total += a + b;
+    assert!(
+        eventually(PATIENCE, || async {
+            leader.commit_head().get() >= total && follower.commit_head().get() >= total
+        })
+        .await,
+        "the log did not reach {total} in both processes"
+    );
+
+    // The leader stops; the follower's own writer goes on and its transactions must still
+    // reach the log, appended by the follower once the leader has not covered them in time.
+    leader.shutdown().await;
+    total += write_mixed(&follower, 1, 100, 100).await;
+    assert!(
+        eventually(PATIENCE, || async { follower.commit_head().get() >= total }).await,
+        "the follower did not take over its own transactions: head {} of {total}",
+        follower.commit_head()
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.commit_log")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(
+        logged as u64, total,
+        "every committed event logged once, no rolled-back one"
+    );
+    follower.shutdown().await;
 }
