@@ -271,8 +271,8 @@ fn growing_tables_scanned(node: &serde_json::Value, found: &mut Vec<String>) {
 /// few hundred events: autovacuum's first ANALYZE of a fresh database (or of a partition that
 /// has just started to fill) sees about that many, and a plan made from them scanned
 /// `events_p0` sequentially in every append, and went on doing so while the partition grew,
-/// until the next ANALYZE up to a minute later (15 to 200 ms per append at 65,000 events, the
-/// fold 12,000 events behind eight writers).
+/// until the next ANALYZE up to a minute later (13 to 198 ms per append, the
+/// fold up to 12,000 events behind eight writers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fold_reads_by_index_even_with_plans_made_while_the_events_were_few() {
     let db = TestDb::new().await;
