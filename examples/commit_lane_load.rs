@@ -23,6 +23,12 @@
 //!   of `ORDO_COLD_GROUP` events (default 1), folded from scratch, beside a paged read of the
 //!   same rows.
 //!
+//! Diagnostics (defaults in brackets): `ORDO_FOLD_INTERVAL_MS` sets every outbox's
+//! `fold_interval` [0]; `ORDO_PACED_PRELUDE` commits that many plain-SQL transactions before the
+//! paced writer starts, which both outboxes race to append [0]; `ORDO_SECOND_FOLDS=0` runs the
+//! paced phase's second outbox without a sequencer; `ORDO_WAL_FOLDS=0` publishes in `wal`
+//! without one; `ORDO_WAL_DEBOUNCE_MS` sets the wake-up debounce there [2].
+//!
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) to create scratch
 //! databases, dropped at the end. Prints one figure per line. WAL is cluster-wide: measure `wal`
 //! on a server nothing else writes to (a private cluster: `pg_createcluster 15 bench -p 5433
@@ -51,6 +57,12 @@ struct Tick {
 }
 
 const WRITERS: u32 = 8;
+
+/// The outbox configuration every phase starts from. Diagnostic: `ORDO_FOLD_INTERVAL_MS` sets
+/// [`OutboxConfig::fold_interval`] (default 0), to weigh fewer appends against latency.
+fn config() -> OutboxConfig {
+    OutboxConfig::default().fold_interval(Duration::from_millis(env_or("ORDO_FOLD_INTERVAL_MS", 0)))
+}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -194,14 +206,36 @@ fn receive_commit(
 
 /// One writer at a paced 500 transactions/s.
 async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
-    let outbox = Outbox::<Tick>::new(scratch.pool(6).await?, OutboxConfig::default()).await?;
+    let outbox = Outbox::<Tick>::new(scratch.pool(6).await?, config()).await?;
     // Diagnostic: ORDO_SECOND_FOLDS=0 runs the second outbox without a sequencer.
     let second_folds = env_or("ORDO_SECOND_FOLDS", 1u8) != 0;
-    let other = Outbox::<Tick>::new(
-        scratch.pool(6).await?,
-        OutboxConfig::default().sequencer(second_folds),
-    )
-    .await?;
+    let other =
+        Outbox::<Tick>::new(scratch.pool(6).await?, config().sequencer(second_folds)).await?;
+    // Diagnostic: ORDO_PACED_PRELUDE=N first commits N single-event transactions through plain
+    // SQL from four connections. Both outboxes' sequencers race to append them, so either may
+    // come out leading, as after a slow start or a pause (the writer's process leads when it
+    // wins); they are not measured.
+    let prelude: u32 = env_or("ORDO_PACED_PRELUDE", 0);
+    if prelude > 0 {
+        let pool = scratch.pool(4).await?;
+        let mut tasks = Vec::new();
+        for writer in 1..=4u32 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                for n in 0..u64::from(prelude / 4) {
+                    sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
+                        .bind(sqlx::types::Json(Tick { writer, n }))
+                        .execute(&pool)
+                        .await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let start = Instant::now();
     let clock = Arc::new(Clock::default());
     // Half a second of warm-up (connections, first plans) is not recorded.
@@ -237,7 +271,7 @@ async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
         }
     }
     println!(
-        "paced: one writer, 500 single-event transactions/s for {seconds} s; second outbox folds: {second_folds}"
+        "paced: one writer, 500 single-event transactions/s for {seconds} s; second outbox folds: {second_folds}; prelude {prelude}"
     );
     for (label, task) in listeners {
         println!("{}", line(label, &clock.latencies(&task.await??)?));
@@ -251,7 +285,7 @@ async fn paced(scratch: &Scratch, seconds: u64) -> Result<()> {
 async fn lag(scratch: &Scratch, seconds: u64, folders: usize) -> Result<()> {
     let mut outboxes = Vec::new();
     for _ in 0..folders {
-        outboxes.push(Outbox::<Tick>::new(scratch.pool(10).await?, OutboxConfig::default()).await?);
+        outboxes.push(Outbox::<Tick>::new(scratch.pool(10).await?, config()).await?);
     }
     let start = Instant::now();
     let clock = Arc::new(Clock::default());
@@ -342,7 +376,7 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
     // Diagnostics, to tell the costs apart: ORDO_WAL_FOLDS=0 publishes without a sequencer,
     // ORDO_WAL_DEBOUNCE_MS sets the wake-up debounce (default 2).
     let config_folds = env_or("ORDO_WAL_FOLDS", 1u8) != 0;
-    let config = OutboxConfig::default()
+    let config = config()
         .sequencer(config_folds)
         .notify_debounce(Duration::from_millis(env_or("ORDO_WAL_DEBOUNCE_MS", 2)));
     let outbox = match ordo {
@@ -446,7 +480,7 @@ async fn cold(scratch: &Scratch, events: i64, group: i64) -> Result<()> {
     sqlx::query("ANALYZE ordo.events").execute(&pool).await?;
     let load = started.elapsed();
     let started = Instant::now();
-    let outbox = Outbox::<Tick>::new(pool.clone(), OutboxConfig::default()).await?;
+    let outbox = Outbox::<Tick>::new(pool.clone(), config()).await?;
     while (outbox.commit_head().get() as i64) < events {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
