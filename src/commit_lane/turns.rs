@@ -10,8 +10,14 @@
 //! [`OWN_GRACE`]; other processes' groups for at most [`PEER_GRACE`] (those the leader learns
 //! of no later than this process does). If no peer has covered them by then (the peer stopped,
 //! crashed, stalled, or runs no sequencer), it appends them itself and stops yielding until it
-//! loses again. Correctness never depends on this: the compare-and-set still decides every
-//! append.
+//! loses again. A yielding sequencer whose leader appends mostly *its* transactions (the
+//! leader's own process writes little: at least [`TAKE_BACK_SHARE`] of the last
+//! [`TAKE_BACK_WINDOW`] groups the leader appended were this process's) stops yielding too: it
+//! learns of those transactions first, so it should lead, and the race it starts hands the lead
+//! to it. Without that, a process whose writers publish everything could stay a follower for
+//! good after one lost race (a slow start, a pause), and its own commit lane paid a wake-up, a
+//! read and an announcement on every event (p50 0.5 ms became 3.5 ms at 500 tx/s).
+//! Correctness never depends on this: the compare-and-set still decides every append.
 
 use std::time::Duration;
 
@@ -31,6 +37,11 @@ pub(crate) const PEER_GRACE: Duration = Duration::from_millis(25);
 /// append it makes; a leader that has not covered them after this long is stopped or stalled,
 /// and this process appends them itself (racing it again, which decides anew who leads).
 pub(crate) const OWN_GRACE: Duration = Duration::from_millis(10);
+/// A yielding sequencer takes the lead back when at least this share (in quarters) of the
+/// last [`TAKE_BACK_WINDOW`] groups its leader appended were its own process's transactions.
+pub(crate) const TAKE_BACK_SHARE: u32 = 3;
+/// How many groups appended by the leader are weighed before deciding to take the lead back.
+pub(crate) const TAKE_BACK_WINDOW: u32 = 32;
 /// The first look at what a peer appended comes as soon as a plan forms (and again as soon as
 /// one of this process's own groups joins it): this process learns of another's commit a
 /// wake-up and a read after that process did, by when the peer has most often appended it (a
@@ -61,6 +72,10 @@ pub(crate) struct Turns {
     /// Set after a lost compare-and-set: leave groups to the peer that won, for a while.
     yielding: bool,
     waiting: Option<Waiting>,
+    /// Groups the leader appended since yielding began (or since the last weighing), and how
+    /// many of them were this process's.
+    covered: u32,
+    covered_own: u32,
 }
 
 impl Turns {
@@ -130,6 +145,33 @@ impl Turns {
     /// A peer won the compare-and-set: it folds too.
     pub(crate) fn lost(&mut self) {
         self.yielding = true;
+        self.covered = 0;
+        self.covered_own = 0;
+    }
+
+    /// While yielding, the leader appended `groups` groups, `own` of them this process's.
+    /// Every [`TAKE_BACK_WINDOW`] groups, if at least [`TAKE_BACK_SHARE`] quarters were ours,
+    /// this sequencer stops yielding: the leader folds mostly for this process's writers.
+    pub(crate) fn peer_covered(&mut self, groups: u32, own: u32) {
+        if !self.yielding {
+            return;
+        }
+        self.covered = self.covered.saturating_add(groups);
+        self.covered_own = self.covered_own.saturating_add(own);
+        if self.covered < TAKE_BACK_WINDOW {
+            return;
+        }
+        if self.covered_own.saturating_mul(4) >= self.covered.saturating_mul(TAKE_BACK_SHARE) {
+            tracing::debug!(
+                groups = self.covered,
+                own = self.covered_own,
+                "the leader appends mostly this process's transactions; this sequencer leads again"
+            );
+            self.yielding = false;
+            self.waiting = None;
+        }
+        self.covered = 0;
+        self.covered_own = 0;
     }
 }
 
@@ -199,6 +241,31 @@ mod tests {
             at <= Instant::now(),
             "a group of ours joining is looked for at once"
         );
+    }
+
+    #[test]
+    fn a_follower_whose_leader_appends_mostly_its_transactions_leads_again() {
+        let mut turns = Turns::default();
+        turns.lost();
+        let due = Instant::now();
+        let plan = [group(1, true)];
+        assert_eq!(turns.next_step(&plan, due).1, Step::AskPeer);
+        // The leader appends for everyone: a third of the groups are ours. Keep yielding.
+        for _ in 0..4 {
+            turns.peer_covered(TAKE_BACK_WINDOW / 2, TAKE_BACK_WINDOW / 6);
+            turns.peer_covered(TAKE_BACK_WINDOW / 2, TAKE_BACK_WINDOW / 6);
+            assert_eq!(turns.next_step(&plan, due).1, Step::AskPeer);
+        }
+        // The leader appends mostly ours: this process learns of them first, so it leads.
+        turns.peer_covered(TAKE_BACK_WINDOW - 1, TAKE_BACK_WINDOW - 2);
+        assert_eq!(turns.next_step(&plan, due).1, Step::AskPeer);
+        turns.peer_covered(1, 1);
+        assert_eq!(turns.next_step(&plan, due), (due, Step::Append));
+        // Leading, the tally is not kept; a lost race starts a fresh one.
+        turns.peer_covered(TAKE_BACK_WINDOW, 0);
+        turns.lost();
+        turns.peer_covered(TAKE_BACK_WINDOW - 1, TAKE_BACK_WINDOW - 1);
+        assert_eq!(turns.next_step(&plan, due).1, Step::AskPeer);
     }
 
     #[test]
