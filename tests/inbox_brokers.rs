@@ -18,7 +18,7 @@ use ordo::HandlerError;
 use ordo::inbox::{
     Inbox, InboxConfig, InboxHandler, InboxMessage, NatsInbox, RabbitInbox, Receipt, Redelivery,
 };
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{Notify, mpsc};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -165,10 +165,13 @@ impl InboxHandler for Gated {
 /// Kills an adapter between its inbox commit and its broker ack: the handler is held, the
 /// proxy between the adapter and the broker cuts every connection (so no ack can leave), the
 /// handler is let go, and once the inbox row is `completed` the adapter's runtime is dropped.
-/// `run` runs the adapter (on the victim's runtime) with the gated handler.
+/// `run` runs the adapter (on the victim's runtime) with the gated handler and an inbox on the
+/// victim's own pool (consumer `billing`, as [`setup`] makes them): its connections die with
+/// the victim's runtime, as a killed process's would, instead of staying in the test's pool
+/// bound to a dead runtime ("a Tokio 1.x context was found, but it is being shutdown").
 async fn kill_between_commit_and_ack<R, Fut>(db: &TestDb, proxy: &Arc<TcpFault>, run: R) -> u32
 where
-    R: FnOnce(Arc<Gated>) -> Fut + Send + 'static,
+    R: FnOnce(Arc<Gated>, Inbox) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (entered, mut entering) = mpsc::unbounded_channel();
@@ -178,12 +181,15 @@ where
         entered,
         go: Arc::clone(&go),
     });
-    let pool = db.pool.clone();
+    let url = db.url.clone();
     let proxy = Arc::clone(proxy);
     let victim = Arc::clone(&handler);
     tokio::task::spawn_blocking(move || {
         run_then_kill(move || async move {
-            let adapter = tokio::spawn(run(victim));
+            let pool = PgPool::connect(&url).await.expect("victim pool");
+            let config = InboxConfig::new("billing").max_attempts(5);
+            let inbox = Inbox::new(pool.clone(), config).expect("victim inbox");
+            let adapter = tokio::spawn(run(victim, inbox));
             assert!(
                 tokio::time::timeout(PATIENCE, entering.recv())
                     .await
@@ -215,8 +221,7 @@ async fn nats_a_crash_between_the_inbox_commit_and_the_ack_is_a_redelivery_the_i
         .await;
     let proxy = Arc::new(TcpFault::start(addr(NATS_ADDR)).await);
     let adapter = nats_adapter(&nats_url(proxy.addr()), &stream, "billing");
-    let victim_inbox = inbox.clone();
-    let calls = kill_between_commit_and_ack(&db, &proxy, move |handler| async move {
+    let calls = kill_between_commit_and_ack(&db, &proxy, move |handler, victim_inbox| async move {
         let _ = adapter
             .run(&victim_inbox, handler.as_ref(), std::future::pending())
             .await;
@@ -265,8 +270,7 @@ async fn rabbitmq_a_crash_between_the_inbox_commit_and_the_ack_is_a_redelivery_t
         .await;
     let proxy = Arc::new(TcpFault::start(addr(RABBIT_ADDR)).await);
     let adapter = rabbit_adapter(&amqp_uri(proxy.addr()), &queue);
-    let victim_inbox = inbox.clone();
-    let calls = kill_between_commit_and_ack(&db, &proxy, move |handler| async move {
+    let calls = kill_between_commit_and_ack(&db, &proxy, move |handler, victim_inbox| async move {
         let _ = adapter
             .run(&victim_inbox, handler.as_ref(), std::future::pending())
             .await;

@@ -186,10 +186,15 @@ async fn a_relay_into_a_watermark_inbox_projects_each_event_once_across_kills() 
     // ack: the handler holds at 40, the proxy cuts the connection, the handler goes on and
     // commits, the adapter dies. Position 40 comes back, at the mark: a duplicate.
     let proxy = Arc::new(TcpFault::start(addr(NATS_ADDR)).await);
-    let (b_pool, victim_adapter) = (b.pool.clone(), adapter(&nats_url(proxy.addr()), &stream));
+    let (b_url, victim_adapter) = (b.url.clone(), adapter(&nats_url(proxy.addr()), &stream));
     let cutter = Arc::clone(&proxy);
     tokio::task::spawn_blocking(move || {
         run_then_kill(move || async move {
+            // The victim's own pool: its connections die with its runtime, as a killed
+            // process's would. (Sharing B's pool left connections bound to the dead runtime for
+            // the test to pick up later: "a Tokio 1.x context was found, but it is being
+            // shutdown".)
+            let b_pool = PgPool::connect(&b_url).await.expect("victim pool on B");
             let inbox = b_inbox(b_pool.clone());
             let (entered, mut entering) = mpsc::unbounded_channel();
             let go = Arc::new(Notify::new());
