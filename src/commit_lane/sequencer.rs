@@ -81,10 +81,13 @@ const REST_FROM_GROUPS: usize = 2;
 /// millisecond of server time whatever its size (a plan of CTEs, the state row, a chunk row),
 /// and appends that followed each other as fast as the rest allowed kept the sequencer's
 /// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
-/// event, publish at a median 0.72x of raw `INSERT`s against 0.79x with this spacing, and 6%
+/// event, publish at a median 0.75x of raw `INSERT`s against 0.79x with this spacing, and 6%
 /// more WAL per event (`PERFORMANCE.md`, session 9). The spacing is also what a commit can wait
 /// before its append starts (about 1.5 ms on the median under a stream), so it stays well
-/// inside the commit lane's latency budget.
+/// inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
+/// within [`PEERS_HEARD`]) does not space its appends: there the commit lane of every other
+/// process already waits a wake-up, a read and an announcement on top of the append, and the
+/// spacing put 2 ms on its p99 with three processes (`PERFORMANCE.md`, session 9).
 const STREAM_SPACING: Duration = Duration::from_millis(5);
 /// A stream is [`STREAM_APPENDS`] appends in a row of at least this many groups each: commits
 /// come faster than appends can take them one by one. One writer at 500 tx/s appends one group
@@ -251,6 +254,7 @@ where
                             let groups = plan.len();
                             self.turns.settled();
                             self.append_plan(&mut state, &mut reader, &mut plan).await?;
+                            cadence.peers = self.lane.peer_log.heard_within(PEERS_HEARD);
                             due = cadence.next_due(started, Instant::now(), groups, self.interval);
                         }
                         Step::AskPeer => {
@@ -444,13 +448,15 @@ where
 struct Cadence {
     /// Appends in a row of at least [`STREAM_FROM_GROUPS`] groups.
     streak: u32,
+    /// Peers fold too: no spacing (see [`STREAM_SPACING`]).
+    peers: bool,
 }
 
 impl Cadence {
     /// When the append after one that started at `started`, ended at `ended` and took `groups`
-    /// groups may start: `interval` after the last one started; under a stream of commits no
-    /// sooner than [`STREAM_SPACING`] after it started; and after an append of several groups
-    /// no sooner than it took (up to [`REST_MAX`]) after it ended.
+    /// groups may start: `interval` after the last one started; under a stream of commits, with
+    /// no peer folding, no sooner than [`STREAM_SPACING`] after it started; and after an append
+    /// of several groups no sooner than it took (up to [`REST_MAX`]) after it ended.
     fn next_due(
         &mut self,
         started: Instant,
@@ -463,7 +469,7 @@ impl Cadence {
         } else {
             0
         };
-        let spacing = if self.streak >= STREAM_APPENDS {
+        let spacing = if self.streak >= STREAM_APPENDS && !self.peers {
             interval.max(STREAM_SPACING)
         } else {
             interval
@@ -572,6 +578,27 @@ mod tests {
         // A small append ends the stream.
         assert_eq!(cadence.next_due(started, ended, 3, Duration::ZERO), rested);
         assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
+    }
+
+    #[test]
+    fn with_peers_folding_a_stream_is_not_spaced() {
+        let mut cadence = Cadence {
+            peers: true,
+            ..Cadence::default()
+        };
+        let started = Instant::now();
+        let ended = started + MS;
+        for _ in 0..=STREAM_APPENDS {
+            assert_eq!(
+                cadence.next_due(started, ended, 50, Duration::ZERO),
+                ended + MS
+            );
+        }
+        cadence.peers = false;
+        assert_eq!(
+            cadence.next_due(started, ended, 50, Duration::ZERO),
+            started + STREAM_SPACING
+        );
     }
 
     #[test]
