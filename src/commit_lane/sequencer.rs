@@ -231,9 +231,9 @@ where
         .with_limit(self.batch);
         // Groups planned but not yet appended, in log order.
         let mut plan: Vec<Planned> = Vec::new();
-        // When the next append may start: `interval` after the last one started, and no sooner
-        // than the last one took after it ended (see [`REST_MAX`]). A transaction arriving after
-        // a quiet spell is appended at once.
+        // When the next append may start (see [`Cadence::next_due`]): `interval` after the last
+        // one started, spaced under a stream while no peer folds, and no sooner than the last
+        // one took after it ended. A transaction arriving after a quiet spell is appended at once.
         let mut due = Instant::now();
         let mut cadence = Cadence::default();
         loop {
