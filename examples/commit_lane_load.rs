@@ -18,7 +18,10 @@
 //! - `wal`: 8 writers, raw `INSERT`s (each in its own transaction, as an application's would
 //!   be) with nothing of ordo running against the same writers
 //!   publishing through an `Outbox` that folds (raw, ordo, ordo, raw): events/s and WAL bytes
-//!   per event (`pg_current_wal_insert_lsn()` deltas, which do not depend on machine noise).
+//!   per event (`pg_current_wal_insert_lsn()` deltas, which do not depend on machine noise), and
+//!   on Linux with the server on this machine, CPU time per event of this process and of every
+//!   `postgres` process (`/proc/*/stat`; less noisy than events/s, which swing by a fifth from
+//!   one run to the next on a shared machine).
 //! - `cold`: `ORDO_COLD_EVENTS` events (default 1,000,000) already in the table, in transactions
 //!   of `ORDO_COLD_GROUP` events (default 1), folded from scratch, beside a paged read of the
 //!   same rows.
@@ -420,16 +423,18 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
             .fetch_one(&pool)
             .await
     };
-    let (w0, l0, t0) = (
+    let (w0, l0, t0, c0) = (
         written.load(Ordering::Relaxed),
         lsn(pool.clone()).await?,
         Instant::now(),
+        cpu_ticks(),
     );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let (w1, l1, t1) = (
+    let (w1, l1, t1, c1) = (
         written.load(Ordering::Relaxed),
         lsn(pool.clone()).await?,
         Instant::now(),
+        cpu_ticks(),
     );
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
@@ -441,8 +446,19 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
         .fetch_one(&pool)
         .await?;
     let events = (w1 - w0) as f64;
+    let cpu = match (c0, c1) {
+        (Some((client0, server0)), Some((client1, server1))) => {
+            let per_event = |ticks: u64| ticks as f64 * 1e6 / TICKS_PER_SECOND / events;
+            format!(
+                "  CPU µs/event: client {:>5.1}, server {:>5.1}",
+                per_event(client1.saturating_sub(client0)),
+                per_event(server1.saturating_sub(server0))
+            )
+        }
+        _ => String::new(),
+    };
     println!(
-        "wal: {WRITERS} writers, {:<28} {:>8.0} events/s  {:>6.0} WAL bytes/event",
+        "wal: {WRITERS} writers, {:<28} {:>8.0} events/s  {:>6.0} WAL bytes/event{cpu}",
         match (ordo, config_folds) {
             (true, true) => "ordo (commit lane folding)",
             (true, false) => "ordo (no sequencer)",
@@ -455,6 +471,39 @@ async fn wal(scratch: &Scratch, seconds: u64, ordo: bool) -> Result<()> {
         outbox.shutdown().await;
     }
     Ok(())
+}
+
+/// The kernel's unit for `/proc/*/stat` times (`USER_HZ`, 100 on every Linux this runs on).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time so far (user + system, in ticks) of this process and of every process named
+/// `postgres` on the machine, or `None` where `/proc` cannot tell (not Linux). Backends that
+/// exit between two readings take their time with them: the phases keep their pools open.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let ticks = |stat: &str| -> Option<(String, u64)> {
+        // `pid (comm) state ...`: comm may hold spaces, so split after its closing parenthesis.
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let comm = stat.get(open + 1..close)?.to_owned();
+        let fields: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 11 and 12 after the state.
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some((comm, utime + stime))
+    };
+    let (_, client) = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue; // not a process, or one that just ended
+        };
+        if let Some((comm, spent)) = ticks(&stat)
+            && comm == "postgres"
+        {
+            server += spent;
+        }
+    }
+    Some((client, server))
 }
 
 /// `events` already in the table in transactions of `group` events, folded from scratch.
