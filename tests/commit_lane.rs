@@ -561,3 +561,61 @@ async fn a_row_forging_the_commit_xid_of_a_logged_transaction_is_left_out_not_lo
     let (real, logged) = counts(&db.pool).await;
     assert_eq!(logged, real - 1, "every legitimate event is logged once");
 }
+
+/// A fold that catches up on a backlog writes chunks of up to 1,024 entries, large enough (from
+/// about 250) to be compressed on insert; they are compressed with lz4 where the server has it
+/// (migration `20261204000100_commit_chunks_lz4.sql`: pglz took a sixth of such an append's
+/// time), and the log reads the same either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catching_up_fold_stores_its_full_chunks_with_lz4_where_the_server_has_it() {
+    let db = TestDb::new().await;
+    // 3,000 single-event transactions, committed one by one before any sequencer runs (a
+    // procedure may COMMIT when its CALL is a statement of its own).
+    let mut conn = db.pool.acquire().await.expect("a connection");
+    sqlx::raw_sql(
+        r#"CREATE PROCEDURE pg_temp.backlog(n int) LANGUAGE plpgsql AS $$
+           BEGIN
+               FOR i IN 1..n LOOP
+                   INSERT INTO ordo.events (payload) VALUES (jsonb_build_object('writer', 0, 'n', i));
+                   COMMIT;
+               END LOOP;
+           END $$"#,
+    )
+    .execute(&mut *conn)
+    .await
+    .expect("the procedure");
+    sqlx::raw_sql("CALL pg_temp.backlog(3000)")
+        .execute(&mut *conn)
+        .await
+        .expect("the backlog");
+    drop(conn);
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    quiesce_and_check(&db.pool).await;
+    drop(outbox);
+
+    let lz4 = sqlx::raw_sql("SET default_toast_compression = 'lz4'")
+        .execute(&mut *db.pool.acquire().await.expect("a connection"))
+        .await
+        .is_ok();
+    let methods: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT pg_column_compression(sequences), pg_column_compression(group_last)
+         FROM ordo.commit_chunks WHERE cardinality(sequences) >= 300",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("chunks");
+    // Appends of a page (2,000 groups) at a time: chunks of 1,024 and 976 entries, then the rest.
+    assert!(
+        !methods.is_empty(),
+        "the catch-up wrote no chunk of 300 entries or more"
+    );
+    let expected = if lz4 { "lz4" } else { "pglz" };
+    for (sequences, group_last) in methods {
+        assert_eq!(sequences.as_deref(), Some(expected), "sequences");
+        // 1,024 booleans (1 kB) stay below the threshold unless they compress well; when
+        // compressed, it is with the column's method.
+        if let Some(method) = group_last {
+            assert_eq!(method, expected, "group_last");
+        }
+    }
+}
