@@ -79,6 +79,12 @@ ORDER BY l.commit_seq
 /// 5,000 groups on this machine where the split form takes 19 ms (`EXPLAIN ANALYZE` under
 /// `plan_cache_mode = force_generic_plan`; `tests/plans.rs` checks it).
 ///
+/// A group's first and last members come from one window sorted by (`ord`, `sequence`), the
+/// order `members` numbers them in, so that sort finds its input in order (PostgreSQL's sort
+/// checks for that first): one full sort of the plan's members instead of two, and one window
+/// pass fewer. An append of 2,000 single-event groups took 20 to 23 ms instead of 24 to 25
+/// (`EXPLAIN ANALYZE`, five and four runs alternated); one of 30, 0.4 to 0.7 ms either way.
+///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
 /// nothing (no row comes back; a CAS that succeeds returns at least one, NULLs for an empty
@@ -95,14 +101,18 @@ found AS MATERIALIZED (
     WHERE e.commit_xid = ANY ($3::bigint[])
 ),
 candidates AS MATERIALIZED (
-    SELECT p.ord, p.low, f.sequence, min(f.sequence) OVER (PARTITION BY p.ord) AS first
+    SELECT p.ord, p.low, f.sequence,
+           first_value(f.sequence) OVER w AS first,
+           last_value(f.sequence) OVER w AS last
     FROM found AS f
     JOIN plan AS p ON p.xid = f.commit_xid
+    WINDOW w AS (PARTITION BY p.ord ORDER BY f.sequence
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ),
 members AS MATERIALIZED (
     SELECT c.sequence, c.ord,
            row_number() OVER (ORDER BY c.ord, c.sequence) AS rn,
-           c.sequence = max(c.sequence) OVER (PARTITION BY c.ord) AS group_last
+           c.sequence = c.last AS group_last
     FROM candidates AS c
     WHERE c.first = c.low
 ),
