@@ -82,8 +82,9 @@ ORDER BY l.commit_seq
 /// A group's first and last members come from one window sorted by (`ord`, `sequence`), the
 /// order `members` numbers them in, so that sort finds its input in order (PostgreSQL's sort
 /// checks for that first): one full sort of the plan's members instead of two, and one window
-/// pass fewer. An append of 2,000 single-event groups took 20 to 23 ms instead of 24 to 25
-/// (`EXPLAIN ANALYZE`, five and four runs alternated); one of 30, 0.4 to 0.7 ms either way.
+/// pass fewer. An append of 2,000 single-event groups took 20.0 to 22.9 ms instead of 23.7 to
+/// 24.8 (`EXPLAIN ANALYZE`, five and four runs alternated); one of 30, 0.4 to 0.9 ms either way
+/// (`PERFORMANCE.md`, session 10).
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
