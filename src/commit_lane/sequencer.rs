@@ -253,9 +253,15 @@ where
                             let started = Instant::now();
                             let groups = plan.len();
                             self.turns.settled();
-                            self.append_plan(&mut state, &mut reader, &mut plan).await?;
+                            let read_ahead =
+                                self.append_plan(&mut state, &mut reader, &mut plan).await?;
                             cadence.peers = self.lane.peer_log.heard_within(PEERS_HEARD);
                             due = cadence.next_due(started, Instant::now(), groups, self.interval);
+                            match read_ahead {
+                                Some(Some(batch)) => self.plan_batch(batch?, &mut state, &mut plan),
+                                Some(None) => return Ok(()),
+                                None => {}
+                            }
                         }
                         Step::AskPeer => {
                             self.turns.asked();
@@ -353,15 +359,44 @@ where
     /// Appends `plan` (groups up to the reader's position) under the CAS and empties it. On a
     /// refusal, continues from what the peer appended: `plan` keeps only the groups the peer
     /// did not log, to be appended on the peer's cursor.
+    ///
+    /// When the reader has more to read without waiting (a fold catching up on a backlog), the
+    /// next batch is read while the append runs, on the lane's own connection, and returned
+    /// (`Some`, as [`LaneReader::next_batch`] gave it) to be planned next. The append's entries
+    /// are published as soon as it is done, the read awaited only after that: the read no longer
+    /// waits for the append, and the commit lane never waits for the read. A refused append drops
+    /// the read (cancel safe: the reader's position moves only when slots are returned) or, if it
+    /// finished, its batch, and the peer's appends decide what is read next.
     async fn append_plan(
         &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
-    ) -> Result<()> {
+    ) -> Result<Option<Option<Result<Vec<Slot<P>>>>>> {
         let covered = reader.position();
-        match store::append(&self.pool, state.cursor, covered, plan).await? {
-            Appended::Done(appended) => {
+        let ahead = reader.ready();
+        {
+            let read = async {
+                match ahead {
+                    true => Some(reader.next_batch().await),
+                    false => None,
+                }
+            };
+            tokio::pin!(read);
+            let (appended, early) = {
+                let append = store::append(&self.pool, state.cursor, covered, plan);
+                tokio::pin!(append);
+                let mut early = None;
+                let appended = loop {
+                    tokio::select! {
+                        biased;
+                        appended = &mut append => break appended,
+                        batch = &mut read, if early.is_none() => early = Some(batch),
+                    }
+                };
+                (appended, early)
+            };
+            if let Appended::Done(appended) = appended? {
                 metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
                 metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
                 metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
@@ -375,20 +410,27 @@ where
                 if self.lane.peer_log.heard_within(PEERS_HEARD) {
                     self.tell_peers(state);
                 }
-            }
-            Appended::Refused => {
-                metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
-                // A peer folds too: leave it other processes' groups from now on.
-                self.turns.lost();
-                match store::catch_up(&self.pool, state.head).await? {
-                    Some(peer) => {
-                        self.follow(state, reader, plan, peer);
-                    }
-                    None => self.restart(state, reader, plan).await?,
-                }
+                return Ok(match early {
+                    Some(batch) => batch,
+                    None => read.await,
+                });
             }
         }
-        Ok(())
+        // Refused. A read ahead still running was dropped with its block; one that finished
+        // moved the reader, which goes back to where the append covered.
+        if reader.position() != covered {
+            reader.seek(covered);
+        }
+        metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
+        // A peer folds too: leave it other processes' groups from now on.
+        self.turns.lost();
+        match store::catch_up(&self.pool, state.head).await? {
+            Some(peer) => {
+                self.follow(state, reader, plan, peer);
+            }
+            None => self.restart(state, reader, plan).await?,
+        }
+        Ok(None)
     }
 
     /// Takes in a peer's appends: its entries join the log cache (listeners here read them
