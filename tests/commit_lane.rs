@@ -593,10 +593,14 @@ async fn a_catching_up_fold_stores_its_full_chunks_with_lz4_where_the_server_has
     quiesce_and_check(&db.pool).await;
     drop(outbox);
 
-    let lz4 = sqlx::raw_sql("SET default_toast_compression = 'lz4'")
-        .execute(&mut *db.pool.acquire().await.expect("a connection"))
+    // Whether the server has lz4: the setting refuses a method the server was built without
+    // (set for this transaction only, rolled back).
+    let mut probe = db.pool.begin().await.expect("begin");
+    let lz4 = sqlx::raw_sql("SET LOCAL default_toast_compression = 'lz4'")
+        .execute(&mut *probe)
         .await
         .is_ok();
+    probe.rollback().await.expect("rollback");
     let methods: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
         "SELECT pg_column_compression(sequences), pg_column_compression(group_last)
          FROM ordo.commit_chunks WHERE cardinality(sequences) >= 300",
@@ -617,5 +621,37 @@ async fn a_catching_up_fold_stores_its_full_chunks_with_lz4_where_the_server_has
         if let Some(method) = group_last {
             assert_eq!(method, expected, "group_last");
         }
+    }
+}
+
+/// Sequencers catching up on the same backlog read their next batch while their append runs;
+/// racing each other, their appends are refused while such a read is in flight or done (the
+/// read is dropped, or the reader goes back over it). Three processes start at once on a
+/// backlog with rollbacks and multi-event groups, writers go on meanwhile, and two processes
+/// stop mid-catch-up: every event is still logged exactly once, groups contiguous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sequencers_racing_through_a_backlog_with_reads_ahead_log_each_event_once() {
+    let db = TestDb::new().await;
+    let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    write_burst(&writer, 150).await;
+    let mut sequencers = Vec::new();
+    for _ in 0..3 {
+        let pool = db.another_pool(4).await;
+        // Small batches: many appends, each with a read ahead while the backlog lasts.
+        sequencers.push(outbox_on(&pool, OutboxConfig::default().fold_batch(50)).await);
+    }
+    let more = tokio::spawn({
+        let writer = writer.clone();
+        async move { write_burst(&writer, 40).await }
+    });
+    // Two of them stop mid-catch-up: the one left must have kept its reader where the log is.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for stopped in sequencers.drain(1..) {
+        stopped.shutdown().await;
+    }
+    more.await.expect("writers");
+    quiesce_and_check(&db.pool).await;
+    for outbox in &sequencers {
+        outbox.shutdown().await;
     }
 }
