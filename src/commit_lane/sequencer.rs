@@ -96,6 +96,12 @@ const STREAM_SPACING: Duration = Duration::from_millis(5);
 const STREAM_FROM_GROUPS: usize = 4;
 const STREAM_APPENDS: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What [`Sequencer::append_plan`] read while its append ran: `None` when it read nothing (or
+/// dropped the read), otherwise what [`LaneReader::next_batch`] returned (`Some(None)` once the
+/// outbox stops).
+type ReadAhead<P> = Option<Option<Result<Vec<Slot<P>>>>>;
+
 /// The skip set's mark for a group planned but not appended yet: no member is above it.
 const PLANNED: u64 = u64::MAX;
 
@@ -372,7 +378,7 @@ where
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
-    ) -> Result<Option<Option<Result<Vec<Slot<P>>>>>> {
+    ) -> Result<ReadAhead<P>> {
         let covered = reader.position();
         let ahead = reader.ready();
         {
