@@ -655,3 +655,73 @@ async fn sequencers_racing_through_a_backlog_with_reads_ahead_log_each_event_onc
         outbox.shutdown().await;
     }
 }
+
+/// The one peer that wins an append over a read ahead stops right after: nothing else folds the
+/// range the read covered. A holds the state row locked (the peer's transaction) while a
+/// sequencer catching up on a backlog appends its first batch and reads the next one meanwhile;
+/// the peer then logs the first group alone and never appends again. The refused sequencer must
+/// read the range of its dropped read again: had its reader stayed past it, its next append
+/// would move the cursor over events no process logged (without the seek back, 350 of the 400
+/// events were logged). The read is given half a second to finish while the append waits: one
+/// still running at the refusal is dropped, which this test would not tell from a seek back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_append_reads_again_what_it_read_ahead_when_the_winner_stops() {
+    let db = TestDb::new().await;
+    let writer = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    for n in 0..400u32 {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 0, n }).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let mut peer = db.pool.begin().await.expect("begin the peer");
+    sqlx::query("SELECT 1 FROM ordo.sequencer_state WHERE singleton FOR UPDATE")
+        .execute(&mut *peer)
+        .await
+        .expect("lock the state row");
+    let pool = db.another_pool(4).await;
+    let folder = outbox_on(&pool, OutboxConfig::default().fold_batch(50)).await;
+    // Its append waits on the peer's lock; its read of the next batch does not.
+    let waiting = eventually(PATIENCE, || async {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("lock waits");
+        waits > 0
+    })
+    .await;
+    assert!(
+        waiting,
+        "the sequencer's append never waited on the state row"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The peer logs the first group and stops.
+    let first: i64 =
+        sqlx::query_scalar("SELECT min(sequence) FROM ordo.events WHERE commit_xid IS NOT NULL")
+            .fetch_one(&mut *peer)
+            .await
+            .expect("first event");
+    sqlx::query(
+        "INSERT INTO ordo.commit_chunks
+             (first_commit_seq, last_commit_seq, min_sequence, max_sequence, sequences, group_last)
+         VALUES (1, 1, $1, $1, ARRAY[$1], ARRAY[true])",
+    )
+    .bind(first)
+    .execute(&mut *peer)
+    .await
+    .expect("the peer's chunk");
+    sqlx::query(
+        "UPDATE ordo.sequencer_state SET last_commit_seq = 1, logged_through_sequence = $1
+         WHERE singleton",
+    )
+    .bind(first)
+    .execute(&mut *peer)
+    .await
+    .expect("the peer's cursor");
+    peer.commit().await.expect("the peer's append");
+    quiesce_and_check(&db.pool).await;
+    folder.shutdown().await;
+    writer.shutdown().await;
+}
