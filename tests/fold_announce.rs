@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::invariants::{ORDO, check_log};
+use common::invariants::{ORDO, check_log, counts};
 use common::{Note, TestDb, eventually};
 use ordo::{Outbox, OutboxConfig};
 use sqlx::postgres::PgListener;
@@ -160,5 +160,81 @@ async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
         logged as u64, total,
         "every committed event logged once, no rolled-back one"
     );
+    follower.shutdown().await;
+}
+
+/// The leader is killed while it writes and folds and a follower yields to it: its runtime is
+/// dropped at whatever await each task is in, its connections closed mid-statement (the way
+/// `tests/commit_lane.rs` kills a process), an append perhaps in flight. The follower hears no
+/// announcement any more, its grace runs out and it appends again: every event that committed,
+/// the leader's included, is logged exactly once, and what the follower writes afterwards too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
+    let db = TestDb::new().await;
+    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
+    listener.listen("ordo_events").await.expect("listen");
+    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the follower's outbox");
+
+    // The leader, in a "process" of its own: a thread with its own runtime and pool. It writes
+    // first, so the follower learns of its transactions later and loses the race, then keeps
+    // writing until it is killed.
+    let (led, leading) = std::sync::mpsc::channel::<()>();
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    let url = db.url.clone();
+    let leader = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the leader's runtime");
+        runtime.block_on(async {
+            let pool = sqlx::PgPool::connect(&url)
+                .await
+                .expect("the leader's pool");
+            let outbox = Outbox::<Note>::new(pool, OutboxConfig::default())
+                .await
+                .expect("the leader's outbox");
+            publish(&outbox, 0, 0, 60).await;
+            led.send(()).expect("tell the test");
+            tokio::spawn(async move {
+                for n in 60.. {
+                    let mut tx = outbox.begin().await.expect("begin");
+                    tx.publish(Note { writer: 0, n }).expect("publish");
+                    tx.commit().await.expect("commit");
+                }
+            });
+            let _ = killed.await;
+        });
+        runtime.shutdown_background();
+    });
+    leading.recv().expect("the leader wrote first");
+
+    // Both write; the follower yields, and the leader announces its appends to it.
+    publish(&follower, 1, 0, 60).await;
+    let heard = announcements(&mut listener, Duration::from_millis(500)).await;
+    assert!(
+        !heard.is_empty(),
+        "no announcement while both wrote: nobody yielded, so no leader was killed"
+    );
+    kill.send(()).expect("kill the leader");
+    leader.join().expect("the leader's thread");
+
+    // The follower writes on alone and must fold it all.
+    publish(&follower, 1, 60, 100).await;
+    let caught_up = eventually(PATIENCE, || async {
+        let (real, logged) = counts(&db.pool).await;
+        logged >= real
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the follower did not take over: head {}",
+        follower.commit_head()
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
     follower.shutdown().await;
 }
