@@ -238,3 +238,73 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     }
     follower.shutdown().await;
 }
+
+/// The wake-up connections are lost while a follower yields (the server terminates them, as a
+/// restart or a pooler would): no announcement reaches the follower until it has reconnected.
+/// Meanwhile it reads what the leader appended at its own polls, or appends its groups itself
+/// once the leader has not covered them within the grace; either way every committed event is
+/// logged exactly once and both processes' commit lanes reach the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_loses_its_wake_up_connection_still_follows_the_leader() {
+    let db = TestDb::new().await;
+    let leader = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the leader's outbox");
+    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the follower's outbox");
+    let both_at = |total: u64| {
+        let (leader, follower) = (leader.clone(), follower.clone());
+        async move {
+            eventually(PATIENCE, || async {
+                leader.commit_head().get() >= total && follower.commit_head().get() >= total
+            })
+            .await
+        }
+    };
+    let mut total = write_mixed(&leader, 0, 0, 60).await;
+    let (a, b) = tokio::join!(
+        write_mixed(&leader, 0, 60, 60),
+        write_mixed(&follower, 1, 0, 60)
+    );
+    total += a + b;
+    assert!(
+        both_at(total).await,
+        "the log did not reach {total} in both"
+    );
+
+    let terminated: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'
+               AND pid <> pg_backend_pid()) AS t",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("terminate the wake-up connections");
+    assert!(
+        terminated >= 2,
+        "expected both processes' wake-up connections, found {terminated}"
+    );
+    let (a, b) = tokio::join!(
+        write_mixed(&leader, 0, 120, 100),
+        write_mixed(&follower, 1, 60, 100)
+    );
+    total += a + b;
+    assert!(
+        both_at(total).await,
+        "the log did not reach {total} in both after the wake-ups were lost: leader {}, follower {}",
+        leader.commit_head(),
+        follower.commit_head()
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.commit_log")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(logged as u64, total, "every committed event logged once");
+    follower.shutdown().await;
+    leader.shutdown().await;
+}
