@@ -114,41 +114,42 @@ async fn write_mixed(outbox: &Outbox<Note>, writer: u32, from: u32, transactions
     committed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
-    let db = TestDb::new().await;
+/// Two folding processes, one following the other: the leader's writer goes first, so the
+/// follower learns of those transactions later, loses the race and yields (see
+/// tests/fold_turns.rs); then both write `transactions` at once, rollbacks and groups among
+/// them, and the follower leaves its own transactions to the leader. Returns both outboxes and
+/// how many events committed, once both commit lanes have reached them.
+async fn leader_and_follower(db: &TestDb, transactions: u32) -> (Outbox<Note>, Outbox<Note>, u64) {
     let leader = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
         .await
         .expect("the leader's outbox");
     let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
         .await
         .expect("the follower's outbox");
-    // The leader's writer goes first: the follower learns of those transactions later, loses
-    // the race and yields (see tests/fold_turns.rs). Then both write at once, rollbacks and
-    // groups among them: the follower leaves its own transactions to the leader.
     let mut total = write_mixed(&leader, 0, 0, 60).await;
     let (a, b) = tokio::join!(
-        write_mixed(&leader, 0, 60, 100),
-        write_mixed(&follower, 1, 0, 100)
+        write_mixed(&leader, 0, 60, transactions),
+        write_mixed(&follower, 1, 0, transactions)
     );
     total += a + b;
     assert!(
-        eventually(PATIENCE, || async {
-            leader.commit_head().get() >= total && follower.commit_head().get() >= total
-        })
-        .await,
+        both_at(&leader, &follower, total).await,
         "the log did not reach {total} in both processes"
     );
+    (leader, follower, total)
+}
 
-    // The leader stops; the follower's own writer goes on and its transactions must still
-    // reach the log, appended by the follower once the leader has not covered them in time.
-    leader.shutdown().await;
-    total += write_mixed(&follower, 1, 100, 100).await;
-    assert!(
-        eventually(PATIENCE, || async { follower.commit_head().get() >= total }).await,
-        "the follower did not take over its own transactions: head {} of {total}",
-        follower.commit_head()
-    );
+/// Whether both processes' commit lanes reach `total` within the patience.
+async fn both_at(leader: &Outbox<Note>, follower: &Outbox<Note>, total: u64) -> bool {
+    eventually(PATIENCE, || async {
+        leader.commit_head().get() >= total && follower.commit_head().get() >= total
+    })
+    .await
+}
+
+/// The log's invariants hold and it holds exactly `total` entries: every committed event once,
+/// no rolled-back one.
+async fn logged_once(db: &TestDb, total: u64) {
     if let Err(broken) = check_log(&db.pool, &ORDO).await {
         panic!("commit log invariant broken: {broken}");
     }
@@ -160,6 +161,23 @@ async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
         logged as u64, total,
         "every committed event logged once, no rolled-back one"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
+    let db = TestDb::new().await;
+    let (leader, follower, mut total) = leader_and_follower(&db, 100).await;
+
+    // The leader stops; the follower's own writer goes on and its transactions must still
+    // reach the log, appended by the follower once the leader has not covered them in time.
+    leader.shutdown().await;
+    total += write_mixed(&follower, 1, 100, 100).await;
+    assert!(
+        eventually(PATIENCE, || async { follower.commit_head().get() >= total }).await,
+        "the follower did not take over its own transactions: head {} of {total}",
+        follower.commit_head()
+    );
+    logged_once(&db, total).await;
     follower.shutdown().await;
 }
 
@@ -247,31 +265,7 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_loses_its_wake_up_connection_still_follows_the_leader() {
     let db = TestDb::new().await;
-    let leader = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the leader's outbox");
-    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the follower's outbox");
-    let both_at = |total: u64| {
-        let (leader, follower) = (leader.clone(), follower.clone());
-        async move {
-            eventually(PATIENCE, || async {
-                leader.commit_head().get() >= total && follower.commit_head().get() >= total
-            })
-            .await
-        }
-    };
-    let mut total = write_mixed(&leader, 0, 0, 60).await;
-    let (a, b) = tokio::join!(
-        write_mixed(&leader, 0, 60, 60),
-        write_mixed(&follower, 1, 0, 60)
-    );
-    total += a + b;
-    assert!(
-        both_at(total).await,
-        "the log did not reach {total} in both"
-    );
+    let (leader, follower, mut total) = leader_and_follower(&db, 60).await;
 
     let terminated: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (
@@ -292,19 +286,12 @@ async fn a_follower_that_loses_its_wake_up_connection_still_follows_the_leader()
     );
     total += a + b;
     assert!(
-        both_at(total).await,
+        both_at(&leader, &follower, total).await,
         "the log did not reach {total} in both after the wake-ups were lost: leader {}, follower {}",
         leader.commit_head(),
         follower.commit_head()
     );
-    if let Err(broken) = check_log(&db.pool, &ORDO).await {
-        panic!("commit log invariant broken: {broken}");
-    }
-    let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.commit_log")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count");
-    assert_eq!(logged as u64, total, "every committed event logged once");
+    logged_once(&db, total).await;
     follower.shutdown().await;
     leader.shutdown().await;
 }
