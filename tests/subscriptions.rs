@@ -14,8 +14,8 @@ use common::subscribers::{
 };
 use common::{Note, TestDb, eventually};
 use ordo::{
-    Batch, Delivery, Error, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox, OutboxConfig,
-    Subscriber, SubscriptionState,
+    Batch, Delivery, Error, EventSequence, HandlerError, JobConfig, OnExhaustion, Ordering, Outbox,
+    OutboxConfig, Position, Subscriber, SubscriptionState,
 };
 use rand::Rng;
 use sqlx::{PgConnection, PgPool};
@@ -370,6 +370,86 @@ async fn halt_stops_at_the_poisoned_event_visibly_and_resumes_where_it_stopped()
     assert!(done, "resumed and finished: {status:?}");
     handle.shutdown().await;
     assert_exactly_once(&db.pool).await;
+}
+
+/// Fails on writer 3's event; on the attempt numbered `last` it first tells the test and waits
+/// for its go.
+struct HeldPoison {
+    last: u32,
+    reached: tokio::sync::mpsc::UnboundedSender<()>,
+    go: Arc<tokio::sync::Notify>,
+}
+
+impl Subscriber<Note> for HeldPoison {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: &Delivery<Note>,
+    ) -> Result<(), HandlerError> {
+        if event.payload.writer == 3 {
+            if event.attempt() == self.last {
+                let _ = self.reached.send(());
+                self.go.notified().await;
+            }
+            return Err("writer 3 is poison".into());
+        }
+        Project { fail_rate: 0.0 }.handle(tx, event).await
+    }
+}
+
+/// A halt is fenced by the lease and the position: the handler exhausts its attempts on a
+/// poisoned event while an operator moves the subscription past it (which also ends the
+/// runner's lease). The halt is refused; the runner claims again and goes on from where the
+/// operator put it, never halted, the poisoned event never applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halt_after_an_operator_moved_the_subscription_is_refused_and_the_runner_goes_on() {
+    let db = TestDb::new().await;
+    let outbox = projected_outbox(&db).await;
+    // Writer 3's event is the fourth: position 4.
+    publish(&outbox, 6, 1).await;
+    let (reached, mut at_last_attempt) = tokio::sync::mpsc::unbounded_channel();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let config = JobConfig::new("fenced")
+        .retry(fast_retries(3))
+        .on_exhaustion(OnExhaustion::Halt)
+        .lease(Duration::from_secs(5));
+    let subscriber = HeldPoison {
+        last: 3,
+        reached,
+        go: Arc::clone(&go),
+    };
+    let handle = outbox
+        .subscribe(config, subscriber)
+        .await
+        .expect("subscribe");
+    tokio::time::timeout(PATIENCE, at_last_attempt.recv())
+        .await
+        .expect("the poisoned event's last attempt")
+        .expect("the handler's sender");
+    ordo::admin::reset_subscription(
+        &db.pool,
+        "fenced",
+        Position::Insert(EventSequence::new(4)),
+        false,
+    )
+    .await
+    .expect("move the subscription past the poisoned event");
+    go.notify_one();
+
+    let (status, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 6).await;
+    assert!(done, "went on from where the operator put it: {status:?}");
+    let stored: String =
+        sqlx::query_scalar("SELECT status FROM ordo.subscriptions WHERE name = 'fenced'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
+    assert_eq!(stored, "active", "the refused halt left the row as it was");
+    let projected: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(projected, 5, "every event but the poisoned one, once");
+    handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
