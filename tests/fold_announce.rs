@@ -257,6 +257,108 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     follower.shutdown().await;
 }
 
+/// The leader of `a_follower_takes_over_from_a_leader_process_killed_with_sigkill`, run by it
+/// in a child process (this test binary again): it writes 60 transactions, says `led` on
+/// stdout, then writes and folds until it is killed. `ORDO_TEST_LEADER_URL` names the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "run in a child process by a_follower_takes_over_from_a_leader_process_killed_with_sigkill"]
+async fn leader_process() {
+    let url = std::env::var("ORDO_TEST_LEADER_URL").expect("ORDO_TEST_LEADER_URL");
+    let pool = sqlx::PgPool::connect(&url)
+        .await
+        .expect("the leader's pool");
+    let outbox = Outbox::<Note>::new(pool, OutboxConfig::default())
+        .await
+        .expect("the leader's outbox");
+    publish(&outbox, 0, 0, 60).await;
+    println!("led");
+    for n in 60.. {
+        publish(&outbox, 0, n, 1).await;
+    }
+}
+
+/// A child process, killed with SIGKILL when dropped (a failed assertion leaves none behind).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// As `a_follower_takes_over_from_a_leader_killed_mid_stream`, with a real process killed with
+/// SIGKILL: no task runs on, no socket is closed by the leader, its backends learn of its death
+/// from the kernel (a commit or an append in flight may land or not). The follower must still
+/// log every event that committed exactly once, and what it writes afterwards too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_over_from_a_leader_process_killed_with_sigkill() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let db = TestDb::new().await;
+    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
+    listener.listen("ordo_events").await.expect("listen");
+    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .expect("the follower's outbox");
+
+    let mut leader = Killed(
+        Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["leader_process", "--exact", "--ignored", "--nocapture"])
+            .env("ORDO_TEST_LEADER_URL", &db.url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the leader process"),
+    );
+    let stdout = leader.0.stdout.take().expect("the leader's stdout");
+    let (said, saying) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if line == "led" {
+                let _ = said.send(());
+            }
+        }
+    });
+    let led = tokio::task::spawn_blocking(move || saying.recv_timeout(PATIENCE))
+        .await
+        .expect("wait for the leader");
+    assert!(
+        led.is_ok(),
+        "the leader process did not write its first 60 transactions"
+    );
+
+    // Both write; the follower yields, and the leader announces its appends to it.
+    publish(&follower, 1, 0, 60).await;
+    let heard = announcements(&mut listener, Duration::from_millis(500)).await;
+    leader.0.kill().expect("SIGKILL the leader");
+    leader.0.wait().expect("reap the leader");
+    assert!(
+        !heard.is_empty(),
+        "no announcement while both wrote: nobody yielded, so no leader was killed"
+    );
+
+    // The follower writes on alone and must fold it all.
+    publish(&follower, 1, 60, 100).await;
+    let caught_up = eventually(PATIENCE, || async {
+        let (real, logged) = counts(&db.pool).await;
+        logged >= real
+    })
+    .await;
+    let (real, logged) = counts(&db.pool).await;
+    assert!(
+        caught_up,
+        "the follower did not take over: {logged} of {real} events logged, head {}",
+        follower.commit_head()
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    follower.shutdown().await;
+}
+
 /// The wake-up connections are lost while a follower yields (the server terminates them, as a
 /// restart or a pooler would): no announcement reaches the follower until it has reconnected.
 /// Meanwhile it reads what the leader appended at its own polls, or appends its groups itself
