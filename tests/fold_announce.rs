@@ -257,6 +257,97 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     follower.shutdown().await;
 }
 
+/// The sender of each announcement in `heard` (its second field, the outbox's instance), with
+/// how many it sent, most first.
+fn senders(heard: &[String]) -> Vec<(String, usize)> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for payload in heard {
+        let Some(instance) = payload.split(' ').nth(1) else {
+            continue;
+        };
+        match counts.iter_mut().find(|(sender, _)| sender == instance) {
+            Some((_, count)) => *count += 1,
+            None => counts.push((instance.to_owned(), 1)),
+        }
+    }
+    counts.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    counts
+}
+
+/// Announcements heard while `writes` runs, from when `from` of its transactions are done.
+async fn announced_while(
+    listener: &mut PgListener,
+    outbox: &Outbox<Note>,
+    writer: u32,
+    from: u32,
+    skip: u32,
+    transactions: u32,
+) -> Vec<String> {
+    publish(outbox, writer, from, skip).await;
+    let writing = publish(outbox, writer, from + skip, transactions - skip);
+    tokio::pin!(writing);
+    let mut heard = Vec::new();
+    loop {
+        tokio::select! {
+            _ = &mut writing => break,
+            notification = listener.recv() => {
+                let notification = notification.expect("the wake-up channel");
+                if notification.payload().split(' ').count() == 3 {
+                    heard.push(notification.payload().to_owned());
+                }
+            }
+        }
+    }
+    heard.extend(announcements(listener, Duration::from_millis(100)).await);
+    heard
+}
+
+/// The lead follows the writes, end to end: while only the leader's process writes, the leader
+/// announces its appends; once only the follower's process writes, the follower sees the leader
+/// append mostly its transactions, takes the lead back, and from then on it is the follower
+/// that appends and announces (a leader announces every append while a peer listens; a
+/// yielding process speaks about once a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lead_moves_to_the_process_that_writes() {
+    let db = TestDb::new().await;
+    let (leader, follower, mut total) = leader_and_follower(&db, 60).await;
+    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
+    listener.listen("ordo_events").await.expect("listen");
+
+    // Only the leader's process writes: it appends, and announces (to the follower, which
+    // yields). Its instance is the one heard most.
+    let heard = announced_while(&mut listener, &leader, 0, 1_000, 50, 150).await;
+    total += 150;
+    let before = senders(&heard);
+    let Some((first, _)) = before.first().cloned() else {
+        panic!("no announcement while the leader wrote alone: nobody yields to it");
+    };
+
+    // Only the follower's process writes. Past the take-back window its sequencer leads; the
+    // second half of its writes is appended, and announced, by it.
+    let heard = announced_while(&mut listener, &follower, 1, 1_000, 150, 300).await;
+    total += 300;
+    let after = senders(&heard);
+    let Some((second, count)) = after.first().cloned() else {
+        panic!("no announcement while the follower wrote alone (before: {before:?})");
+    };
+    assert_ne!(
+        second, first,
+        "the lead did not move to the process that writes: before {before:?}, after {after:?}"
+    );
+    assert!(
+        count >= 10,
+        "the new leader announced {count} appends of 150 transactions: {after:?}"
+    );
+    assert!(
+        both_at(&leader, &follower, total).await,
+        "the log did not reach {total} in both processes"
+    );
+    logged_once(&db, total).await;
+    leader.shutdown().await;
+    follower.shutdown().await;
+}
+
 /// The leader of `a_follower_takes_over_from_a_leader_process_killed_with_sigkill`, run by it
 /// in a child process (this test binary again): it writes 60 transactions, says `led` on
 /// stdout, then writes and folds until it is killed. `ORDO_TEST_LEADER_URL` names the database.
