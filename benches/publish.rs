@@ -21,7 +21,11 @@
 //!    (the starting variant rotating each round); each round yields a ratio to the `raw` block
 //!    of the same round, and the median over the rounds is reported. An ordo block ends when its
 //!    transactions are committed *and* the sequencer has folded them into the commit log, so
-//!    the background work a transaction causes is paid inside its own block.
+//!    the background work a transaction causes is paid inside its own block. That wait (the
+//!    `fold wait` column, the median over the rounds) is also the commit lane's latency for the
+//!    block's last transactions: with eight writers, whose block takes a few dozen
+//!    milliseconds, it lowers the ratio beside what the sequencer costs, which the sustained
+//!    measure of `examples/commit_lane_load.rs` (`ORDO_PHASES=wal`) does not.
 //!
 //! `ordo` is the default configuration: every `Outbox` also runs the wake-up notifier and
 //! listener and the commit-lane sequencer, and their costs are part of what a user pays. The
@@ -383,6 +387,11 @@ fn criterion_group(c: &mut Criterion, runtime: &Runtime, scenario: Scenario) {
 struct Paired {
     /// Per kind (in `Kind::ALL` order), each round's block time.
     times: Vec<Vec<Duration>>,
+    /// Per kind, each round's wait for the sequencer after the block's last commit (part of
+    /// the block time; zero without a sequencer). With eight writers a block is a few dozen
+    /// milliseconds, so the commit lane's latency for the last transactions weighs on the
+    /// ratio by itself, beside what the sequencer costs.
+    waits: Vec<Vec<Duration>>,
     /// Per kind, server counters per published transaction.
     server: Vec<[f64; 3]>,
 }
@@ -425,8 +434,9 @@ async fn paired(scenario: Scenario, rounds: usize) -> Paired {
             writer
                 .round(scenario.writers, scenario.block, scenario.k)
                 .await;
+            let written = Instant::now();
             writer.drain(from, events).await;
-            start.elapsed()
+            (start.elapsed(), written.elapsed())
         }
     };
     // One untimed block each: connections, plans and caches warm.
@@ -434,10 +444,13 @@ async fn paired(scenario: Scenario, rounds: usize) -> Paired {
         block(writer).await;
     }
     let mut times = vec![Vec::with_capacity(rounds); writers.len()];
+    let mut waits = vec![Vec::with_capacity(rounds); writers.len()];
     for round in 0..rounds {
         for i in 0..writers.len() {
             let kind = (round + i) % writers.len();
-            times[kind].push(block(&writers[kind]).await);
+            let (time, wait) = block(&writers[kind]).await;
+            times[kind].push(time);
+            waits[kind].push(wait);
         }
     }
     let transactions = ((rounds + 1) * scenario.writers * scenario.block) as f64;
@@ -449,7 +462,11 @@ async fn paired(scenario: Scenario, rounds: usize) -> Paired {
         }));
         db.drop_db().await;
     }
-    Paired { times, server }
+    Paired {
+        times,
+        waits,
+        server,
+    }
 }
 
 fn print_criterion_summary() {
@@ -479,11 +496,12 @@ fn print_paired(scenario: Scenario, paired: &Paired) {
         paired.times[0].len()
     );
     println!(
-        "  {:<18} {:>9} {:>22} {:>12} {:>12} {:>13} {:>12}",
+        "  {:<18} {:>9} {:>22} {:>12} {:>10} {:>12} {:>13} {:>12}",
         "variant",
         "tx/s",
         "time / raw (min-max)",
         "throughput",
+        "fold wait",
         "xact_commit",
         "tup_inserted",
         "tup_updated"
@@ -499,12 +517,16 @@ fn print_paired(scenario: Scenario, paired: &Paired) {
             ratios.first().copied().unwrap_or(f64::NAN),
             ratios.last().copied().unwrap_or(f64::NAN)
         );
+        let mut waits = paired.waits[i].clone();
+        waits.sort();
+        let wait = waits.get(waits.len() / 2).copied().unwrap_or_default();
         let [commits, inserted, updated] = paired.server[i];
         println!(
-            "  {:<18} {:>9.0} {spread:>22} {:>11.2}x {commits:>12.2} {inserted:>13.2} {updated:>12.2}",
+            "  {:<18} {:>9.0} {spread:>22} {:>11.2}x {:>7.1} ms {commits:>12.2} {inserted:>13.2} {updated:>12.2}",
             kind.name(),
             tx / median.as_secs_f64(),
             1.0 / r,
+            wait.as_secs_f64() * 1e3,
         );
     }
 }
