@@ -34,16 +34,60 @@ async fn announcements(listener: &mut PgListener, window: Duration) -> Vec<Strin
     heard
 }
 
+/// A listener on the wake-up channel, hearing what every process says there.
+async fn wake_up_listener(db: &TestDb) -> PgListener {
+    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
+    listener.listen("ordo_events").await.expect("listen");
+    listener
+}
+
+/// An outbox on a pool of its own, folding: another process, as far as ordo can tell.
+async fn folding_process(db: &TestDb, what: &str) -> Outbox<Note> {
+    Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+}
+
+/// The leader of the kill tests, in a process of its own (a runtime, or a child process): an
+/// outbox on its own pool to the database at `url`, which has written its first 60
+/// transactions, so that a follower started beside it learns of them later and yields.
+async fn leader_at(url: &str) -> Outbox<Note> {
+    let pool = sqlx::PgPool::connect(url).await.expect("the leader's pool");
+    let outbox = Outbox::<Note>::new(pool, OutboxConfig::default())
+        .await
+        .expect("the leader's outbox");
+    publish(&outbox, 0, 0, 60).await;
+    outbox
+}
+
+/// After its leader was killed, the follower writes 100 transactions more alone: it must fold
+/// every committed event, the dead leader's included, exactly once.
+async fn follower_folds_it_all(db: &TestDb, follower: Outbox<Note>) {
+    publish(&follower, 1, 60, 100).await;
+    let caught_up = eventually(PATIENCE, || async {
+        let (real, logged) = counts(&db.pool).await;
+        logged >= real
+    })
+    .await;
+    let (real, logged) = counts(&db.pool).await;
+    assert!(
+        caught_up,
+        "the follower did not take over: {logged} of {real} events logged, head {}",
+        follower.commit_head()
+    );
+    if let Err(broken) = check_log(&db.pool, &ORDO).await {
+        panic!("commit log invariant broken: {broken}");
+    }
+    follower.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_announces_its_appends_once_a_peer_yields_to_it() {
     let db = TestDb::new().await;
-    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
-    listener.listen("ordo_events").await.expect("listen");
+    let mut listener = wake_up_listener(&db).await;
 
     // Alone, a folding process announces nothing.
-    let writer = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the writer's outbox");
+    let writer = folding_process(&db, "the writer's outbox").await;
     publish(&writer, 0, 0, 50).await;
     assert!(
         eventually(PATIENCE, || async { writer.commit_head().get() >= 50 }).await,
@@ -54,9 +98,7 @@ async fn a_leader_announces_its_appends_once_a_peer_yields_to_it() {
 
     // A second folding process loses the race once, yields, and says so; the writer's process
     // then announces its appends (each one, where the yielding process speaks once a second).
-    let peer = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the peer's outbox");
+    let peer = folding_process(&db, "the peer's outbox").await;
     let mut next = 50;
     let mut heard = Vec::new();
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -120,12 +162,8 @@ async fn write_mixed(outbox: &Outbox<Note>, writer: u32, from: u32, transactions
 /// them, and the follower leaves its own transactions to the leader. Returns both outboxes and
 /// how many events committed, once both commit lanes have reached them.
 async fn leader_and_follower(db: &TestDb, transactions: u32) -> (Outbox<Note>, Outbox<Note>, u64) {
-    let leader = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the leader's outbox");
-    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the follower's outbox");
+    let leader = folding_process(db, "the leader's outbox").await;
+    let follower = folding_process(db, "the follower's outbox").await;
     let mut total = write_mixed(&leader, 0, 0, 60).await;
     let (a, b) = tokio::join!(
         write_mixed(&leader, 0, 60, transactions),
@@ -189,11 +227,8 @@ async fn a_follower_takes_its_own_transactions_back_when_the_leader_stops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     let db = TestDb::new().await;
-    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
-    listener.listen("ordo_events").await.expect("listen");
-    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the follower's outbox");
+    let mut listener = wake_up_listener(&db).await;
+    let follower = folding_process(&db, "the follower's outbox").await;
 
     // The leader, in a "process" of its own: a thread with its own runtime and pool. It writes
     // first, so the follower learns of its transactions later and loses the race, then keeps
@@ -208,13 +243,7 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
             .build()
             .expect("the leader's runtime");
         runtime.block_on(async {
-            let pool = sqlx::PgPool::connect(&url)
-                .await
-                .expect("the leader's pool");
-            let outbox = Outbox::<Note>::new(pool, OutboxConfig::default())
-                .await
-                .expect("the leader's outbox");
-            publish(&outbox, 0, 0, 60).await;
+            let outbox = leader_at(&url).await;
             led.send(()).expect("tell the test");
             tokio::spawn(async move {
                 for n in 60.. {
@@ -240,21 +269,7 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     leader.join().expect("the leader's thread");
 
     // The follower writes on alone and must fold it all.
-    publish(&follower, 1, 60, 100).await;
-    let caught_up = eventually(PATIENCE, || async {
-        let (real, logged) = counts(&db.pool).await;
-        logged >= real
-    })
-    .await;
-    assert!(
-        caught_up,
-        "the follower did not take over: head {}",
-        follower.commit_head()
-    );
-    if let Err(broken) = check_log(&db.pool, &ORDO).await {
-        panic!("commit log invariant broken: {broken}");
-    }
-    follower.shutdown().await;
+    follower_folds_it_all(&db, follower).await;
 }
 
 /// The sender of each announcement in `heard` (its second field, the outbox's instance), with
@@ -311,8 +326,7 @@ async fn announced_while(
 async fn the_lead_moves_to_the_process_that_writes() {
     let db = TestDb::new().await;
     let (leader, follower, mut total) = leader_and_follower(&db, 60).await;
-    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
-    listener.listen("ordo_events").await.expect("listen");
+    let mut listener = wake_up_listener(&db).await;
 
     // Only the leader's process writes: it appends, and announces (to the follower, which
     // yields). Its instance is the one heard most.
@@ -355,13 +369,7 @@ async fn the_lead_moves_to_the_process_that_writes() {
 #[ignore = "run in a child process by a_follower_takes_over_from_a_leader_process_killed_with_sigkill"]
 async fn leader_process() {
     let url = std::env::var("ORDO_TEST_LEADER_URL").expect("ORDO_TEST_LEADER_URL");
-    let pool = sqlx::PgPool::connect(&url)
-        .await
-        .expect("the leader's pool");
-    let outbox = Outbox::<Note>::new(pool, OutboxConfig::default())
-        .await
-        .expect("the leader's outbox");
-    publish(&outbox, 0, 0, 60).await;
+    let outbox = leader_at(&url).await;
     println!("led");
     for n in 60.. {
         publish(&outbox, 0, n, 1).await;
@@ -388,11 +396,8 @@ async fn a_follower_takes_over_from_a_leader_process_killed_with_sigkill() {
     use std::process::{Command, Stdio};
 
     let db = TestDb::new().await;
-    let mut listener = PgListener::connect_with(&db.pool).await.expect("listener");
-    listener.listen("ordo_events").await.expect("listen");
-    let follower = Outbox::<Note>::new(db.another_pool(4).await, OutboxConfig::default())
-        .await
-        .expect("the follower's outbox");
+    let mut listener = wake_up_listener(&db).await;
+    let follower = folding_process(&db, "the follower's outbox").await;
 
     let mut leader = Killed(
         Command::new(std::env::current_exe().expect("the test binary"))
@@ -432,22 +437,7 @@ async fn a_follower_takes_over_from_a_leader_process_killed_with_sigkill() {
     );
 
     // The follower writes on alone and must fold it all.
-    publish(&follower, 1, 60, 100).await;
-    let caught_up = eventually(PATIENCE, || async {
-        let (real, logged) = counts(&db.pool).await;
-        logged >= real
-    })
-    .await;
-    let (real, logged) = counts(&db.pool).await;
-    assert!(
-        caught_up,
-        "the follower did not take over: {logged} of {real} events logged, head {}",
-        follower.commit_head()
-    );
-    if let Err(broken) = check_log(&db.pool, &ORDO).await {
-        panic!("commit log invariant broken: {broken}");
-    }
-    follower.shutdown().await;
+    follower_folds_it_all(&db, follower).await;
 }
 
 /// The wake-up connections are lost while a follower yields (the server terminates them, as a
