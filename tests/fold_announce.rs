@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, counts};
-use common::{Note, TestDb, eventually};
+use common::{KillOnDrop, Note, TestDb, eventually};
 use ordo::{Outbox, OutboxConfig};
 use sqlx::postgres::PgListener;
 
@@ -376,16 +376,6 @@ async fn leader_process() {
     }
 }
 
-/// A child process, killed with SIGKILL when dropped (a failed assertion leaves none behind).
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// As `a_follower_takes_over_from_a_leader_killed_mid_stream`, with a real process killed with
 /// SIGKILL: no task runs on, no socket is closed by the leader, its backends learn of its death
 /// from the kernel (a commit or an append in flight may land or not). The follower must still
@@ -399,7 +389,7 @@ async fn a_follower_takes_over_from_a_leader_process_killed_with_sigkill() {
     let mut listener = wake_up_listener(&db).await;
     let follower = folding_process(&db, "the follower's outbox").await;
 
-    let mut leader = Killed(
+    let mut leader = KillOnDrop(
         Command::new(std::env::current_exe().expect("the test binary"))
             .args(["leader_process", "--exact", "--ignored", "--nocapture"])
             .env("ORDO_TEST_LEADER_URL", &db.url)

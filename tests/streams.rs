@@ -300,10 +300,11 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
 #[cfg(feature = "cli")]
 mod tail {
     use std::io::{BufRead, BufReader, Read};
-    use std::process::{Child, Command, Stdio};
+    use std::process::{Command, Stdio};
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use common::KillOnDrop;
 
     /// Lines read from a child's pipe by a thread of their own.
     #[derive(Clone, Default)]
@@ -324,16 +325,6 @@ mod tail {
 
         fn lines(&self) -> Vec<String> {
             self.0.lock().map(|lines| lines.clone()).unwrap_or_default()
-        }
-    }
-
-    /// Kills the child (which this test started) when the test ends, passed or not.
-    struct KillOnDrop(Child);
-
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
         }
     }
 

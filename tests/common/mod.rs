@@ -17,6 +17,17 @@ use tokio::time::Instant;
 pub use databases::with_database;
 use databases::{create_database, drop_database_from_drop};
 
+/// A child process this test started, killed (SIGKILL) and reaped when the test ends, passed or
+/// not: a failed assertion leaves no process behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A database created for one test and dropped when it ends.
 pub struct TestDb {
     pub pool: PgPool,
