@@ -111,9 +111,15 @@ impl OutboxConfig {
         self
     }
 
-    /// How long the abandonment proof may be held up (by an unrelated long-running transaction
-    /// that was in flight when the hole was seen) before the lane resolves the hole by writing a
-    /// placeholder anyway, which waits for the hole's writer if it is still alive. Default 5 s.
+    /// How long the abandonment proof may be held up before the lane resolves the hole by
+    /// writing a placeholder anyway, which waits for the hole's writer if it is still alive.
+    /// Default 5 s.
+    ///
+    /// The proof waits only for the transactions that had drawn an event sequence (published,
+    /// or were publishing) when the hole was seen, in this database: a long transaction that
+    /// never publishes, here or in another database of the server, does not hold it. What runs
+    /// into this time-out is a publishing transaction that stays open (a handler that publishes
+    /// and then works for long, a prepared transaction nobody finishes).
     pub fn gap_fill_timeout(mut self, timeout: Duration) -> Self {
         self.gap_fill_timeout = timeout;
         self

@@ -110,10 +110,12 @@
 //! - A payload that does not decode as `P` is an `Err` item naming its sequence
 //!   ([`Error::UndecodablePayload`]); the stream goes on.
 //! - A transaction that holds a sequence open holds the lane at that sequence until it ends;
-//!   that is the price of never skipping. An unrelated long transaction can hold up the
-//!   abandonment proof of a rolled-back hole for at most
-//!   [`OutboxConfig::gap_fill_timeout`]; then the placeholder is written under a conflict check
-//!   that waits for the hole's writer if it is still alive.
+//!   that is the price of never skipping. A rolled-back hole is proven abandoned once every
+//!   transaction that had drawn an event sequence when it was seen has ended (they hold a lock
+//!   on the sequence until then, which `pg_locks` shows): a long transaction that never
+//!   publishes, in this database or another, does not hold it up. A publishing transaction
+//!   that stays open can, for at most [`OutboxConfig::gap_fill_timeout`]; then the placeholder
+//!   is written under a conflict check that waits for the hole's writer if it is still alive.
 //! - A commit whose answer is lost (the connection broke during `COMMIT`) is resolved by asking
 //!   PostgreSQL whether the transaction committed; only when that cannot be learned does
 //!   `commit` return [`Error::CommitInDoubt`], whose docs say how to retry without publishing

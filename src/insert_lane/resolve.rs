@@ -1,17 +1,36 @@
 //! Hole resolution: prove a sequence abandoned, then write a placeholder so every process
 //! agrees. Never a skip on a timer.
 //!
-//! A hole at `s` is a sequence some transaction drew but nobody can see yet. Every sequence the
-//! lane asks about was drawn before the resolver starts (it was below a row or a head the lane
-//! had already read), and every writer obtains its xid before it draws (see `write::sql` and the
-//! column order of `ordo.events`). So the transaction behind the hole was either over before the
-//! snapshot taken here, or is in that snapshot's in-progress list. Once every transaction of
-//! that list has ended, a hole still without a row can never be filled by its writer: the
-//! placeholder written then never waits on, or collides with, a live writer.
+//! A hole at `s` is a sequence some transaction drew but nobody can see yet. The proof watches
+//! only the transactions that can have drawn it, never the rest of the server: a long batch job
+//! in another database, or a transaction here that never publishes, cannot hold it up.
 //!
-//! If an unrelated long transaction holds the proof up past `gap_fill_timeout`, the placeholder
-//! is written anyway with `ON CONFLICT DO NOTHING`: a writer that already inserted its row makes
-//! that statement wait for its outcome, so the lane still never passes a row that commits.
+//! 1. **The head is read first** ([`rows::HEAD`], `ordo.events_sequence` has `CACHE 1`, so its
+//!    `last_value` is the last sequence any transaction drew). The range is cut there: every
+//!    sequence the lane asks about was drawn by a `nextval` that had returned before that read.
+//! 2. **Then the drawers are read** ([`DRAWERS`]). `nextval` locks the sequence
+//!    (`RowExclusiveLock`) before it draws, for the *top-level* transaction: the lock is held
+//!    until that transaction ends, through a rolled-back savepoint, and a `PREPARE TRANSACTION`
+//!    hands it to the prepared transaction (same virtual transaction id, no pid, the same xid
+//!    lock). So the writer of a hole either had ended before this read, or it holds the lock
+//!    throughout the read and is listed: `pg_locks` shows every lock held for the whole of one
+//!    read, fast-path ones included. No writer can slip between the two reads: it would have to
+//!    draw `s` after the head read, and `s` is at or below that head.
+//! 3. **The drawers are watched** ([`DRAWERS_ENDED`]) until none of them holds the lock any
+//!    more, each look one `pg_locks` read (materialized once, so one consistent view). A
+//!    virtual transaction id is never reused while the server runs; a prepared transaction is
+//!    also matched by its xid, since a restart may give it another virtual id (and when a
+//!    drawer had no xid yet, every prepared holder counts as possibly it). Transactions that
+//!    take the lock after step 2 drew above the head and are not waited for.
+//! 4. **The fill** ([`FILL`]) then writes placeholders only where a fresh look finds no row:
+//!    every possible writer has ended, so each sequence is committed (its row is there) or
+//!    abandoned for good, and the placeholder never waits on, or collides with, a live writer.
+//!
+//! `pg_locks` is readable by every role, so a reader role proves holes as a writer does. If a
+//! drawer stays open past `gap_fill_timeout` (a publishing transaction that idles, a prepared
+//! transaction nobody finishes), the placeholder is written anyway with `ON CONFLICT DO
+//! NOTHING`: a writer that already inserted its row makes that statement wait for its outcome,
+//! so the lane still never passes a row that commits. That time-out is the last resort.
 
 use std::time::Duration;
 
@@ -22,27 +41,78 @@ use super::rows;
 use crate::error::Result;
 use crate::position::EventSequence;
 
-/// The transactions in progress now, as text that [`ABANDONED`] takes back.
-pub(crate) const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
+/// The transactions that hold a lock on `ordo.events_sequence` in this database now (any mode
+/// but the `AccessShareLock` a plain read of the sequence takes): their virtual transaction
+/// ids, their xids, and whether one of them has no xid yet. One row; `pg_locks` is read once.
+pub(crate) const DRAWERS: &str = r#"
+WITH locks AS MATERIALIZED (
+    SELECT locktype, database, relation, virtualtransaction, pid, mode, granted, transactionid
+    FROM pg_locks
+), drawers AS (
+    SELECT s.virtualtransaction, x.transactionid
+    FROM locks AS s
+    LEFT JOIN locks AS x
+      ON x.virtualtransaction = s.virtualtransaction AND x.locktype = 'transactionid'
+     AND x.mode = 'ExclusiveLock' AND x.granted
+    WHERE s.locktype = 'relation' AND s.granted AND s.mode <> 'AccessShareLock'
+      AND s.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND s.relation = 'ordo.events_sequence'::regclass
+)
+SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS holders,
+       coalesce(array_agg(DISTINCT transactionid::text) FILTER (WHERE transactionid IS NOT NULL), '{}') AS xids,
+       coalesce(bool_or(transactionid IS NULL), false) AS without_xid
+FROM drawers
+"#;
 
-async fn snapshot(pool: &PgPool) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(SNAPSHOT).fetch_one(pool).await
-}
-
-/// True once no transaction that was in progress in snapshot `$1` is still in progress.
-pub(crate) const ABANDONED: &str = r#"
+/// True once none of the drawers `$1` (virtual transaction ids), `$2` (their xids) still holds
+/// its lock on `ordo.events_sequence`. A prepared holder (no pid) is one of them if its virtual
+/// id or one of its xids was listed, or if `$3` (a drawer had no xid, so it cannot be told).
+pub(crate) const DRAWERS_ENDED: &str = r#"
+WITH locks AS MATERIALIZED (
+    SELECT locktype, database, relation, virtualtransaction, pid, mode, granted, transactionid
+    FROM pg_locks
+)
 SELECT NOT EXISTS (
     SELECT 1
-    FROM pg_snapshot_xip($1::pg_snapshot) AS held(xid)
-    JOIN pg_snapshot_xip(pg_current_snapshot()) AS running(xid) USING (xid)
+    FROM locks AS s
+    WHERE s.locktype = 'relation' AND s.granted AND s.mode <> 'AccessShareLock'
+      AND s.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND s.relation = 'ordo.events_sequence'::regclass
+      AND (s.virtualtransaction = ANY($1::text[])
+           OR (s.pid IS NULL
+               AND ($3::bool OR EXISTS (
+                   SELECT 1 FROM locks AS x
+                   WHERE x.virtualtransaction = s.virtualtransaction
+                     AND x.locktype = 'transactionid'
+                     AND x.transactionid::text = ANY($2::text[])))))
 )
 "#;
 
-async fn abandoned(pool: &PgPool, snapshot: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(ABANDONED)
-        .bind(snapshot)
-        .fetch_one(pool)
-        .await
+/// The possible writers of every hole at or below the head read before them.
+#[derive(Debug, sqlx::FromRow)]
+struct Drawers {
+    holders: Vec<String>,
+    xids: Vec<String>,
+    without_xid: bool,
+}
+
+impl Drawers {
+    async fn read(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        sqlx::query_as(DRAWERS).fetch_one(pool).await
+    }
+
+    /// Whether every one of them has ended (or, prepared, been finished).
+    async fn ended(&self, pool: &PgPool) -> Result<bool, sqlx::Error> {
+        if self.holders.is_empty() {
+            return Ok(true);
+        }
+        sqlx::query_scalar(DRAWERS_ENDED)
+            .bind(&self.holders)
+            .bind(&self.xids)
+            .bind(self.without_xid)
+            .fetch_one(pool)
+            .await
+    }
 }
 
 /// Placeholders for every sequence of `[$1, $2]` that has no row, at or below the sequence
@@ -96,20 +166,22 @@ impl Resolver {
     /// Resolves every hole in `[from, upto]`. The caller guarantees each of those sequences was
     /// drawn before this call.
     pub(crate) async fn resolve(&self, from: u64, upto: u64) -> Result<Resolution> {
-        // Read before the snapshot: every sequence at or below it was drawn before the snapshot.
-        // A legitimate row is never above it (its writer drew it before inserting), so the
-        // range is cut there and a forged row cannot make the lane fill sequences nobody drew.
+        // Read before the drawers (step 1 of the module's proof): every sequence at or below it
+        // was drawn before they are read. A legitimate row is never above it (its writer drew it
+        // before inserting), so the range is cut there and a forged row cannot make the lane
+        // fill sequences nobody drew.
         let head = rows::head(&self.pool).await?;
         let upto = upto.min(head);
         if from > upto {
             let rows = rows::rows_above(&self.pool, head).await?;
             return Ok(Resolution::AboveHead { head, rows });
         }
-        let snapshot = snapshot(&self.pool).await?;
+        // Step 2: a drawer of any sequence up to `head` that is still open is among these.
+        let drawers = Drawers::read(&self.pool).await?;
         let deadline = Instant::now() + self.timeout;
         let mut poll = self.poll;
         loop {
-            if abandoned(&self.pool, &snapshot).await? {
+            if drawers.ended(&self.pool).await? {
                 let filled = self.fill(from, upto).await?;
                 return Ok(Resolution::Proven { filled });
             }
@@ -117,7 +189,8 @@ impl Resolver {
                 tracing::warn!(
                     from,
                     upto,
-                    "abandonment proof held up by a long transaction; filling under conflict checks"
+                    holders = drawers.holders.len(),
+                    "abandonment proof held up by a transaction that drew an event sequence and is still open; filling under conflict checks"
                 );
                 let filled = self.fill(from, upto).await?;
                 return Ok(Resolution::TimedOut { filled });

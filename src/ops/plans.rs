@@ -109,12 +109,12 @@ const HOT_PATH: &[HotStatement] = &[
     ),
     s("insert lane: resolved floor", rows::RESOLVED_FLOOR, "", ""),
     s("insert lane: retention floors", rows::FLOORS, "", ""),
-    s("insert lane: snapshot", resolve::SNAPSHOT, "", ""),
+    s("insert lane: sequence drawers", resolve::DRAWERS, "", ""),
     s(
         "insert lane: abandonment proof",
-        resolve::ABANDONED,
-        "text",
-        "'10:20:15'",
+        resolve::DRAWERS_ENDED,
+        "text[], text[], bool",
+        "ARRAY['3/7']::text[], ARRAY['1234']::text[], false",
     ),
     s(
         "insert lane: placeholders",
