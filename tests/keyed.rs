@@ -284,3 +284,93 @@ async fn bad_keyed_configurations_are_refused_with_the_setting_named() {
         "{serial:?}"
     );
 }
+
+/// Each event's first attempt takes a transaction-scoped advisory lock of its own and fails;
+/// the retry records whether that lock was free when it started.
+#[derive(Clone, Default)]
+struct LockProbe {
+    retries: std::sync::Arc<std::sync::Mutex<Vec<(u32, bool)>>>,
+}
+
+impl ordo::Subscriber<Parcel> for LockProbe {
+    async fn handle(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        event: &ordo::Delivery<Parcel>,
+    ) -> Result<(), ordo::HandlerError> {
+        let lock = i64::from(event.payload.id);
+        if event.attempt() == 1 {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(lock)
+                .execute(&mut *tx)
+                .await?;
+            return Err(format!("parcel {} fails holding its lock", event.payload.id).into());
+        }
+        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(lock)
+            .fetch_one(&mut *tx)
+            .await?;
+        self.retries
+            .lock()
+            .expect("probe lock")
+            .push((event.payload.id, free));
+        Ok(())
+    }
+
+    fn keys(&self, event: &ordo::Envelope<Parcel>) -> ordo::Keys {
+        event.payload.keys.iter().cloned().collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_rolled_back_before_its_retry_starts() {
+    let db = TestDb::new().await;
+    effects_table(&db.pool).await;
+    // A pool that takes its time to take a connection back (an `after_release` hook, as
+    // applications use to reset session state): sqlx flushes the ROLLBACK that dropping a
+    // transaction queued only after that hook, so a failed attempt that left its rollback to
+    // the drop still held its locks when the retry began on another connection.
+    let slow_release = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .after_release(|_, _| {
+            Box::pin(async {
+                tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+                Ok(true)
+            })
+        })
+        .connect(&db.url)
+        .await
+        .expect("pool");
+    let outbox = Outbox::new(slow_release, OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let probe = LockProbe::default();
+    let handle = outbox
+        .subscribe(
+            JobConfig::new("keyed").keyed(4).retry(fast_retries(3)),
+            probe.clone(),
+        )
+        .await
+        .expect("subscribe");
+    let keys = ["a", "b", "c", "d"];
+    publish(
+        &outbox,
+        (0..4).map(|id| Parcel::new(id, &[keys[id as usize % 4]])),
+    )
+    .await;
+    let retried = || probe.retries.lock().expect("probe lock").len();
+    assert!(eventually(PATIENCE, || async { retried() == 4 }).await);
+    handle.shutdown().await;
+    let held: Vec<u32> = probe
+        .retries
+        .lock()
+        .expect("probe lock")
+        .iter()
+        .filter(|(_, free)| !free)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        held.is_empty(),
+        "retries started while their failed attempt still held its lock: parcels {held:?}"
+    );
+}

@@ -117,14 +117,20 @@ where
             .begin_with(sql::begin_bounded(self.config.lease))
             .await
             .map_err(Failure::retryable)?;
-        self.call_handler(&mut tx, &events).await?;
-        let fenced = self
-            .checkpoint(&mut tx, position, next)
-            .await
-            .map_err(Failure::retryable)?;
+        if let Err(failure) = self.call_handler(&mut tx, &events).await {
+            sql::roll_back(tx).await;
+            return Err(failure);
+        }
+        let fenced = match self.checkpoint(&mut tx, position, next).await {
+            Ok(fenced) => fenced,
+            Err(error) => {
+                sql::roll_back(tx).await;
+                return Err(Failure::retryable(error));
+            }
+        };
         if !fenced {
             // Lost the lease, or an operator moved the subscription: the handler's writes go.
-            let _ = tx.rollback().await;
+            sql::roll_back(tx).await;
             return Ok(Outcome::Flow(Flow::Reclaim));
         }
         match tx.commit().await {

@@ -171,9 +171,20 @@ impl JobConfig {
         self
     }
 
-    /// How long the runner's claim on the subscription lasts without renewal. The runner renews
-    /// it at each checkpoint and every third of it while idle; a handler call that runs longer
-    /// than this loses the claim, and its transaction is rolled back. Default 30 s.
+    /// How long the runner's claim on the subscription lasts without renewal: how long a
+    /// runner that stopped (crashed, cut off) keeps every other runner out. Default 30 s.
+    ///
+    /// - **Serial** (the default): the runner renews it at each checkpoint and every third of
+    ///   it while idle; a handler call that runs longer than this loses the claim, and its
+    ///   transaction is rolled back.
+    /// - **Keyed** ([`keyed`](Self::keyed)): the runner renews it every third of it while
+    ///   handlers run, so the lease does **not** bound how long one handler may take. What it
+    ///   bounds there is how long a handler's transaction may sit idle between two statements
+    ///   (the server ends the session past it, `idle_in_transaction_session_timeout`, and that
+    ///   attempt fails and is retried). A handler that keeps its transaction busy runs until
+    ///   it returns: bound its work with its own timeout or a `SET LOCAL statement_timeout`.
+    ///
+    /// In both modes a failed attempt's transaction is rolled back before the retry starts.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

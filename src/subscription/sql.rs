@@ -56,6 +56,17 @@ pub(crate) fn begin_bounded(lease: Duration) -> sqlx::AssertSqlSafe<String> {
     ))
 }
 
+/// Ends a failed attempt's transaction now. Dropping a `Transaction` only queues its ROLLBACK
+/// until the connection is next used or back in the pool, and a retry on another connection
+/// could start while the failed attempt still holds its locks (and its sequences, which hold
+/// the insert lane). A ROLLBACK that fails leaves that queued one, as before; the failure
+/// being reported is the attempt's, not the rollback's.
+pub(crate) async fn roll_back(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "rolling back a failed attempt failed");
+    }
+}
+
 /// Extends a lease we hold; no row means we lost it. Also reports the row's state, so an
 /// operator's pause, resume or reset is seen while idle.
 pub(crate) const RENEW: &str = r#"

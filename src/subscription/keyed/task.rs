@@ -99,18 +99,26 @@ impl<S> Context<S> {
             .catch_unwind()
             .instrument(span)
             .await;
-        match handled {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => return failed(&error),
-            Err(_) => return failed(&"the handler panicked"),
+        // Every failure ends its transaction before it is reported: the runner may start the
+        // retry at once, on another connection (see `sql::roll_back`).
+        let failure = match handled {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(failed(&error)),
+            Err(_) => Some(failed(&"the handler panicked")),
+        };
+        if let Some(failure) = failure {
+            sql::roll_back(tx).await;
+            return failure;
         }
-        match progress::complete(&mut tx, &self.name, self.owner, attempt.position).await {
-            Ok(true) => {}
-            Ok(false) => {
-                let _ = tx.rollback().await;
-                return Outcome::Fenced;
-            }
-            Err(error) => return failed(&error),
+        let outcome =
+            match progress::complete(&mut tx, &self.name, self.owner, attempt.position).await {
+                Ok(true) => None,
+                Ok(false) => Some(Outcome::Fenced),
+                Err(error) => Some(failed(&error)),
+            };
+        if let Some(outcome) = outcome {
+            sql::roll_back(tx).await;
+            return outcome;
         }
         match tx.commit().await {
             Ok(()) => Outcome::Committed,
