@@ -22,6 +22,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::ser::{self, Impossible, Serializer};
 
+mod own_types;
+
 /// The field an object's type is read from.
 const TYPE_FIELD: &str = "type";
 
@@ -41,6 +43,11 @@ pub(crate) struct TypeFilter {
     /// `None`: every type.
     types: Option<Arc<BTreeSet<String>>>,
     skip_untyped: bool,
+    /// Whether the types were chosen ([`only`](Self::only) or [`all`](Self::all)); if not,
+    /// [`or_types_of`](Self::or_types_of) selects the payload type's own.
+    chosen: bool,
+    /// Where a subscription counts the events this filter passes over.
+    skipped: Option<metrics::Counter>,
 }
 
 impl TypeFilter {
@@ -52,7 +59,51 @@ impl TypeFilter {
         Self {
             types: Some(Arc::new(types.into_iter().map(Into::into).collect())),
             skip_untyped: false,
+            chosen: true,
+            skipped: None,
         }
+    }
+
+    /// Every type, chosen: no payload type's own selection replaces it.
+    pub(crate) fn all() -> Self {
+        Self {
+            chosen: true,
+            ..Self::default()
+        }
+    }
+
+    /// This filter, or, when no types were chosen, the types `P` decodes (see
+    /// [`own_types`]): every type when `P` can take any.
+    pub(crate) fn or_types_of<P: serde::de::DeserializeOwned>(self) -> Self {
+        if self.chosen {
+            return self;
+        }
+        Self {
+            types: own_types::types_of::<P>().map(Arc::new),
+            chosen: true,
+            ..self
+        }
+    }
+
+    /// Counts what it passes over in `ordo_subscription_skipped_total` for `subscription`.
+    pub(crate) fn counted_for(self, subscription: &str) -> Self {
+        let counter = metrics::counter!(
+            crate::ops::metrics::SUBSCRIPTION_SKIPPED,
+            "subscription" => subscription.to_owned()
+        );
+        Self {
+            skipped: Some(counter),
+            ..self
+        }
+    }
+
+    /// [`admits`](Self::admits), counting an event passed over.
+    pub(crate) fn takes(&self, event_type: Option<&str>) -> bool {
+        let admitted = self.admits(event_type);
+        if let (false, Some(skipped)) = (admitted, &self.skipped) {
+            skipped.increment(1);
+        }
+        admitted
     }
 
     pub(crate) fn set_skip_untyped(&mut self, skip: bool) {

@@ -267,3 +267,81 @@ async fn a_listener_selecting_types_sees_only_those_and_plain_sql_can_set_the_ty
     );
     outbox.shutdown().await;
 }
+
+/// Placed 1, then rows of other services' types (one whose payload is not even an object),
+/// then Cancelled 2, then another foreign row last: positions 1 to 5.
+async fn mixed_rows(db: &TestDb, outbox: &Outbox<Orders>) {
+    publish(outbox, Orders::Placed { id: 1 }).await;
+    foreign_row(&db.pool, Some("billing.Invoiced")).await;
+    sqlx::query("INSERT INTO ordo.events (payload, event_type) VALUES ('\"a bare string\"', 'shipping.Label')")
+        .execute(&db.pool)
+        .await
+        .expect("plain-SQL insert");
+    publish(outbox, Orders::Cancelled { id: 2 }).await;
+    foreign_row(&db.pool, Some("billing.Invoiced")).await;
+}
+
+async fn dead_letters(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM ordo.dead_letters")
+        .fetch_one(pool)
+        .await
+        .expect("dead letters")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_of_an_enum_outbox_takes_only_its_own_types_by_default() {
+    let (db, outbox) = setup().await;
+    mixed_rows(&db, &outbox).await;
+    let handle = outbox
+        .subscribe(fast_halting("default"), Record)
+        .await
+        .expect("subscribe");
+    reaches(&handle, 5).await;
+    assert_eq!(handled(&db.pool).await, vec![1, 2]);
+    assert_eq!(
+        dead_letters(&db.pool).await,
+        0,
+        "skipped, not dead-lettered"
+    );
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_subscription_of_an_enum_outbox_takes_only_its_own_types_by_default() {
+    let (db, outbox) = setup().await;
+    mixed_rows(&db, &outbox).await;
+    let config = fast_halting("keyed-default").keyed(4);
+    let handle = outbox.subscribe(config, Record).await.expect("subscribe");
+    reaches(&handle, 5).await;
+    assert_eq!(handled(&db.pool).await, vec![1, 2]);
+    assert_eq!(
+        dead_letters(&db.pool).await,
+        0,
+        "skipped, not dead-lettered"
+    );
+    let stalled = ordo::admin::list_stalled_keys(&db.pool, "keyed-default")
+        .await
+        .expect("stalled keys");
+    assert!(stalled.is_empty(), "no key stalled: {stalled:?}");
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_types_hands_a_foreign_row_to_the_subscription_as_before() {
+    let (db, outbox) = setup().await;
+    mixed_rows(&db, &outbox).await;
+    let handle = outbox
+        .subscribe(fast_halting("everything").all_types(), Record)
+        .await
+        .expect("subscribe");
+    let (status, halted) = handle
+        .wait_for(PATIENCE, |s| s.state == SubscriptionState::Halted)
+        .await;
+    assert!(
+        halted,
+        "the foreign row does not decode as Orders: {status:?}"
+    );
+    assert_eq!(status.position.get(), 1, "halted at the first foreign row");
+    assert_eq!(handled(&db.pool).await, vec![1]);
+    outbox.shutdown().await;
+}

@@ -125,6 +125,19 @@ async fn every_documented_metric_is_emitted() {
         .await;
     assert!(stopped);
     halted.shutdown().await;
+    // A subscription that selects none of these events passes over every one.
+    let selective = JobConfig::new("selective")
+        .event_types(["NoSuchType"])
+        .skip_untyped(true);
+    let skipping = outbox
+        .subscribe(selective, FailsOnWriterOne)
+        .await
+        .expect("subscribe");
+    let (_, passed) = skipping
+        .wait_for(Duration::from_secs(20), |s| s.position.get() >= 5)
+        .await;
+    assert!(passed, "the selective subscription passed over everything");
+    skipping.shutdown().await;
 
     // An inbox consumer receives one message twice.
     sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL, payload TEXT NOT NULL)")
@@ -163,6 +176,11 @@ async fn every_documented_metric_is_emitted() {
         (names::SUBSCRIPTION_EVENTS, sub, 4.0),
         (names::SUBSCRIPTION_RETRIES, sub, 2.0),
         (names::DEAD_LETTERS, sub, 2.0),
+        (
+            names::SUBSCRIPTION_SKIPPED,
+            Some(("subscription", "selective")),
+            4.0,
+        ),
         (
             names::SUBSCRIPTION_HALTS,
             Some(("subscription", "halting")),

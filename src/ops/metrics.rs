@@ -19,6 +19,7 @@
 //! | `ordo_placeholders_written_total` | counter | | placeholders this process wrote for abandoned sequences |
 //! | `ordo_subscription_lag` | gauge | `subscription` | positions between its checkpoint and the lane head |
 //! | `ordo_subscription_events_total` | counter | `subscription` | events it handled and checkpointed |
+//! | `ordo_subscription_skipped_total` | counter | `subscription` | events of a type it does not select, passed over before decoding (counted as read: again after a restart re-reads them) |
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) or below the retention floor (relays too) |
@@ -58,6 +59,8 @@ pub const PLACEHOLDERS: &str = "ordo_placeholders_written_total";
 pub const SUBSCRIPTION_LAG: &str = "ordo_subscription_lag";
 /// The metric `ordo_subscription_events_total` (see the table above).
 pub const SUBSCRIPTION_EVENTS: &str = "ordo_subscription_events_total";
+/// The metric `ordo_subscription_skipped_total` (see the table above).
+pub const SUBSCRIPTION_SKIPPED: &str = "ordo_subscription_skipped_total";
 /// The metric `ordo_subscription_retries_total` (see the table above).
 pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 /// The metric `ordo_dead_letters_total` (see the table above).

@@ -210,6 +210,11 @@ where
     /// transaction that also checkpoints the position. One process runs a given subscription at
     /// a time; others with the same name wait on standby and take over when its lease expires.
     ///
+    /// When `P` is a tagged serde enum, the subscription takes only `P`'s own event types
+    /// unless `config` chooses ([`JobConfig::event_types`], [`JobConfig::all_types`]): a row of
+    /// another type (another service's, a plain-SQL insert) is skipped, never handed to the
+    /// handler to fail on.
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::LaneMismatch`] when the
     /// stored subscription follows the other lane; [`Error::Database`] if its row cannot be
@@ -223,7 +228,7 @@ where
             Arc::clone(&self.inner.lane),
             Arc::clone(&self.inner.commit),
             &self.inner.runners,
-            config,
+            config.resolve_types::<P>(),
             subscriber,
         )
         .await

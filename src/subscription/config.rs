@@ -194,7 +194,15 @@ impl JobConfig {
     /// [`Envelope::event_type`](crate::Envelope::event_type)), and untyped ones unless
     /// [`skip_untyped`](Self::skip_untyped). Events of any other type are skipped before their
     /// payload is decoded, so they never fail, halt or dead-letter the subscription; the
-    /// position moves past them with the next handled event, or alone. Default: every type.
+    /// position moves past them with the next handled event, or alone, and they are counted
+    /// (`ordo_subscription_skipped_total`).
+    ///
+    /// **Default: the payload type's own types.** A subscription of an `Outbox<P>` whose `P`
+    /// is a serde enum tagged the way publishing stores a type (externally, or by a `type`
+    /// field) takes `P`'s variants as serde names them (renames and aliases included) and
+    /// skips every other type. Where `P` can take any type (a struct, an untagged enum, a
+    /// `#[serde(other)]` catch-all, `serde_json::Value`) it takes every type.
+    /// [`all_types`](Self::all_types) takes every type whatever `P` is.
     pub fn event_types<I, T>(mut self, types: I) -> Self
     where
         I: IntoIterator<Item = T>,
@@ -203,6 +211,29 @@ impl JobConfig {
         let skip_untyped = !self.types.admits(None);
         self.types = TypeFilter::only(types);
         self.types.set_skip_untyped(skip_untyped);
+        self
+    }
+
+    /// Hands the handler events of every type, instead of only the payload type's own (the
+    /// default, see [`event_types`](Self::event_types)): for a subscription that wants to see,
+    /// and fail on, rows it cannot decode.
+    ///
+    /// ```
+    /// use ordo::JobConfig;
+    ///
+    /// let audit = JobConfig::new("audit-everything").all_types();
+    /// ```
+    pub fn all_types(mut self) -> Self {
+        let skip_untyped = !self.types.admits(None);
+        self.types = TypeFilter::all();
+        self.types.set_skip_untyped(skip_untyped);
+        self
+    }
+
+    /// The types this subscription of an `Outbox<P>` takes: the chosen ones, or `P`'s own;
+    /// skipped events counted under its name.
+    pub(crate) fn resolve_types<P: serde::de::DeserializeOwned>(mut self) -> Self {
+        self.types = self.types.or_types_of::<P>().counted_for(&self.name);
         self
     }
 

@@ -47,7 +47,7 @@ impl<P> Item<P> {
             position,
             sequence,
             boundary,
-            skipped: !filter.admits(event_type),
+            skipped: !filter.takes(event_type),
             event,
         }
     }
