@@ -48,15 +48,20 @@ pub(crate) const DRAWERS: &str = r#"
 WITH locks AS MATERIALIZED (
     SELECT locktype, database, relation, virtualtransaction, pid, mode, granted, transactionid
     FROM pg_locks
+), holders AS MATERIALIZED (
+    SELECT DISTINCT virtualtransaction
+    FROM locks
+    WHERE locktype = 'relation' AND granted AND mode <> 'AccessShareLock'
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND relation = 'ordo.events_sequence'::regclass
+), xids AS MATERIALIZED (
+    SELECT virtualtransaction, transactionid
+    FROM locks
+    WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
 ), drawers AS (
-    SELECT s.virtualtransaction, x.transactionid
-    FROM locks AS s
-    LEFT JOIN locks AS x
-      ON x.virtualtransaction = s.virtualtransaction AND x.locktype = 'transactionid'
-     AND x.mode = 'ExclusiveLock' AND x.granted
-    WHERE s.locktype = 'relation' AND s.granted AND s.mode <> 'AccessShareLock'
-      AND s.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND s.relation = 'ordo.events_sequence'::regclass
+    SELECT h.virtualtransaction, x.transactionid
+    FROM holders AS h
+    LEFT JOIN xids AS x USING (virtualtransaction)
 )
 SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS holders,
        coalesce(array_agg(DISTINCT transactionid::text) FILTER (WHERE transactionid IS NOT NULL), '{}') AS xids,
