@@ -200,8 +200,9 @@ pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DEFAULT_KEYED_WINDOW, DeadLetter, Delivery, HandlerError, JobConfig, Keys,
-    MAX_CONCURRENCY, OnExhaustion, Ordering, Position, RetryPolicy, RunStatus, SERIAL_KEY,
-    StalledKey, StartFrom, Subscriber, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
+    MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion, Ordering, Position, RetryPolicy,
+    RunStatus, SERIAL_KEY, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
+    SubscriptionState, SubscriptionStatus,
 };
 pub use write::in_doubt::CommitStatus;
 pub use write::transaction::OutboxTransaction;

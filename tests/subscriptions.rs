@@ -555,3 +555,41 @@ async fn a_backoff_longer_than_half_the_lease_is_refused_naming_both_settings() 
         Ok(_) => panic!("expected an invalid config, got a running subscription"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_outside_its_bounds_is_refused_naming_it() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let too_short = ordo::MIN_LEASE / 2;
+    // A century: the server would refuse it as the handler transaction's idle limit.
+    let too_long = Duration::from_secs(100 * 365 * 24 * 3600);
+    for lease in [
+        too_short,
+        ordo::MAX_LEASE + Duration::from_secs(1),
+        too_long,
+    ] {
+        let config = JobConfig::new("bounded")
+            .lease(lease)
+            .retry(ordo::RetryPolicy {
+                max_attempts: 3,
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(10),
+            });
+        match outbox.subscribe(config, Project { fail_rate: 0.0 }).await {
+            Err(Error::InvalidConfig { setting, reason }) => {
+                assert_eq!(setting, "lease");
+                assert!(reason.contains("100 ms to 24 hours"), "{reason}");
+            }
+            Err(other) => panic!("expected an invalid config for {lease:?}, got {other}"),
+            Ok(_) => panic!("a lease of {lease:?} was accepted"),
+        }
+    }
+    let config = JobConfig::new("bounded").lease(ordo::MAX_LEASE);
+    let handle = outbox
+        .subscribe(config, Project { fail_rate: 0.0 })
+        .await
+        .expect("the longest lease is taken");
+    handle.shutdown().await;
+}

@@ -119,6 +119,15 @@ pub(crate) struct Keyed {
 /// The most handlers a keyed subscription runs at once.
 pub const MAX_CONCURRENCY: usize = 4096;
 
+/// The shortest lease [`JobConfig::lease`] takes: renewals every third of it must still fit
+/// round trips to the database.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The longest lease [`JobConfig::lease`] takes: a runner that stopped keeps the subscription
+/// from every other runner this long, and a lease is sent to the server in milliseconds
+/// (`idle_in_transaction_session_timeout`, at most about 24.8 days).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
 /// How many events past its low watermark a keyed subscription holds by default (see
 /// [`JobConfig::keyed_window`]).
 pub const DEFAULT_KEYED_WINDOW: usize = 10_000;
@@ -172,7 +181,8 @@ impl JobConfig {
     }
 
     /// How long the runner's claim on the subscription lasts without renewal: how long a
-    /// runner that stopped (crashed, cut off) keeps every other runner out. Default 30 s.
+    /// runner that stopped (crashed, cut off) keeps every other runner out. Default 30 s;
+    /// [`MIN_LEASE`] (100 ms) to [`MAX_LEASE`] (24 hours), others are refused at subscribe.
     ///
     /// - **Serial** (the default): the runner renews it at each checkpoint and every third of
     ///   it while idle; a handler call that runs longer than this loses the claim, and its
@@ -303,8 +313,11 @@ impl JobConfig {
                 "initial_backoff must not exceed max_backoff",
             );
         }
-        if self.lease < Duration::from_millis(100) {
-            return invalid("lease", "must be at least 100 ms");
+        if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
+            return invalid(
+                "lease",
+                "must be 100 ms to 24 hours: a runner that stops keeps every other runner out for a whole lease, and the server takes it in milliseconds as the handler transaction's idle limit",
+            );
         }
         if self.retry.max_backoff > self.lease / 2 {
             return invalid(

@@ -34,8 +34,8 @@ pub use admin::{
     resume_subscription,
 };
 pub use config::{
-    Batch, DEFAULT_KEYED_WINDOW, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering, RetryPolicy,
-    StartFrom,
+    Batch, DEFAULT_KEYED_WINDOW, JobConfig, MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion,
+    Ordering, RetryPolicy, StartFrom,
 };
 pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
