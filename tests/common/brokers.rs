@@ -83,6 +83,27 @@ impl TestStream {
         }
     }
 
+    /// Deletes the stream (its subjects then have no responders), as an operator's mistake
+    /// would; [`restore`](Self::restore) creates it again, empty.
+    pub async fn delete(&self) {
+        self.jetstream
+            .delete_stream(&self.name)
+            .await
+            .expect("delete the test stream");
+    }
+
+    /// Creates the deleted stream again, on the same subjects.
+    pub async fn restore(&self) {
+        self.jetstream
+            .create_stream(stream::Config {
+                name: self.name.clone(),
+                subjects: vec![format!("{}.>", self.prefix)],
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream again");
+    }
+
     /// Publishes `payload` on `{prefix}.{subject}` with `headers`, awaiting the stream's ack.
     pub async fn publish(&self, subject: &str, headers: &[(&str, &str)], payload: &str) {
         let mut map = async_nats::HeaderMap::new();
