@@ -34,6 +34,15 @@ fn keyless(from: u32, count: u32) -> impl Iterator<Item = Parcel> {
     (from..from + count).map(|id| Parcel::new(id, &[]))
 }
 
+/// Publishes `parcels` in one transaction: they are committed, so read and batched, together.
+async fn publish_together(outbox: &Outbox<Parcel>, parcels: impl IntoIterator<Item = Parcel>) {
+    let mut tx = outbox.begin().await.expect("begin");
+    for parcel in parcels {
+        tx.publish(parcel).expect("publish");
+    }
+    tx.commit().await.expect("commit");
+}
+
 async fn outbox(db: &TestDb) -> Outbox<Parcel> {
     Outbox::<Parcel>::new(db.pool.clone(), OutboxConfig::default())
         .await
@@ -82,7 +91,7 @@ async fn answers_in_hand_when_the_deadline_expires_are_kept_and_the_relay_reache
         .relay(config("keeps-answers").max_attempts(1), sink, keys)
         .await
         .expect("relay");
-    publish(&outbox, keyless(0, 40)).await;
+    publish_together(&outbox, keyless(0, 40)).await;
     relayed(&relay, &db.pool, 40).await;
     assert!(relay.status().stalled.is_empty(), "{:?}", relay.status());
     relay.shutdown().await;
@@ -274,7 +283,8 @@ async fn one_keyless_message_refused_charges_no_other() {
         .relay(config(name).on_parked(OnParked::Continue), sink, keys)
         .await
         .expect("relay");
-    publish(&outbox, keyless(0, 20)).await;
+    // One batch: the refused event first, the others behind it.
+    publish_together(&outbox, keyless(0, 20)).await;
     let (position, attempts) = parked(&relay).await;
     assert_eq!((position, attempts), (1, 1));
     let all = eventually(PATIENCE, || async {
