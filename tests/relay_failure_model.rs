@@ -9,6 +9,8 @@
 
 mod common;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::brokers::{TestStream, nats_url};
@@ -19,7 +21,7 @@ use common::subscribers::PATIENCE;
 use common::{TestDb, eventually};
 use ordo::relay::http::WebhookSink;
 use ordo::relay::nats::NatsSink;
-use ordo::relay::{OnParked, RelayConfig};
+use ordo::relay::{Message, OnParked, Outcomes, RelayConfig, SendError, Sink};
 use ordo::{Outbox, OutboxConfig, SubscriptionHandle};
 use sqlx::PgPool;
 
@@ -380,4 +382,127 @@ async fn a_deleted_stream_is_an_outage_that_parks_nothing_and_ends_by_itself() {
     relay.shutdown().await;
     // The restored stream holds what was published after it came back: the 20 of the outage.
     assert_eq!(stream.len().await, 20);
+}
+
+/// A sink of the user's that never answers for one message (no timeout of its own) and
+/// delivers every other at once. Each batch it holds is cut by the deadline; the outcomes in
+/// hand are kept, and the silent message's next batch is halved until, alone, it counts an
+/// attempt: it parks after the maximum, sent no more than the documented bound
+/// `⌈log₂ batch_size⌉ + max_attempts` times. Two sinks, so that deliveries go on beside it
+/// (alone and with nothing else delivered, it would be taken for an outage).
+struct Silent {
+    silent_on: u64,
+    sends: Arc<Mutex<HashMap<u64, usize>>>,
+}
+
+impl Sink for Silent {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
+        let mut silent = false;
+        for (index, message) in batch.iter().enumerate() {
+            if let Ok(mut sends) = self.sends.lock() {
+                *sends.entry(message.position).or_insert(0) += 1;
+            }
+            if message.position == self.silent_on {
+                silent = true;
+            } else {
+                outcomes.delivered(index);
+            }
+        }
+        if silent {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+
+    async fn reset(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "silent on one message (test)".to_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_a_sink_never_answers_is_halved_down_to_alone_and_parked_within_the_bound() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let sends = Arc::new(Mutex::new(HashMap::new()));
+    let sink = || Silent {
+        silent_on: 1,
+        sends: Arc::clone(&sends),
+    };
+    let (batch_size, max_attempts) = (20, 2);
+    let relay = outbox
+        .relay_with_sinks(
+            config("silent-one")
+                .batch_size(batch_size)
+                .max_attempts(max_attempts),
+            vec![sink(), sink()],
+            keys,
+        )
+        .await
+        .expect("relay");
+    publish_together(
+        &outbox,
+        (0..20).map(|id| Parcel::new(id, &[&format!("k{id}")])),
+    )
+    .await;
+    let mut next = 20;
+    let blamed = eventually(PATIENCE, || {
+        let (outbox, status) = (&outbox, relay.status());
+        next += 1;
+        let id = next;
+        async move {
+            if !status.stalled.is_empty() {
+                return true;
+            }
+            publish(outbox, [Parcel::new(id, &[&format!("k{id}")])]).await;
+            false
+        }
+    })
+    .await;
+    assert!(
+        blamed,
+        "the silent event was never parked: {:?}",
+        relay.status()
+    );
+    let (position, attempts) = parked(&relay).await;
+    assert_eq!((position, attempts), (1, max_attempts));
+    relay.shutdown().await;
+
+    let sends = sends.lock().expect("sends").clone();
+    // ⌈log₂ 20⌉ = 5.
+    let bound = 5 + max_attempts as usize;
+    let silent = sends.get(&1).copied().unwrap_or(0);
+    assert!(silent <= bound, "sent {silent} times, bound {bound}");
+    assert!(
+        sends.iter().all(|(at, count)| *at == 1 || *count == 1),
+        "another event was sent twice: {sends:?}"
+    );
+}
+
+/// Issue 27, item 9. A row whose payload does not decode (plain SQL) is parked with one
+/// attempt counted, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_row_parks_with_one_attempt() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let endpoint = Responder::start(Vec::new()).await;
+    let sink = WebhookSink::builder(endpoint.url("/in"), SECRET)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(config("undecodable"), sink, keys)
+        .await
+        .expect("relay");
+    sqlx::query(
+        "INSERT INTO ordo.events (id, payload, headers) VALUES (gen_random_uuid(), '{}', '{}')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a row of another shape");
+    let (position, attempts) = parked(&relay).await;
+    assert_eq!((position, attempts), (1, 1));
+    relay.shutdown().await;
 }
