@@ -506,3 +506,38 @@ async fn an_undecodable_row_parks_with_one_attempt() {
     assert_eq!((position, attempts), (1, 1));
     relay.shutdown().await;
 }
+
+/// Issue 27, row 8 (item 3). An event whose key holds a line break (plain SQL can write one),
+/// which a NATS header cannot carry: refused before it is sent, parked at once with one
+/// attempt; the events before and after it on other keys are in the stream once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_nats_cannot_carry_parks_its_event_before_it_is_sent() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let stream = TestStream::new().await;
+    let sink = NatsSink::builder(nats_url(common::brokers::addr(common::brokers::NATS_ADDR)))
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(config("line-break-key"), sink, keys)
+        .await
+        .expect("relay");
+    publish_together(
+        &outbox,
+        (0..10).map(|id| Parcel::new(id, &[&format!("k{id}")])),
+    )
+    .await;
+    publish(&outbox, [Parcel::new(10, &["bad\nkey"])]).await;
+    publish_together(
+        &outbox,
+        (11..20).map(|id| Parcel::new(id, &[&format!("k{id}")])),
+    )
+    .await;
+    let (position, attempts) = parked(&relay).await;
+    assert_eq!((position, attempts), (11, 1));
+    let all = eventually(PATIENCE, || async { stream.len().await >= 19 }).await;
+    assert!(all, "{} of 19 events in the stream", stream.len().await);
+    relay.shutdown().await;
+    assert_eq!(stream.len().await, 19, "each other event once");
+}

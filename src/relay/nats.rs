@@ -36,7 +36,8 @@
 //! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) of its publish | `Transient` |
 //! | the [`subject`](NatsSinkBuilder::subject) function panicked on the message | `Permanent` |
 //! | *no responders*: no stream listens on the subject | `Transient` (see below) |
-//! | an invalid subject, a message larger than the server's or the stream's maximum | `Permanent` |
+//! | an invalid subject, one over 4,000 bytes, a key, type, source or `traceparent` holding a line break (refused before it is sent) | `Permanent` |
+//! | a message larger than the server's or the stream's maximum | `Permanent` |
 //! | any other JetStream error (limits, a sealed stream) | `Transient` |
 //!
 //! *No responders* is transient on purpose: the client cannot tell "no stream is bound to this
@@ -52,7 +53,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{Client, HeaderMap, connection::State};
+use async_nats::{Client, HeaderMap, HeaderValue, connection::State};
 
 use tokio::time::Instant;
 
@@ -325,9 +326,16 @@ impl NatsSink {
                     continue;
                 }
             };
+            let headers = match headers(message, detail) {
+                Ok(headers) => headers,
+                Err(refused) => {
+                    failures.push((index, refused));
+                    continue;
+                }
+            };
             let publish = PublishMessage::build()
                 .payload(message.payload.clone())
-                .headers(headers(message, detail));
+                .headers(headers);
             let due = Instant::now() + ack_timeout;
             match jetstream.send_publish(subject, publish).await {
                 Ok(ack) => in_flight.push_back(InFlight { index, ack, due }),
@@ -398,7 +406,9 @@ mod names {
 
 /// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body;
 /// with `detail`, the [detail headers](NatsSinkBuilder::detail_headers) too.
-fn headers(message: &Message, detail: bool) -> HeaderMap {
+/// A message with a header value NATS cannot carry (a line break) is refused as its permanent
+/// failure before anything is sent.
+fn headers(message: &Message, detail: bool) -> Result<HeaderMap, SendError> {
     let mut headers = HeaderMap::new();
     let mut id = uuid::Uuid::encode_buffer();
     headers.insert(
@@ -407,17 +417,19 @@ fn headers(message: &Message, detail: bool) -> HeaderMap {
     );
     headers.insert(names::POSITION, message.position.to_string());
     headers.insert(names::LANE, message.lane.as_str());
-    if let Some(source) = &message.source {
-        headers.insert(names::SOURCE, source.as_str());
-    }
-    if let Some(event_type) = &message.event_type {
-        headers.insert(names::EVENT_TYPE, event_type.as_str());
-    }
-    if let Some(key) = &message.key {
-        headers.insert(names::KEY, key.as_str());
-    }
-    if let Some(traceparent) = message.traceparent() {
-        headers.insert(names::TRACEPARENT, traceparent);
+    // Text the event's writer chose (plain SQL can put a line break in it): checked, since the
+    // client panics on a header value it cannot carry.
+    let chosen = [
+        (names::SOURCE, message.source.as_deref()),
+        (names::EVENT_TYPE, message.event_type.as_deref()),
+        (names::KEY, message.key.as_deref()),
+        (names::TRACEPARENT, message.traceparent()),
+    ];
+    for (name, value) in chosen {
+        if let Some(value) = value {
+            let value = header_value(&name, value)?;
+            headers.insert(name, value);
+        }
     }
     if let Some(json) = message.headers_json() {
         headers.insert(names::HEADERS, json);
@@ -427,12 +439,31 @@ fn headers(message: &Message, detail: bool) -> HeaderMap {
         headers.insert(names::RECORDED_AT, message.recorded_at.to_rfc3339());
         headers.insert(names::CONTENT_TYPE, "application/json");
     }
-    headers
+    Ok(headers)
 }
+
+fn header_value(name: &async_nats::HeaderName, value: &str) -> Result<HeaderValue, SendError> {
+    value.parse::<HeaderValue>().map_err(|_| {
+        SendError::permanent(format!(
+            "header {name} {value:?} holds a line break, which a NATS header cannot carry"
+        ))
+    })
+}
+
+/// The longest subject published: the server refuses a control line (`HPUB`, the subject, the
+/// reply inbox, two lengths) past 4,096 bytes by dropping the connection, which would look
+/// like an outage; this leaves room for the rest of the line.
+const MAX_SUBJECT: usize = 4_000;
 
 /// A subject a message can be published on: dot-separated non-empty tokens, no whitespace,
 /// no wildcard. Checked here so that a bad mapping is a permanent error naming the subject.
 fn check_subject(subject: &str) -> Result<(), SendError> {
+    if subject.len() > MAX_SUBJECT {
+        return Err(SendError::permanent(format!(
+            "the subject is {} bytes long, past the {MAX_SUBJECT} a NATS server takes",
+            subject.len()
+        )));
+    }
     let valid = !subject.is_empty()
         && subject.split('.').all(|token| {
             !token.is_empty()
@@ -504,5 +535,22 @@ impl Sink for NatsSink {
             self.connection = None;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_subject, headers};
+    use crate::relay::Message;
+
+    #[test]
+    fn what_nats_cannot_carry_is_refused_before_it_is_sent() {
+        assert!(check_subject("orders.placed").is_ok());
+        let long = format!("orders.{}", "x".repeat(4_000));
+        assert!(check_subject(&long).is_err_and(|error| error.is_permanent()));
+        let message = Message::new(&b"{}"[..]).with_key(Some("customer\n42"));
+        assert!(headers(&message, false).is_err_and(|error| error.is_permanent()));
+        let fine = Message::new(&b"{}"[..]).with_key(Some("customer-42"));
+        assert!(headers(&fine, true).is_ok());
     }
 }
