@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::brokers::{TestStream, nats_url};
+use common::brokers::{TestQueue, TestStream, amqp_uri, nats_url};
 use common::http_responder::{Reply, Request, Responder};
 use common::keyed::{Parcel, publish};
 use common::relays::{config, head, keys, relayed};
@@ -21,6 +21,7 @@ use common::subscribers::PATIENCE;
 use common::{TestDb, eventually};
 use ordo::relay::http::WebhookSink;
 use ordo::relay::nats::NatsSink;
+use ordo::relay::rabbitmq::RabbitSink;
 use ordo::relay::{Message, OnParked, Outcomes, RelayConfig, SendError, Sink};
 use ordo::{Outbox, OutboxConfig, SubscriptionHandle};
 use sqlx::PgPool;
@@ -540,4 +541,59 @@ async fn a_key_nats_cannot_carry_parks_its_event_before_it_is_sent() {
     assert!(all, "{} of 19 events in the stream", stream.len().await);
     relay.shutdown().await;
     assert_eq!(stream.len().await, 19, "each other event once");
+}
+
+/// Issue 27, row 4 (item 3, the outage), RabbitMQ. The relay's exchange is deleted while
+/// events keep coming, then declared again: no attempt counted, nothing parked
+/// (`max_attempts(1)`), the status says the sink is down meanwhile, and every event reaches
+/// the queue once the exchange is back, with no operator command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let queue = TestQueue::new().await;
+    let sink = RabbitSink::builder(amqp_uri(common::brokers::addr(
+        common::brokers::RABBIT_ADDR,
+    )))
+    .exchange(&queue.exchange)
+    .build()
+    .expect("sink");
+    let relay = outbox
+        .relay(config("exchange-outage").max_attempts(1), sink, keys)
+        .await
+        .expect("relay");
+    publish(&outbox, common::relays::parcels(0, 20)).await;
+    relayed(&relay, &db.pool, 20).await;
+
+    queue.delete_exchange().await;
+    publish(&outbox, common::relays::parcels(20, 20)).await;
+    let (status, down) = relay
+        .wait_for(PATIENCE, |status| {
+            status
+                .last_error
+                .as_deref()
+                .is_some_and(|error| error.contains("sink down since"))
+        })
+        .await;
+    assert!(down, "the status never said the sink is down: {status:?}");
+    assert!(status.stalled.is_empty(), "an outage parked: {status:?}");
+
+    queue.restore_exchange().await;
+    relayed(&relay, &db.pool, 40).await;
+    let status = relay.status();
+    assert!(status.stalled.is_empty(), "{status:?}");
+    relay.shutdown().await;
+    let ids: std::collections::HashSet<String> = queue
+        .drain()
+        .await
+        .iter()
+        .filter_map(|delivery| {
+            delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+        })
+        .collect();
+    assert_eq!(ids.len(), 40, "every event reached the queue");
 }

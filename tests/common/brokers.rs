@@ -229,6 +229,41 @@ impl TestQueue {
         }
     }
 
+    /// Deletes the exchange (publishes to it then close the channel), as an operator's mistake
+    /// would; [`restore_exchange`](Self::restore_exchange) declares and binds it again.
+    pub async fn delete_exchange(&self) {
+        self.channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .expect("delete the test exchange");
+    }
+
+    /// Declares the deleted exchange again and binds the queue to it.
+    pub async fn restore_exchange(&self) {
+        self.channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the test exchange again");
+        self.channel
+            .queue_bind(
+                self.queue.as_str().into(),
+                self.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the test queue again");
+    }
+
     /// Takes every message in the queue (auto-acknowledged).
     pub async fn drain(&self) -> Vec<lapin::message::Delivery> {
         let mut deliveries = Vec::new();
