@@ -597,3 +597,76 @@ async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself()
         .collect();
     assert_eq!(ids.len(), 40, "every event reached the queue");
 }
+
+/// Issue 27, item 3: an outage is per destination. One customer's endpoint answers 503 to
+/// everything while another's works: the working one gets all its events, the dead one's are
+/// charged nothing and parked nowhere (`max_attempts(1)`), and once it answers again every
+/// event is delivered, with no operator command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dead_endpoint_holds_only_its_own_messages_and_resumes_by_itself() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let is_down = Arc::clone(&down);
+    let dead = Responder::with_rule(move |_| {
+        is_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| Reply::status(503))
+    })
+    .await;
+    let live = Responder::start(Vec::new()).await;
+    let (dead_url, live_url) = (dead.url("/customer-a"), live.url("/customer-b"));
+    let sink = WebhookSink::builder(live_url.clone(), SECRET)
+        .route(move |message| {
+            let to_a = message
+                .key
+                .as_deref()
+                .is_some_and(|key| key.starts_with('a'));
+            if to_a {
+                dead_url.clone()
+            } else {
+                live_url.clone()
+            }
+        })
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(config("per-destination").max_attempts(1), sink, keys)
+        .await
+        .expect("relay");
+    publish_together(
+        &outbox,
+        (0..30).map(|id| {
+            let key = if id % 3 == 0 {
+                format!("a{id}")
+            } else {
+                format!("b{id}")
+            };
+            Parcel::new(id, &[key.as_str()])
+        }),
+    )
+    .await;
+    let others = eventually(PATIENCE, || async { live.sends_per_event().len() >= 20 }).await;
+    assert!(
+        others,
+        "{} of 20 events reached the live endpoint",
+        live.sends_per_event().len()
+    );
+    let tried = eventually(PATIENCE, || async { dead.count() >= 20 }).await;
+    assert!(tried, "the dead endpoint was not tried again and again");
+    let status = relay.status();
+    assert!(
+        status.stalled.is_empty(),
+        "a dead endpoint parked: {status:?}"
+    );
+
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    relayed(&relay, &db.pool, 30).await;
+    assert!(relay.status().stalled.is_empty(), "{:?}", relay.status());
+    relay.shutdown().await;
+    assert_eq!(
+        dead.sends_per_event().len(),
+        10,
+        "every event of the dead endpoint"
+    );
+}

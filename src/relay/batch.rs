@@ -185,6 +185,14 @@ where
                     why,
                     after: release_after,
                 },
+                // Its destination is down (the sink said so): no attempt, its own backoff.
+                Verdict::Failed(error) if error.is_unavailable() => Step::Release {
+                    attempts,
+                    after: error
+                        .retry_after()
+                        .map_or(release_after, |after| after.min(self.config.lease / 2)),
+                    why: error.to_string(),
+                },
                 Verdict::Failed(error) => {
                     let attempts = attempts + 1;
                     let park = error.is_permanent() || attempts >= self.config.max_attempts;

@@ -28,6 +28,17 @@ pub enum SendError {
         /// What happened, for logs and the event's `last_error` (no secrets).
         message: String,
     },
+    /// The message's destination cannot take anything now (it is down or unreachable, and
+    /// nothing sent to it got through since this message was sent): not the message's fault.
+    /// No attempt is counted; the message is tried again after `retry_after`. A sink with
+    /// many destinations (webhook URLs by route) reports this so that one dead destination
+    /// holds only its own messages, in an outage of its own.
+    Unavailable {
+        /// What happened, for logs (no secrets).
+        message: String,
+        /// How long to wait before sending to that destination again.
+        retry_after: Duration,
+    },
 }
 
 impl SendError {
@@ -51,10 +62,17 @@ impl SendError {
         matches!(self, Self::Permanent { .. })
     }
 
+    /// Whether the message's destination is down ([`Unavailable`](Self::Unavailable)): no
+    /// attempt counts against the message.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
     /// The pause the receiver asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Transient { retry_after, .. } => *retry_after,
+            Self::Unavailable { retry_after, .. } => Some(*retry_after),
             Self::Permanent { .. } => None,
         }
     }
@@ -62,7 +80,9 @@ impl SendError {
     /// What happened, without the kind.
     pub fn message(&self) -> &str {
         match self {
-            Self::Transient { message, .. } | Self::Permanent { message } => message,
+            Self::Transient { message, .. }
+            | Self::Permanent { message }
+            | Self::Unavailable { message, .. } => message,
         }
     }
 }
@@ -76,6 +96,7 @@ impl fmt::Display for SendError {
             } => write!(f, "transient: {message} (retry after {after:?})"),
             Self::Transient { message, .. } => write!(f, "transient: {message}"),
             Self::Permanent { message } => write!(f, "permanent: {message}"),
+            Self::Unavailable { message, .. } => write!(f, "unavailable: {message}"),
         }
     }
 }

@@ -26,10 +26,17 @@
 //! | answer | [`SendError`] |
 //! | --- | --- |
 //! | 2xx | delivered |
-//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date) |
+//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date); `Unavailable` when the URL answered no 2xx since the request was sent (below) |
 //! | 3xx (redirects are not followed: a POST must not become a GET) and every other 4xx | `Permanent` |
-//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient` |
+//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient`, or `Unavailable` as for a 5xx |
 //! | the [`route`](WebhookSinkBuilder::route) function panicked on the message | `Permanent` |
+//!
+//! A transient failure of a request to a URL that answered nothing since that request was
+//! sent (refused, timed out, 5xx, 429) is that URL's **outage**: reported as
+//! [`SendError::Unavailable`], so no attempt counts against the message and it is sent again
+//! after the URL's own backoff (200 ms doubling to 10 s, jittered); one customer's dead
+//! endpoint holds only its own messages. Once the URL answers a 2xx, its failures are its
+//! messages' again.
 //!
 //! Each answer is reported as it arrives (see [`Outcomes`]), so a batch cut short by the
 //! relay's deadline keeps what the endpoint already answered.
@@ -44,6 +51,7 @@
 //! without an attempt), so a receiver never sees a key's events out of order.
 
 mod answer;
+mod destinations;
 mod signature;
 
 use std::collections::HashMap;
@@ -56,7 +64,9 @@ use reqwest::Client;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
 use answer::{answer, request_failed};
+use destinations::Destinations;
 pub use signature::{sign, verify_signature};
+use tokio::time::Instant;
 
 use super::{Message, Outcomes, SendError, Sink};
 use crate::error::{Error, Result};
@@ -163,6 +173,7 @@ impl WebhookSinkBuilder {
             timeout,
             connect_timeout: self.connect_timeout,
             concurrency: self.concurrency,
+            destinations: Destinations::default(),
         })
     }
 }
@@ -218,6 +229,7 @@ pub struct WebhookSink {
     timeout: Duration,
     connect_timeout: Duration,
     concurrency: usize,
+    destinations: Destinations,
 }
 
 impl fmt::Debug for WebhookSink {
@@ -259,13 +271,21 @@ impl WebhookSink {
         })
     }
 
+    /// Posts `message`; a transient failure while its URL answered nothing since is that
+    /// URL's outage ([`SendError::Unavailable`]), not the message's.
     async fn post(&self, message: &Message) -> Result<(), SendError> {
         let url = super::guarded("route", || (self.route)(message))?;
+        let sent_at = Instant::now();
+        let posted = self.post_to(&url, message).await;
+        self.destinations.judge(&url, sent_at, posted)
+    }
+
+    async fn post_to(&self, url: &str, message: &Message) -> Result<(), SendError> {
         let timestamp = chrono::Utc::now().timestamp().to_string();
         let signature = sign(&self.secret, &timestamp, &message.payload);
         let mut request = self
             .client
-            .post(url.as_str())
+            .post(url)
             .header(CONTENT_TYPE, "application/json")
             .header("Ordo-Event-Id", message.id.to_string())
             .header("Ordo-Sequence", message.sequence.get().to_string())
@@ -289,7 +309,7 @@ impl WebhookSink {
             .body(message.payload.clone())
             .send()
             .await
-            .map_err(|error| request_failed(&error, &url))?;
+            .map_err(|error| request_failed(&error, url))?;
         answer(response.status(), response.headers())
     }
 }
