@@ -82,10 +82,14 @@ where
     /// judged from it, its results written (and applied to the schedule once written, in
     /// [`Self::written`]).
     pub(super) fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) {
-        self.idle.push(landed.carrier);
+        let mut carrier = landed.carrier;
         let mut verdicts = landed.verdicts;
         let cut_short = landed.cut_short.as_deref();
-        let release_after = self.judge(work, landed.sent_at, &mut verdicts, cut_short);
+        let (release_after, down) = self.judge(work, landed.sent_at, &mut verdicts, cut_short);
+        // A sink that delivered nothing may sit on a wedged connection that still looks open
+        // (its per-message timeouts end each send in time): rebuilt before the next send.
+        carrier.broken |= down;
+        self.idle.push(carrier);
         let latency =
             metrics::histogram!(m::RELAY_DELIVERY_LATENCY, "relay" => self.config.name.clone());
         let now = chrono::Utc::now();
@@ -110,14 +114,15 @@ where
 
     /// Whether the sink is down, judged from a landed flight (see `outage.rs`): logged and
     /// shown once per change of state (and every 30 s while down), not per batch. Returns how
-    /// long the flight's released events wait: a short pause, or the outage's backoff.
+    /// long the flight's released events wait (a short pause, or the outage's backoff), and
+    /// whether the sink is down.
     fn judge(
         &self,
         work: &mut Work<P>,
         sent_at: Instant,
         verdicts: &mut [Verdict],
         cut_short: Option<&str>,
-    ) -> Duration {
+    ) -> (Duration, bool) {
         let name = &self.config.name;
         let down =
             |value: f64| metrics::gauge!(RELAY_SINK_DOWN, "relay" => name.clone()).set(value);
@@ -132,13 +137,13 @@ where
                         .count();
                     tracing::warn!(relay = %name, reason = %why, released, "batch cut short: the outcomes in hand are kept, the events without one released; the connection is rebuilt before the next send");
                 }
-                BLAMELESS_RETRY
+                (BLAMELESS_RETRY, false)
             }
             Judged::Recovered(since) => {
                 tracing::info!(relay = %name, %since, "the sink answers again");
                 down(0.0);
                 self.status.send_modify(|status| status.last_error = None);
-                BLAMELESS_RETRY
+                (BLAMELESS_RETRY, false)
             }
             Judged::Down { streak, log } => {
                 if let Some(line) = log {
@@ -147,7 +152,7 @@ where
                     self.status
                         .send_modify(|status| status.last_error = Some(line));
                 }
-                self.config.backoff_after(streak, None)
+                (self.config.backoff_after(streak, None), true)
             }
         }
     }
