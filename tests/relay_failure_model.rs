@@ -552,10 +552,13 @@ async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself()
     let db = TestDb::new().await;
     let outbox = outbox(&db).await;
     let queue = TestQueue::new().await;
+    // The relay publishes to an exchange in front of the queue's (see `declare_front`).
+    let front = format!("{}-front", queue.exchange);
+    queue.declare_front(&front).await;
     let sink = RabbitSink::builder(amqp_uri(common::brokers::addr(
         common::brokers::RABBIT_ADDR,
     )))
-    .exchange(&queue.exchange)
+    .exchange(&front)
     .build()
     .expect("sink");
     let relay = outbox
@@ -565,7 +568,7 @@ async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself()
     publish(&outbox, common::relays::parcels(0, 20)).await;
     relayed(&relay, &db.pool, 20).await;
 
-    queue.delete_exchange().await;
+    queue.delete_front(&front).await;
     publish(&outbox, common::relays::parcels(20, 20)).await;
     let (status, down) = relay
         .wait_for(PATIENCE, |status| {
@@ -578,11 +581,12 @@ async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself()
     assert!(down, "the status never said the sink is down: {status:?}");
     assert!(status.stalled.is_empty(), "an outage parked: {status:?}");
 
-    queue.restore_exchange().await;
+    queue.declare_front(&front).await;
     relayed(&relay, &db.pool, 40).await;
     let status = relay.status();
     assert!(status.stalled.is_empty(), "{status:?}");
     relay.shutdown().await;
+    queue.delete_front(&front).await;
     let ids: std::collections::HashSet<String> = queue
         .drain()
         .await

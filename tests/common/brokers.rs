@@ -229,39 +229,36 @@ impl TestQueue {
         }
     }
 
-    /// Deletes the exchange (publishes to it then close the channel), as an operator's mistake
-    /// would; [`restore_exchange`](Self::restore_exchange) declares and binds it again.
-    pub async fn delete_exchange(&self) {
+    /// Declares exchange `front`, whose every message goes on to this queue's exchange (its
+    /// alternate exchange): from the moment it exists, nothing published to it is lost, with
+    /// no binding to race against.
+    pub async fn declare_front(&self, front: &str) {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "alternate-exchange".into(),
+            lapin::types::AMQPValue::LongString(self.exchange.as_str().into()),
+        );
+        self.channel
+            .exchange_declare(
+                front.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                arguments,
+            )
+            .await
+            .expect("declare the front exchange");
+    }
+
+    /// Deletes exchange `front` (publishing to it then closes the channel), as an operator's
+    /// mistake would.
+    pub async fn delete_front(&self, front: &str) {
         self.channel
             .exchange_delete(
-                self.exchange.as_str().into(),
+                front.into(),
                 lapin::options::ExchangeDeleteOptions::default(),
             )
             .await
-            .expect("delete the test exchange");
-    }
-
-    /// Declares the deleted exchange again and binds the queue to it.
-    pub async fn restore_exchange(&self) {
-        self.channel
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare the test exchange again");
-        self.channel
-            .queue_bind(
-                self.queue.as_str().into(),
-                self.exchange.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind the test queue again");
+            .expect("delete the front exchange");
     }
 
     /// Takes every message in the queue (auto-acknowledged).
