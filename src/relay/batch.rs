@@ -297,8 +297,8 @@ where
         let name = &self.config.name;
         let now = Instant::now();
         // One line per batch with events the sink failed, so that an operator sees why a
-        // relay makes no progress before anything is parked (a batch released without blame
-        // is logged where it lands, in `flight.rs`).
+        // relay makes no progress before anything is parked (a batch cut short, and an
+        // outage, are logged by `judge`).
         let (mut retried, mut reason) = (0u32, None::<String>);
         // Counted per batch, not per event: each `counter!` call looks its series up again.
         let [mut delivered, mut released, mut parked] = [0u64; 3];

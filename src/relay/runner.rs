@@ -9,8 +9,11 @@
 //! - **Failed** (the sink blamed the message): an attempt is counted and stored; the event
 //!   backs off in place, first in its keys; after `max_attempts`, or at once for a permanent
 //!   error, it is **parked**: its keys wait until an operator requeues it.
-//! - **Blameless** (the deadline expired, or the batch failed as a whole): the sink is reset
-//!   and the events are tried again shortly, no attempt counted.
+//! - **Unresolved** (no outcome: the deadline expired, the sink panicked or returned without
+//!   one): tried again shortly, no attempt counted, in a batch at most half as big; alone, it
+//!   counts an attempt (`batch.rs`, `isolate`).
+//! - **Blameless** (the sink was down: `outage.rs`): no attempt counted, nothing parked, the
+//!   sink's connection rebuilt and the events tried again after a capped, jittered backoff.
 //!
 //! The results apply to the schedule at once (a key's next event goes out as soon as the
 //! receiver has the one before it) and are written by a task of their own while the relay goes
