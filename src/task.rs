@@ -95,16 +95,21 @@ where
 {
     let supervised = async move {
         if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic".to_owned());
+            let message = panic_message(&*panic);
             tracing::error!(task = name, %message, "ordo background task panicked");
         }
     }
     .instrument(span);
     tokio::spawn(supervised)
+}
+
+/// The text a panic was raised with (`panic!("...")`), for logs and errors.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
 }
 
 /// One supervised task with a stop signal of its own: stopped alone (its handle's shutdown) or

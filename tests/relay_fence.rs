@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::keyed::{Parcel, publish};
 use common::subscribers::PATIENCE;
 use common::{TestDb, eventually};
-use ordo::relay::{BatchResult, Message, RelayConfig, SendError, Sink};
+use ordo::relay::{Message, Outcomes, RelayConfig, SendError, Sink};
 use ordo::{Envelope, Keys, Outbox, OutboxConfig, SubscriptionState};
 use tokio::sync::watch;
 
@@ -24,12 +24,13 @@ struct GateSink {
 }
 
 impl Sink for GateSink {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if let Ok(mut received) = self.received.lock() {
             received.extend(batch.iter().cloned());
         }
         let _ = self.open.wait_for(|open| *open).await;
-        Ok(batch.iter().map(|_| Ok(())).collect())
+        (0..batch.len()).for_each(|index| outcomes.delivered(index));
+        Ok(())
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {
@@ -139,14 +140,15 @@ struct HoldFirst {
 }
 
 impl Sink for HoldFirst {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if let Ok(mut received) = self.received.lock() {
             received.extend(batch.iter().cloned());
         }
         if batch.iter().any(|message| message.position == 1) {
             let _ = self.open.wait_for(|open| *open).await;
         }
-        Ok(batch.iter().map(|_| Ok(())).collect())
+        (0..batch.len()).for_each(|index| outcomes.delivered(index));
+        Ok(())
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {

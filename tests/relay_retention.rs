@@ -16,7 +16,7 @@ use common::TestDb;
 use common::keyed::{Parcel, publish};
 use common::subscribers::PATIENCE;
 use ordo::admin::run_retention;
-use ordo::relay::{BatchResult, Message, RelayConfig, SendError, Sink};
+use ordo::relay::{Message, Outcomes, RelayConfig, SendError, Sink};
 use ordo::{
     Envelope, Keys, Outbox, OutboxConfig, RetentionConfig, RunStatus, SubscriptionHandle,
     SubscriptionState, SubscriptionStatus,
@@ -26,11 +26,12 @@ use ordo::{
 struct Recording(Arc<Mutex<Vec<u64>>>);
 
 impl Sink for Recording {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if let Ok(mut received) = self.0.lock() {
             received.extend(batch.iter().map(|message| message.position));
         }
-        Ok(batch.iter().map(|_| Ok(())).collect())
+        (0..batch.len()).for_each(|index| outcomes.delivered(index));
+        Ok(())
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::{Stream, StreamExt};
 use hdrhistogram::Histogram;
-use ordo::relay::{Message, RelayConfig, Sink};
+use ordo::relay::{Message, Outcomes, RelayConfig, Sink};
 use ordo::{Keys, Outbox, OutboxConfig};
 use serde::{Deserialize, Serialize};
 
@@ -88,11 +88,9 @@ pub async fn sink_rate<K: Sink>(events: u64, mut sink: K) -> Result<f64> {
         .collect::<Result<_>>()?;
     let started = Instant::now();
     for batch in messages.chunks(500) {
-        let results = sink.send(batch).await?;
-        anyhow::ensure!(
-            results.iter().all(Result::is_ok),
-            "the sink failed a message"
-        );
+        let mut outcomes = Outcomes::new(batch.len());
+        sink.send(batch, &mut outcomes).await?;
+        anyhow::ensure!(outcomes.all_delivered(), "the sink failed a message");
     }
     Ok(events as f64 / started.elapsed().as_secs_f64())
 }

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use super::flight::Landed;
 use super::marks::{self, Mark, Marks};
-use super::runner::{Flow, RelayRunner, Verdict, Work};
+use super::outage::{Judged, RELAY_SINK_DOWN};
+use super::runner::{BLAMELESS_RETRY, Flow, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
 use crate::ops::metrics as m;
 use crate::subscription::handle::Position;
@@ -21,56 +22,139 @@ where
     P: Serialize + DeserializeOwned + Send + Sync + 'static,
     K: Sink,
 {
-    /// The next batch: up to the batch size of ready events, as messages. An event that cannot
-    /// be encoded is parked at once (its mark written like a batch's).
+    /// The next batch: up to the batch size of ready events, as messages, and no more than
+    /// the isolation cap of any event in it (an event that does not fit starts the next
+    /// batch). An event that cannot be encoded, or whose key function panicked, is parked at
+    /// once (its mark written like a batch's).
     pub(super) fn take_batch(&mut self, work: &mut Work<P>) -> Option<(Vec<Slot>, Vec<Message>)> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
-        while slots.len() < self.config.batch_size {
-            let Some((slot, entry)) = work.lanes.take_ready() else {
+        let mut limit = self.config.batch_size;
+        while slots.len() < limit {
+            let taken = work.held.take();
+            let Some(slot) = taken.or_else(|| work.lanes.take_ready().map(|(slot, _)| slot)) else {
                 break;
             };
-            let Some(item) = entry.item.as_ref() else {
+            let Some((position, attempts, built)) = self.message_for(work, slot) else {
                 continue;
             };
-            match super::message_of(item, &entry.keys, &self.config) {
+            if let Some(&cap) = work.isolation.get(&position) {
+                if slots.len() >= cap {
+                    work.held = Some(slot);
+                    break;
+                }
+                limit = limit.min(cap);
+            }
+            match built {
                 Ok(message) => {
                     slots.push(slot);
                     messages.push(message);
                 }
                 Err(error) => {
-                    let attempts = entry.attempts + 1;
-                    let verdict = Verdict::Failed(SendError::Permanent { message: error });
-                    self.record(work, vec![(slot, attempts, verdict)]);
+                    let failed = vec![(slot, attempts, Verdict::Failed(error))];
+                    self.record(work, failed, BLAMELESS_RETRY);
                 }
             }
         }
         (!slots.is_empty()).then_some((slots, messages))
     }
 
-    /// A batch back from its flight: its carrier goes back to the idle ones, its results are
-    /// written (and applied to the schedule once written, in [`Self::written`]).
+    /// The message of the event in `slot` (with its position and failed attempts so far), or
+    /// the permanent error that keeps it from being sent.
+    fn message_for(
+        &self,
+        work: &mut Work<P>,
+        slot: Slot,
+    ) -> Option<(u64, u32, Result<Message, SendError>)> {
+        let entry = work.lanes.entry(slot)?;
+        let item = entry.item.as_ref()?;
+        let (position, attempts) = (entry.position, entry.attempts);
+        let built = match work.poisoned.remove(&position) {
+            Some(error) => Err(error),
+            None => {
+                super::message_of(item, &entry.keys, &self.config).map_err(SendError::permanent)
+            }
+        };
+        Some((position, attempts, built))
+    }
+
+    /// A batch back from its flight: its carrier goes back to the idle ones, the sink's health
+    /// judged from it, its results written (and applied to the schedule once written, in
+    /// [`Self::written`]).
     pub(super) fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) {
-        self.idle.push(landed.carrier);
+        let mut carrier = landed.carrier;
+        let mut verdicts = landed.verdicts;
+        let cut_short = landed.cut_short.as_deref();
+        let (release_after, down) = self.judge(work, landed.sent_at, &mut verdicts, cut_short);
+        // A sink that delivered nothing may sit on a wedged connection that still looks open
+        // (its per-message timeouts end each send in time): rebuilt before the next send.
+        carrier.broken |= down;
+        self.idle.push(carrier);
         let latency =
             metrics::histogram!(m::RELAY_DELIVERY_LATENCY, "relay" => self.config.name.clone());
         let now = chrono::Utc::now();
-        for (message, verdict) in landed.messages.iter().zip(&landed.verdicts) {
+        for (message, verdict) in landed.messages.iter().zip(&verdicts) {
             if matches!(verdict, Verdict::Delivered) {
                 latency
                     .record((now - message.recorded_at).num_milliseconds().max(0) as f64 / 1000.0);
             }
         }
+        let flight = landed.slots.len();
         let results = landed
             .slots
             .into_iter()
-            .zip(landed.verdicts)
+            .zip(verdicts)
             .map(|(slot, verdict)| {
                 let attempts = work.lanes.entry(slot).map_or(0, |entry| entry.attempts);
-                (slot, attempts, verdict)
+                (slot, attempts, isolate(work, slot, verdict, flight))
             })
             .collect();
-        self.record(work, results);
+        self.record(work, results, release_after);
+    }
+
+    /// Whether the sink is down, judged from a landed flight (see `outage.rs`): logged and
+    /// shown once per change of state (and every 30 s while down), not per batch. Returns how
+    /// long the flight's released events wait (a short pause, or the outage's backoff), and
+    /// whether the sink is down.
+    fn judge(
+        &self,
+        work: &mut Work<P>,
+        sent_at: Instant,
+        verdicts: &mut [Verdict],
+        cut_short: Option<&str>,
+    ) -> (Duration, bool) {
+        let name = &self.config.name;
+        let down =
+            |value: f64| metrics::gauge!(RELAY_SINK_DOWN, "relay" => name.clone()).set(value);
+        match work.health.judge(sent_at, verdicts) {
+            Judged::Working => {
+                if let Some(why) = cut_short {
+                    let released = verdicts
+                        .iter()
+                        .filter(|verdict| {
+                            !matches!(verdict, Verdict::Delivered | Verdict::Failed(_))
+                        })
+                        .count();
+                    tracing::warn!(relay = %name, reason = %why, released, "batch cut short: the outcomes in hand are kept, the events without one released; the connection is rebuilt before the next send");
+                }
+                (BLAMELESS_RETRY, false)
+            }
+            Judged::Recovered(since) => {
+                tracing::info!(relay = %name, %since, "the sink answers again");
+                down(0.0);
+                self.status.send_modify(|status| status.last_error = None);
+                (BLAMELESS_RETRY, false)
+            }
+            Judged::Down { streak, log } => {
+                if let Some(line) = log {
+                    tracing::warn!(relay = %name, state = %line, "the sink is down: no attempt is counted, nothing parked; the relay backs off and resumes by itself");
+                    down(1.0);
+                    self.status
+                        .send_modify(|status| status.last_error = Some(line));
+                }
+                (self.config.backoff_after(streak, None), true)
+            }
+        }
     }
 
     /// Applies `results` (slot, failed attempts so far, verdict) to the schedule and starts
@@ -80,7 +164,12 @@ where
     /// relay is stopped or dropped while it runs. The stored watermark waits for the writes:
     /// [`flush`](Self::flush) finishes them first, and a write that failed makes the relay
     /// claim again, so nothing it did not store is taken as done.
-    fn record(&mut self, work: &mut Work<P>, results: Vec<(Slot, u32, Verdict)>) {
+    fn record(
+        &mut self,
+        work: &mut Work<P>,
+        results: Vec<(Slot, u32, Verdict)>,
+        release_after: Duration,
+    ) {
         let mut to_store = Marks::default();
         let mut plan = Vec::with_capacity(results.len());
         for (slot, attempts, verdict) in results {
@@ -93,9 +182,22 @@ where
             let step = match verdict {
                 Verdict::Delivered => {
                     to_store.delivered.push(position);
+                    work.isolation.remove(&position.get());
                     Step::Done
                 }
-                Verdict::Blameless(why) => Step::Release { attempts, why },
+                Verdict::Blameless(why) | Verdict::Unresolved(why) => Step::Release {
+                    attempts,
+                    why,
+                    after: release_after,
+                },
+                // Its destination is down (the sink said so): no attempt, its own backoff.
+                Verdict::Failed(error) if error.is_unavailable() => Step::Release {
+                    attempts,
+                    after: error
+                        .retry_after()
+                        .map_or(release_after, |after| after.min(self.config.lease / 2)),
+                    why: error.to_string(),
+                },
                 Verdict::Failed(error) => {
                     let attempts = attempts + 1;
                     let park = error.is_permanent() || attempts >= self.config.max_attempts;
@@ -108,6 +210,7 @@ where
                         error: why.clone(),
                     });
                     if park {
+                        work.isolation.remove(&position.get());
                         Step::Park { attempts, why }
                     } else {
                         let after = self.config.backoff_after(attempts, error.retry_after());
@@ -194,8 +297,8 @@ where
         let name = &self.config.name;
         let now = Instant::now();
         // One line per batch with events the sink failed, so that an operator sees why a
-        // relay makes no progress before anything is parked (a batch released without blame
-        // is logged where it lands, in `flight.rs`).
+        // relay makes no progress before anything is parked (a batch cut short, and an
+        // outage, are logged by `judge`).
         let (mut retried, mut reason) = (0u32, None::<String>);
         // Counted per batch, not per event: each `counter!` call looks its series up again.
         let [mut delivered, mut released, mut parked] = [0u64; 3];
@@ -216,9 +319,12 @@ where
                 } => {
                     work.lanes.back_off(slot, attempts, why, now + after);
                 }
-                Step::Release { attempts, why } => {
-                    let at = now + super::runner::BLAMELESS_RETRY;
-                    work.lanes.back_off(slot, attempts, why, at);
+                Step::Release {
+                    attempts,
+                    why,
+                    after,
+                } => {
+                    work.lanes.back_off(slot, attempts, why, now + after);
                     released += 1;
                 }
                 Step::Park { attempts, why } => {
@@ -245,8 +351,33 @@ where
     }
 }
 
-/// A finished write of marks: its number, whether it was stored (false: the lease fence
-/// refused it).
+/// A message left without an outcome in a flight of `flight` messages ([`Verdict::Unresolved`]):
+/// sent alone, it is blamed (an attempt counts: nothing but this message was in the way);
+/// otherwise it is released, and its next batch holds at most half as many messages as this
+/// one did (or as its cap allowed). So a message that never answers is alone after at most
+/// ⌈log₂ batch_size⌉ sends, and blamed at the next: never re-sent for ever. The cap stays
+/// until it is delivered or parked.
+fn isolate<P>(work: &mut Work<P>, slot: Slot, verdict: Verdict, flight: usize) -> Verdict {
+    let Verdict::Unresolved(why) = verdict else {
+        return verdict;
+    };
+    let Some(position) = work.lanes.entry(slot).map(|entry| entry.position) else {
+        return Verdict::Blameless(why);
+    };
+    if flight <= 1 {
+        work.isolation.insert(position, 1);
+        return Verdict::Failed(SendError::transient(format!(
+            "{why}, with this event sent alone"
+        )));
+    }
+    let cap = work
+        .isolation
+        .get(&position)
+        .map_or(flight, |&cap| cap.min(flight));
+    work.isolation.insert(position, (cap / 2).max(1));
+    Verdict::Blameless(why)
+}
+
 /// A write of marks done: its number, the watermark it stored instead of completion rows, and
 /// whether it was stored (false: the fence refused).
 pub(crate) struct Written(u64, Option<Position>, Result<bool, sqlx::Error>);
@@ -303,10 +434,11 @@ enum Step {
         why: String,
         after: Duration,
     },
-    /// Blameless (deadline, or the batch failed as a whole): again soon, no attempt counted.
+    /// No attempt counted (no outcome, or the sink was down): again `after`.
     Release {
         attempts: u32,
         why: String,
+        after: Duration,
     },
     Park {
         attempts: u32,

@@ -6,9 +6,10 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::time::Instant;
 
 use super::runner::Verdict;
-use super::{BatchResult, Message, SendError, Sink};
+use super::{Message, Outcomes, Sink};
 use crate::subscription::keyed::lanes::Slot;
 
 /// A sink, and whether its connection must be rebuilt before its next send.
@@ -24,73 +25,102 @@ pub(super) struct Landed<K> {
     pub(super) messages: Vec<Message>,
     /// One per message.
     pub(super) verdicts: Vec<Verdict>,
+    /// When it was handed to the sink.
+    pub(super) sent_at: Instant,
+    /// Why it ended early (the deadline, the sink's failure, a panic), if it did.
+    pub(super) cut_short: Option<String>,
+}
+
+/// How a batch's `send` ended.
+enum Ended {
+    /// `send` returned `Ok`.
+    Returned,
+    /// The sink as a whole failed: `send` returned `Err`, or its connection could not be
+    /// rebuilt. Nobody's fault but the sink's.
+    SinkFailed(String),
+    /// `send` did not finish: the deadline expired or it panicked.
+    Unfinished(String),
 }
 
 /// Sends `messages` with `carrier` under `deadline`: its connection rebuilt first if broken
 /// (bounded by the deadline too). The carrier always comes back, broken when the deadline
-/// expired, the batch failed as a whole or the sink panicked.
+/// expired, the batch failed as a whole or the sink panicked. The outcomes the sink reported
+/// before any of these stand.
 pub(super) async fn fly<K: Sink>(
     mut carrier: Carrier<K>,
     slots: Vec<Slot>,
     messages: Vec<Message>,
     deadline: Duration,
-    relay: String,
 ) -> Landed<K> {
-    let count = messages.len();
-    let sink = &mut carrier.sink;
-    let sent: Result<BatchResult, String> = async {
-        if carrier.broken {
-            let reset = tokio::time::timeout(deadline, sink.reset()).await;
-            match reset {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => return Err(format!("rebuilding the connection failed: {error}")),
-                Err(_) => return Err(format!("rebuilding the connection took longer than the batch deadline ({deadline:?})")),
-            }
-        }
-        let send = AssertUnwindSafe(sink.send(&messages)).catch_unwind();
-        match tokio::time::timeout(deadline, send).await {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(_)) => Err("the sink panicked".to_owned()),
-            Err(_) => Err(format!("the batch deadline ({deadline:?}) expired")),
-        }
-    }
-    .await;
-    let (verdicts, broken) = verdicts(sent, count);
-    if let Some(why) = &broken {
-        tracing::warn!(%relay, sink = %carrier.sink.describe(), reason = %why, "batch released without blame; the connection is rebuilt before the next send");
-    }
-    carrier.broken = broken.is_some();
+    let sent_at = Instant::now();
+    let mut outcomes = Outcomes::new(messages.len());
+    let ended = send_within(&mut carrier, &messages, &mut outcomes, deadline).await;
+    let cut_short = match &ended {
+        Ended::Returned => None,
+        Ended::SinkFailed(why) | Ended::Unfinished(why) => Some(why.clone()),
+    };
+    // The runner logs it, once it has judged whether the sink is down (logged once then).
+    carrier.broken = cut_short.is_some();
     Landed {
         carrier,
         slots,
         messages,
-        verdicts,
+        verdicts: verdicts(ended, outcomes),
+        sent_at,
+        cut_short,
     }
 }
 
-/// One verdict per message: the sink's own, or blameless for all when the batch could not be
-/// judged message by message (and why: the carrier is broken).
-fn verdicts(sent: Result<BatchResult, String>, count: usize) -> (Vec<Verdict>, Option<String>) {
-    let why = match sent {
-        Ok(Ok(results)) if results.len() == count => {
-            let verdicts = results
-                .into_iter()
-                .map(|result| match result {
-                    Ok(()) => Verdict::Delivered,
-                    Err(error) => Verdict::Failed(error),
-                })
-                .collect();
-            return (verdicts, None);
+async fn send_within<K: Sink>(
+    carrier: &mut Carrier<K>,
+    messages: &[Message],
+    outcomes: &mut Outcomes,
+    deadline: Duration,
+) -> Ended {
+    let sink = &mut carrier.sink;
+    if carrier.broken {
+        match tokio::time::timeout(deadline, sink.reset()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                return Ended::SinkFailed(format!("rebuilding the connection failed: {error}"));
+            }
+            Err(_) => {
+                return Ended::SinkFailed(format!(
+                    "rebuilding the connection took longer than the batch deadline ({deadline:?})"
+                ));
+            }
         }
-        Ok(Ok(results)) => format!(
-            "the sink answered {} results for {count} messages",
-            results.len()
-        ),
-        Ok(Err(error)) => SendError::to_string(&error),
-        Err(why) => why,
+    }
+    let send = AssertUnwindSafe(sink.send(messages, outcomes)).catch_unwind();
+    match tokio::time::timeout(deadline, send).await {
+        Ok(Ok(Ok(()))) => Ended::Returned,
+        Ok(Ok(Err(error))) => Ended::SinkFailed(error.to_string()),
+        Ok(Err(panic)) => Ended::Unfinished(format!(
+            "the sink panicked: {}",
+            crate::task::panic_message(&*panic)
+        )),
+        Err(_) => Ended::Unfinished(format!("the batch deadline ({deadline:?}) expired")),
+    }
+}
+
+/// One verdict per message: the outcome the sink reported, or for a message without one,
+/// blameless when the sink failed as a whole, unresolved otherwise (the runner halves its
+/// next batch, or blames it when it was sent alone).
+fn verdicts(ended: Ended, outcomes: Outcomes) -> Vec<Verdict> {
+    let unknown = match ended {
+        Ended::Returned => {
+            Verdict::Unresolved("the sink returned without an outcome for it".to_owned())
+        }
+        Ended::SinkFailed(why) => Verdict::Blameless(why),
+        Ended::Unfinished(why) => Verdict::Unresolved(why),
     };
-    let verdicts = (0..count)
-        .map(|_| Verdict::Blameless(why.clone()))
-        .collect();
-    (verdicts, Some(why))
+    outcomes
+        .into_vec()
+        .into_iter()
+        .map(|outcome| match outcome {
+            Some(Ok(())) => Verdict::Delivered,
+            Some(Err(error)) => Verdict::Failed(error),
+            None => unknown.clone(),
+        })
+        .collect()
 }

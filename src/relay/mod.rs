@@ -17,17 +17,22 @@
 //!
 //! # Failure model, from the sink's side
 //!
-//! No sink runs inside a database transaction. The relay puts one deadline over a batch's
-//! send-and-confirm; when it expires the `send` future is dropped, the sink is
-//! [`reset`](Sink::reset) (a new connection) and the batch's events are released without
-//! counting an attempt against them. A per-message [`SendError`] counts an attempt;
-//! a [`SendError::Permanent`] one parks the event at once.
+//! No sink runs inside a database transaction. A sink reports each message's outcome into
+//! the batch's [`Outcomes`] as it learns it; the relay puts one deadline over a batch's send
+//! and, when it expires, drops the `send` future but **keeps every outcome reported**: only
+//! the messages without one are released, the sink is [`reset`](Sink::reset) (a new
+//! connection), and a message released so again and again goes out in smaller and smaller
+//! batches until, alone, it counts an attempt. A per-message [`SendError`] counts an attempt;
+//! a [`SendError::Permanent`] one parks the event at once, and so does a panic of user code
+//! run for one message (a subject, a route, a key). An `Err` from `send` is the sink's as a
+//! whole: no attempt is counted. `docs/relays.md` states the rules and the bound on sends.
 
 mod batch;
 mod config;
 mod flight;
 pub(crate) mod marks;
 mod message;
+mod outage;
 mod runner;
 mod sink;
 pub(crate) mod start;
@@ -42,8 +47,23 @@ pub mod rabbitmq;
 
 pub use config::{OnParked, RelayConfig};
 pub use message::{Message, UNTYPED};
-pub use sink::{BatchResult, SendError, Sink};
+pub use outage::RELAY_SINK_DOWN;
+#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+pub(crate) use sink::fitted_timeout;
+pub use sink::{Outcomes, SendError, Sink};
 pub(crate) use start::message_of;
+
+/// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that
+/// message's permanent failure, never the batch's (sending the same bytes through the same
+/// function panics again).
+pub(crate) fn guarded<T>(what: &str, user_code: impl FnOnce() -> T) -> Result<T, SendError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(user_code)).map_err(|panic| {
+        SendError::permanent(format!(
+            "the {what} function panicked on this event: {}",
+            crate::task::panic_message(&*panic)
+        ))
+    })
+}
 
 /// `url` with any password replaced by `***`, for [`Sink::describe`] and logs. A URL that does
 /// not parse is shown as its scheme and host part only, or `<unparsable URL>`.

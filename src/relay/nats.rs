@@ -33,9 +33,11 @@
 //! | what happened | [`SendError`] |
 //! | --- | --- |
 //! | no connection, the connection was lost during the batch | outer `Transient` (no message blamed) |
-//! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) | `Transient` |
+//! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) of its publish | `Transient` |
+//! | the [`subject`](NatsSinkBuilder::subject) function panicked on the message | `Permanent` |
 //! | *no responders*: no stream listens on the subject | `Transient` (see below) |
-//! | an invalid subject, a message larger than the server's or the stream's maximum | `Permanent` |
+//! | an invalid subject, one over 4,000 bytes, a key, type, source or `traceparent` holding a line break (refused before it is sent) | `Permanent` |
+//! | a message larger than the server's or the stream's maximum | `Permanent` |
 //! | any other JetStream error (limits, a sealed stream) | `Transient` |
 //!
 //! *No responders* is transient on purpose: the client cannot tell "no stream is bound to this
@@ -51,9 +53,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{Client, HeaderMap, connection::State};
+use async_nats::{Client, HeaderMap, HeaderValue, connection::State};
 
-use super::{BatchResult, Message, SendError, Sink};
+use tokio::time::Instant;
+
+use super::{Message, Outcomes, SendError, Sink};
 use crate::error::{Error, Result};
 
 /// Maps a message to its subject.
@@ -65,11 +69,14 @@ pub struct NatsSinkBuilder {
     url: String,
     subject_prefix: String,
     subject: Option<SubjectFn>,
-    ack_timeout: Duration,
+    ack_timeout: Option<Duration>,
     connect_timeout: Duration,
     max_in_flight: usize,
     detail_headers: bool,
 }
+
+/// An ack's timeout when none is set and no relay derived one.
+const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl fmt::Debug for NatsSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -100,10 +107,13 @@ impl NatsSinkBuilder {
         self
     }
 
-    /// How long to wait for one message's stream ack. Default 5 s; not zero. The relay's
-    /// batch deadline bounds the whole batch besides.
+    /// How long to wait for one message's stream ack, from its publish: past it, that message
+    /// fails `Transient` (an attempt). Not zero. Default: derived by the relay that runs the
+    /// sink, half its batch deadline, at most 5 s (5 s without a relay); one set at or past
+    /// the relay's batch deadline is refused when the relay starts (see
+    /// [`Sink::fit_to_deadline`]).
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.ack_timeout = timeout;
+        self.ack_timeout = Some(timeout);
         self
     }
 
@@ -149,7 +159,7 @@ impl NatsSinkBuilder {
         if self.subject.is_none() {
             check_prefix(&self.subject_prefix)?;
         }
-        if self.ack_timeout.is_zero() {
+        if self.ack_timeout.is_some_and(|timeout| timeout.is_zero()) {
             return Error::invalid_config("nats ack_timeout", "must be more than zero");
         }
         if self.connect_timeout.is_zero() {
@@ -165,7 +175,8 @@ impl NatsSinkBuilder {
         Ok(NatsSink {
             url: self.url,
             subject,
-            ack_timeout: self.ack_timeout,
+            configured_ack_timeout: self.ack_timeout,
+            ack_timeout: self.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT),
             connect_timeout: self.connect_timeout,
             max_in_flight: self.max_in_flight,
             detail_headers: self.detail_headers,
@@ -203,20 +214,23 @@ struct Connection {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use ordo::relay::{Message, Sink, nats::NatsSink};
+/// use ordo::relay::{Message, Outcomes, Sink, nats::NatsSink};
 ///
 /// let mut sink = NatsSink::builder("nats://127.0.0.1:4222")
 ///     .subject_prefix("orders")
 ///     .build()?;
 /// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice()).with_event_type(Some("placed"))];
 /// // Published on `orders.placed`, with Nats-Msg-Id = the event id.
-/// let results = sink.send(&batch).await?;
-/// assert!(results.iter().all(Result::is_ok));
+/// let mut outcomes = Outcomes::new(batch.len());
+/// sink.send(&batch, &mut outcomes).await?;
+/// assert!(outcomes.all_delivered());
 /// # Ok(()) }
 /// ```
 pub struct NatsSink {
     url: String,
     subject: SubjectFn,
+    /// The ack timeout its user set, if any; otherwise `ack_timeout` is derived.
+    configured_ack_timeout: Option<Duration>,
     ack_timeout: Duration,
     connect_timeout: Duration,
     max_in_flight: usize,
@@ -244,7 +258,7 @@ impl NatsSink {
             url: url.into(),
             subject_prefix: "ordo".to_owned(),
             subject: None,
-            ack_timeout: Duration::from_secs(5),
+            ack_timeout: None,
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 1024,
             detail_headers: false,
@@ -277,9 +291,16 @@ impl NatsSink {
             .then(|| SendError::transient(format!("the connection to {} is lost", self.describe())))
     }
 
-    async fn publish_all(&mut self, batch: &[Message]) -> BatchResult {
+    /// Publishes `batch`, pipelined, reporting each ack as it comes. Failures are reported
+    /// at the end, once it is known whether the connection still stands: a failure on a lost
+    /// connection is the batch's (`Err`, nobody blamed), on a live one the message's.
+    async fn publish_all(
+        &mut self,
+        batch: &[Message],
+        outcomes: &mut Outcomes,
+    ) -> Result<(), SendError> {
         let subject = Arc::clone(&self.subject);
-        let detail = self.detail_headers;
+        let (detail, ack_timeout) = (self.detail_headers, self.ack_timeout);
         let connection = self.connect().await?;
         let (client, jetstream) = (connection.client.clone(), connection.jetstream.clone());
         if let Some(lost) = self.lost(&client) {
@@ -288,41 +309,75 @@ impl NatsSink {
         // Pipelined: publishes go out without waiting for acks, up to `max_in_flight`
         // awaited at once (each holds one of the context's permits, so publishing more before
         // awaiting the oldest would wait for ever).
-        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
-        let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+        let mut failures: Vec<(usize, SendError)> = Vec::new();
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         for (index, message) in batch.iter().enumerate() {
             if in_flight.len() >= self.max_in_flight
-                && let Some((at, ack)) = in_flight.pop_front()
+                && let Some(oldest) = in_flight.pop_front()
             {
-                results[at] = Some(acked(ack).await);
+                oldest.land(outcomes, &mut failures).await;
             }
-            let subject = subject(message);
-            if let Err(invalid) = check_subject(&subject) {
-                results[index] = Some(Err(invalid));
-                continue;
-            }
+            let subject = match super::guarded("subject", || subject(message))
+                .and_then(|subject| check_subject(&subject).map(|()| subject))
+            {
+                Ok(subject) => subject,
+                Err(refused) => {
+                    failures.push((index, refused));
+                    continue;
+                }
+            };
+            let headers = match headers(message, detail) {
+                Ok(headers) => headers,
+                Err(refused) => {
+                    failures.push((index, refused));
+                    continue;
+                }
+            };
             let publish = PublishMessage::build()
                 .payload(message.payload.clone())
-                .headers(headers(message, detail));
+                .headers(headers);
+            let due = Instant::now() + ack_timeout;
             match jetstream.send_publish(subject, publish).await {
-                Ok(ack) => in_flight.push_back((index, ack)),
-                Err(error) => results[index] = Some(Err(classify(&error))),
+                Ok(ack) => in_flight.push_back(InFlight { index, ack, due }),
+                Err(error) => failures.push((index, classify(&error))),
             }
         }
-        while let Some((at, ack)) = in_flight.pop_front() {
-            results[at] = Some(acked(ack).await);
+        while let Some(oldest) = in_flight.pop_front() {
+            oldest.land(outcomes, &mut failures).await;
         }
-        let results: Vec<Result<(), SendError>> = results
-            .into_iter()
-            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not published"))))
-            .collect();
-        if results.iter().any(Result::is_err) && client.connection_state() != State::Connected {
+        if !failures.is_empty() && client.connection_state() != State::Connected {
             return Err(SendError::transient(format!(
                 "the connection to {} was lost during the batch",
                 self.describe()
             )));
         }
-        Ok(results)
+        for (index, error) in failures {
+            outcomes.failed(index, error);
+        }
+        Ok(())
+    }
+}
+
+/// A published message awaiting its stream ack, due by `due` (its publish + the ack timeout).
+struct InFlight {
+    index: usize,
+    ack: PublishAckFuture,
+    due: Instant,
+}
+
+impl InFlight {
+    /// Its ack: a delivery is reported at once, a failure kept for the end of the batch.
+    async fn land(self, outcomes: &mut Outcomes, failures: &mut Vec<(usize, SendError)>) {
+        let result = match tokio::time::timeout_at(self.due, acked(self.ack)).await {
+            Ok(result) => result,
+            Err(_) => Err(SendError::transient(
+                "no stream ack within the ack timeout of its publish",
+            )),
+        };
+        match result {
+            Ok(()) => outcomes.delivered(self.index),
+            Err(error) => failures.push((self.index, error)),
+        }
     }
 }
 
@@ -351,7 +406,9 @@ mod names {
 
 /// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body;
 /// with `detail`, the [detail headers](NatsSinkBuilder::detail_headers) too.
-fn headers(message: &Message, detail: bool) -> HeaderMap {
+/// A message with a header value NATS cannot carry (a line break) is refused as its permanent
+/// failure before anything is sent.
+fn headers(message: &Message, detail: bool) -> Result<HeaderMap, SendError> {
     let mut headers = HeaderMap::new();
     let mut id = uuid::Uuid::encode_buffer();
     headers.insert(
@@ -360,17 +417,19 @@ fn headers(message: &Message, detail: bool) -> HeaderMap {
     );
     headers.insert(names::POSITION, message.position.to_string());
     headers.insert(names::LANE, message.lane.as_str());
-    if let Some(source) = &message.source {
-        headers.insert(names::SOURCE, source.as_str());
-    }
-    if let Some(event_type) = &message.event_type {
-        headers.insert(names::EVENT_TYPE, event_type.as_str());
-    }
-    if let Some(key) = &message.key {
-        headers.insert(names::KEY, key.as_str());
-    }
-    if let Some(traceparent) = message.traceparent() {
-        headers.insert(names::TRACEPARENT, traceparent);
+    // Text the event's writer chose (plain SQL can put a line break in it): checked, since the
+    // client panics on a header value it cannot carry.
+    let chosen = [
+        (names::SOURCE, message.source.as_deref()),
+        (names::EVENT_TYPE, message.event_type.as_deref()),
+        (names::KEY, message.key.as_deref()),
+        (names::TRACEPARENT, message.traceparent()),
+    ];
+    for (name, value) in chosen {
+        if let Some(value) = value {
+            let value = header_value(&name, value)?;
+            headers.insert(name, value);
+        }
     }
     if let Some(json) = message.headers_json() {
         headers.insert(names::HEADERS, json);
@@ -380,12 +439,31 @@ fn headers(message: &Message, detail: bool) -> HeaderMap {
         headers.insert(names::RECORDED_AT, message.recorded_at.to_rfc3339());
         headers.insert(names::CONTENT_TYPE, "application/json");
     }
-    headers
+    Ok(headers)
 }
+
+fn header_value(name: &async_nats::HeaderName, value: &str) -> Result<HeaderValue, SendError> {
+    value.parse::<HeaderValue>().map_err(|_| {
+        SendError::permanent(format!(
+            "header {name} {value:?} holds a line break, which a NATS header cannot carry"
+        ))
+    })
+}
+
+/// The longest subject published: the server refuses a control line (`HPUB`, the subject, the
+/// reply inbox, two lengths) past 4,096 bytes by dropping the connection, which would look
+/// like an outage; this leaves room for the rest of the line.
+const MAX_SUBJECT: usize = 4_000;
 
 /// A subject a message can be published on: dot-separated non-empty tokens, no whitespace,
 /// no wildcard. Checked here so that a bad mapping is a permanent error naming the subject.
 fn check_subject(subject: &str) -> Result<(), SendError> {
+    if subject.len() > MAX_SUBJECT {
+        return Err(SendError::permanent(format!(
+            "the subject is {} bytes long, past the {MAX_SUBJECT} a NATS server takes",
+            subject.len()
+        )));
+    }
     let valid = !subject.is_empty()
         && subject.split('.').all(|token| {
             !token.is_empty()
@@ -421,16 +499,16 @@ fn classify(error: &PublishError) -> SendError {
 }
 
 impl Sink for NatsSink {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if std::mem::replace(&mut self.dirty, true) {
             self.connection = None;
         }
-        let results = self.publish_all(batch).await;
-        if results.is_err() {
+        let sent = self.publish_all(batch, outcomes).await;
+        if sent.is_err() {
             self.connection = None;
         }
         self.dirty = false;
-        results
+        sent
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {
@@ -442,5 +520,37 @@ impl Sink for NatsSink {
 
     fn describe(&self) -> String {
         format!("nats {}", super::redact_url(&self.url))
+    }
+
+    fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {
+        let timeout = super::fitted_timeout(
+            self.configured_ack_timeout,
+            DEFAULT_ACK_TIMEOUT,
+            batch_deadline,
+            "nats ack_timeout/batch_deadline",
+        )?;
+        if timeout != self.ack_timeout {
+            // The JetStream context carries the timeout: the next send builds it anew.
+            self.ack_timeout = timeout;
+            self.connection = None;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_subject, headers};
+    use crate::relay::Message;
+
+    #[test]
+    fn what_nats_cannot_carry_is_refused_before_it_is_sent() {
+        assert!(check_subject("orders.placed").is_ok());
+        let long = format!("orders.{}", "x".repeat(4_000));
+        assert!(check_subject(&long).is_err_and(|error| error.is_permanent()));
+        let message = Message::new(&b"{}"[..]).with_key(Some("customer\n42"));
+        assert!(headers(&message, false).is_err_and(|error| error.is_permanent()));
+        let fine = Message::new(&b"{}"[..]).with_key(Some("customer-42"));
+        assert!(headers(&fine, true).is_ok());
     }
 }

@@ -30,6 +30,8 @@
 //! | --- | --- |
 //! | no connection, the connection failed during the batch | outer `Transient` (no message blamed) |
 //! | a nack | `Transient` |
+//! | no confirm within [`confirm_timeout`](RabbitSinkBuilder::confirm_timeout) of its publish | `Transient` |
+//! | the [`route`](RabbitSinkBuilder::route) function panicked on the message | `Permanent` |
 //! | the broker closed the channel (a missing exchange, a refused message) | `Transient`, for every message not yet confirmed; the channel is reopened on the next send |
 //! | an exchange name or routing key longer than 255 bytes | `Permanent` |
 
@@ -42,7 +44,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
-use super::{BatchResult, Message, SendError, Sink};
+use tokio::time::Instant;
+
+use super::{Message, Outcomes, SendError, Sink};
 use crate::error::{Error, Result};
 
 /// Maps a message to its `(exchange, routing key)`.
@@ -50,6 +54,9 @@ pub type RouteFn = Arc<dyn Fn(&Message) -> (String, String) + Send + Sync>;
 
 /// AMQP short strings (exchange names, routing keys) are at most this many bytes.
 const SHORT_STRING_MAX: usize = 255;
+
+/// A confirm's timeout when none is set and no relay derived one.
+const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The settings of a [`RabbitSink`]: start with [`RabbitSink::builder`].
 #[must_use]
@@ -59,6 +66,7 @@ pub struct RabbitSinkBuilder {
     route: Option<RouteFn>,
     pipeline_depth: usize,
     connect_timeout: Duration,
+    confirm_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for RabbitSinkBuilder {
@@ -69,6 +77,7 @@ impl fmt::Debug for RabbitSinkBuilder {
             .field("custom_route", &self.route.is_some())
             .field("pipeline_depth", &self.pipeline_depth)
             .field("connect_timeout", &self.connect_timeout)
+            .field("confirm_timeout", &self.confirm_timeout)
             .finish()
     }
 }
@@ -103,6 +112,16 @@ impl RabbitSinkBuilder {
         self
     }
 
+    /// How long to wait for one message's publisher confirm, from its publish: past it, that
+    /// message fails `Transient` (an attempt). Not zero. Default: derived by the relay that
+    /// runs the sink, half its batch deadline, at most 5 s (5 s without a relay); one set at
+    /// or past the relay's batch deadline is refused when the relay starts (see
+    /// [`Sink::fit_to_deadline`]).
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = Some(timeout);
+        self
+    }
+
     /// Checks the settings and returns the sink. It connects on its first
     /// [`send`](Sink::send), so a broker that is down now is a transient send error later.
     ///
@@ -126,6 +145,12 @@ impl RabbitSinkBuilder {
         if self.connect_timeout.is_zero() {
             return Error::invalid_config("rabbitmq connect_timeout", "must be more than zero");
         }
+        if self
+            .confirm_timeout
+            .is_some_and(|timeout| timeout.is_zero())
+        {
+            return Error::invalid_config("rabbitmq confirm_timeout", "must be more than zero");
+        }
         let route = self.route.unwrap_or_else(|| {
             let exchange = self.exchange;
             Arc::new(move |message: &Message| {
@@ -137,6 +162,8 @@ impl RabbitSinkBuilder {
             route,
             pipeline_depth: self.pipeline_depth,
             connect_timeout: self.connect_timeout,
+            configured_confirm_timeout: self.confirm_timeout,
+            confirm_timeout: self.confirm_timeout.unwrap_or(DEFAULT_CONFIRM_TIMEOUT),
             connection: None,
             dirty: false,
         })
@@ -153,7 +180,7 @@ struct Open {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use ordo::relay::{Message, Sink, rabbitmq::RabbitSink};
+/// use ordo::relay::{Message, Outcomes, Sink, rabbitmq::RabbitSink};
 ///
 /// let mut sink = RabbitSink::builder("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .exchange("orders")
@@ -161,8 +188,9 @@ struct Open {
 ///     .build()?;
 /// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice()).with_event_type(Some("placed"))];
 /// // Published to exchange `orders` with routing key `placed`, confirmed by the broker.
-/// let results = sink.send(&batch).await?;
-/// assert!(results.iter().all(Result::is_ok));
+/// let mut outcomes = Outcomes::new(batch.len());
+/// sink.send(&batch, &mut outcomes).await?;
+/// assert!(outcomes.all_delivered());
 /// # Ok(()) }
 /// ```
 pub struct RabbitSink {
@@ -170,6 +198,9 @@ pub struct RabbitSink {
     route: RouteFn,
     pipeline_depth: usize,
     connect_timeout: Duration,
+    /// The confirm timeout its user set, if any; otherwise `confirm_timeout` is derived.
+    configured_confirm_timeout: Option<Duration>,
+    confirm_timeout: Duration,
     connection: Option<Open>,
     /// A `send` began and did not finish (its future was dropped): the channel may hold
     /// confirms nobody awaits, so the next `send` rebuilds the connection.
@@ -195,6 +226,7 @@ impl RabbitSink {
             route: None,
             pipeline_depth: 128,
             connect_timeout: Duration::from_secs(5),
+            confirm_timeout: None,
         }
     }
 
@@ -227,27 +259,33 @@ impl RabbitSink {
         Ok(channel)
     }
 
-    async fn publish_all(&mut self, batch: &[Message]) -> BatchResult {
+    /// Publishes `batch` pipelined on one confirm-mode channel, reporting each confirm as it
+    /// comes; `Err` when the connection failed (the unconfirmed messages blamed on nobody).
+    async fn publish_all(
+        &mut self,
+        batch: &[Message],
+        outcomes: &mut Outcomes,
+    ) -> Result<(), SendError> {
         let channel = self.channel().await?;
-        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
-        let mut in_flight: VecDeque<(usize, lapin::PublisherConfirm)> = VecDeque::new();
+        let mut in_flight: VecDeque<(usize, lapin::PublisherConfirm, Instant)> = VecDeque::new();
         for (index, message) in batch.iter().enumerate() {
             if in_flight.len() >= self.pipeline_depth
-                && let Some((at, confirm)) = in_flight.pop_front()
+                && let Some(oldest) = in_flight.pop_front()
             {
-                results[at] = Some(self.confirmed(confirm.await)?);
+                self.land(oldest, outcomes).await?;
             }
-            let (exchange, routing_key) = (self.route)(message);
-            if exchange.len() > SHORT_STRING_MAX || routing_key.len() > SHORT_STRING_MAX {
-                results[index] = Some(Err(SendError::permanent(format!(
-                    "exchange {exchange:?} or routing key {routing_key:?} is longer than 255 bytes"
-                ))));
-                continue;
-            }
+            let (exchange, routing_key) = match self.destination(message) {
+                Ok(destination) => destination,
+                Err(refused) => {
+                    outcomes.failed(index, refused);
+                    continue;
+                }
+            };
+            let due = Instant::now() + self.confirm_timeout;
             let published = channel
                 .basic_publish(
-                    ShortString::from(exchange),
-                    ShortString::from(routing_key),
+                    exchange,
+                    routing_key,
                     // No `mandatory`: see the module docs.
                     BasicPublishOptions::default(),
                     &message.payload,
@@ -255,24 +293,51 @@ impl RabbitSink {
                 )
                 .await;
             match published {
-                Ok(confirm) => in_flight.push_back((index, confirm)),
+                Ok(confirm) => in_flight.push_back((index, confirm, due)),
                 Err(error) if self.connection_alive() => {
                     // The broker closed the channel over an earlier message: this one was
                     // not sent; the connection may still be fine.
-                    results[index] = Some(Err(SendError::transient(format!(
-                        "not published: the channel was closed ({error})"
-                    ))));
+                    outcomes.failed(
+                        index,
+                        SendError::transient(format!(
+                            "not published: the channel was closed ({error})"
+                        )),
+                    );
                 }
                 Err(error) => return Err(self.lost(&error)),
             }
         }
-        while let Some((at, confirm)) = in_flight.pop_front() {
-            results[at] = Some(self.confirmed(confirm.await)?);
+        while let Some(oldest) = in_flight.pop_front() {
+            self.land(oldest, outcomes).await?;
         }
-        Ok(results
-            .into_iter()
-            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not published"))))
-            .collect())
+        Ok(())
+    }
+
+    /// The exchange and routing key of `message`, or why it can never be published.
+    fn destination(&self, message: &Message) -> Result<(ShortString, ShortString), SendError> {
+        let (exchange, routing_key) = super::guarded("route", || (self.route)(message))?;
+        if exchange.len() > SHORT_STRING_MAX || routing_key.len() > SHORT_STRING_MAX {
+            return Err(SendError::permanent(format!(
+                "exchange {exchange:?} or routing key {routing_key:?} is longer than 255 bytes"
+            )));
+        }
+        Ok((ShortString::from(exchange), ShortString::from(routing_key)))
+    }
+
+    /// Awaits one publish's confirm, until it is due, and reports it.
+    async fn land(
+        &self,
+        (index, confirm, due): (usize, lapin::PublisherConfirm, Instant),
+        outcomes: &mut Outcomes,
+    ) -> Result<(), SendError> {
+        let outcome = match tokio::time::timeout_at(due, confirm).await {
+            Ok(confirm) => self.confirmed(confirm)?,
+            Err(_) => Err(SendError::transient(
+                "no publisher confirm within the confirm timeout of its publish",
+            )),
+        };
+        outcomes.report(index, outcome);
+        Ok(())
     }
 
     /// One confirm as a message's result, or the batch's error when the connection failed.
@@ -379,18 +444,18 @@ fn properties(message: &Message) -> BasicProperties {
 }
 
 impl Sink for RabbitSink {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if std::mem::replace(&mut self.dirty, true) {
             self.connection = None;
         }
-        let results = self.publish_all(batch).await;
+        let sent = self.publish_all(batch, outcomes).await;
         // A batch error leaves the connection in doubt: the next send opens a new one. (A
         // channel the broker closed is reopened by the next send too.)
-        if results.is_err() {
+        if sent.is_err() {
             self.connection = None;
         }
         self.dirty = false;
-        results
+        sent
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {
@@ -403,5 +468,15 @@ impl Sink for RabbitSink {
 
     fn describe(&self) -> String {
         format!("rabbitmq {}", super::redact_url(&self.uri))
+    }
+
+    fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {
+        self.confirm_timeout = super::fitted_timeout(
+            self.configured_confirm_timeout,
+            DEFAULT_CONFIRM_TIMEOUT,
+            batch_deadline,
+            "rabbitmq confirm_timeout/batch_deadline",
+        )?;
+        Ok(())
     }
 }

@@ -9,8 +9,11 @@
 //! - **Failed** (the sink blamed the message): an attempt is counted and stored; the event
 //!   backs off in place, first in its keys; after `max_attempts`, or at once for a permanent
 //!   error, it is **parked**: its keys wait until an operator requeues it.
-//! - **Blameless** (the deadline expired, or the batch failed as a whole): the sink is reset
-//!   and the events are tried again shortly, no attempt counted.
+//! - **Unresolved** (no outcome: the deadline expired, the sink panicked or returned without
+//!   one): tried again shortly, no attempt counted, in a batch at most half as big; alone, it
+//!   counts an attempt (`batch.rs`, `isolate`).
+//! - **Blameless** (the sink was down: `outage.rs`): no attempt counted, nothing parked, the
+//!   sink's connection rebuilt and the events tried again after a capped, jittered backoff.
 //!
 //! The results apply to the schedule at once (a key's next event goes out as soon as the
 //! receiver has the one before it) and are written by a task of their own while the relay goes
@@ -37,7 +40,7 @@ use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::Keys;
-use crate::subscription::keyed::lanes::Lanes;
+use crate::subscription::keyed::lanes::{Lanes, Slot};
 use crate::subscription::keyed::progress::{self, Known};
 use crate::subscription::keyed::runner::admit;
 use crate::subscription::runner::{ReadFailed, read_failed};
@@ -51,6 +54,7 @@ use futures::stream::FuturesUnordered;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::batch::{Recording, Written};
+use super::outage::Health;
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -70,10 +74,16 @@ pub(super) enum Flow {
 }
 
 /// What happened to one message of a batch.
+#[derive(Clone)]
 pub(super) enum Verdict {
     Delivered,
+    /// The sink blamed this message: an attempt counts.
     Failed(SendError),
+    /// The sink failed as a whole: released, no attempt counted.
     Blameless(String),
+    /// No outcome: the deadline expired, the sink panicked, or it returned without one.
+    /// Released into a batch half as big, or blamed when it was sent alone.
+    Unresolved(String),
 }
 
 pub(crate) struct RelayRunner<P, K> {
@@ -109,6 +119,15 @@ pub(super) struct Work<P> {
     pub(super) retries_at: Instant,
     /// The parked events changed since the status last listed them.
     pub(super) stalled_changed: bool,
+    /// Events left without an outcome by an earlier batch, by position: the most events the
+    /// next batch holding one may have (halved each time, see `batch.rs`).
+    pub(super) isolation: HashMap<u64, usize>,
+    /// An event taken for a batch it did not fit (its isolation cap): it starts the next one.
+    pub(super) held: Option<Slot>,
+    /// Events whose key function panicked, by position, with the panic: parked when taken.
+    pub(super) poisoned: HashMap<u64, SendError>,
+    /// Whether the sink is down (an outage: see `outage.rs`).
+    pub(super) health: Health,
 }
 
 impl<P, K> RelayRunner<P, K>
@@ -201,6 +220,10 @@ where
             renew_at: now + self.config.lease / 3,
             retries_at: now,
             stalled_changed: true,
+            isolation: HashMap::new(),
+            held: None,
+            poisoned: HashMap::new(),
+            health: Health::default(),
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their
@@ -234,16 +257,15 @@ where
                     None => break,
                 }
             }
-            while !self.idle.is_empty() && work.lanes.has_ready() {
+            while !self.idle.is_empty() && (work.held.is_some() || work.lanes.has_ready()) {
                 let Some((slots, messages)) = self.take_batch(work) else {
                     break;
                 };
                 let Some(carrier) = self.idle.pop() else {
                     break;
                 };
-                let (deadline, relay) = (self.config.batch_deadline, self.config.name.clone());
-                self.flights
-                    .spawn(fly(carrier, slots, messages, deadline, relay));
+                let deadline = self.config.batch_deadline;
+                self.flights.spawn(fly(carrier, slots, messages, deadline));
             }
             self.publish_status(work);
             let wake = [
@@ -302,8 +324,19 @@ where
         }
     }
 
+    /// A read event into the schedule. A key function that panics on it parks it when it is
+    /// taken (a key cannot be guessed; the event holds no key meanwhile), never the relay.
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
         let keys = &self.keys;
-        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, |event| keys(event));
+        let position = item.position.get();
+        let poisoned = &mut work.poisoned;
+        let keys_of = |event: &Envelope<P>| match super::guarded("key", || keys(event)) {
+            Ok(keys) => keys,
+            Err(error) => {
+                poisoned.insert(position, error);
+                Keys::none()
+            }
+        };
+        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of);
     }
 }

@@ -23,7 +23,7 @@ pub(crate) async fn spawn<P, K>(
     shared: Shared<P>,
     runners: &Runners,
     config: RelayConfig,
-    sinks: Vec<K>,
+    mut sinks: Vec<K>,
     keys: KeyFn<P>,
 ) -> Result<SubscriptionHandle>
 where
@@ -33,6 +33,9 @@ where
     config.validate()?;
     if sinks.is_empty() {
         return crate::Error::invalid_config("sinks", "a relay needs at least one sink");
+    }
+    for sink in &mut sinks {
+        sink.fit_to_deadline(config.batch_deadline)?;
     }
     // The row, the lease and the shutdown are a subscription's.
     let job = JobConfig::new(config.name.clone())
@@ -83,7 +86,10 @@ pub(crate) fn message_of<P: Serialize>(
             ));
         }
     };
-    let payload = serde_json::to_vec(&event.payload).map_err(|error| {
+    // A user's `Serialize` that panics is this event's failure, not the relay's.
+    let encoded = super::guarded("payload encoder", || serde_json::to_vec(&event.payload))
+        .map_err(|panic| panic.message().to_owned())?;
+    let payload = encoded.map_err(|error| {
         format!(
             "the payload of ordo.events sequence {} does not encode: {error}",
             item.sequence

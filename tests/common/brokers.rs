@@ -83,6 +83,27 @@ impl TestStream {
         }
     }
 
+    /// Deletes the stream (its subjects then have no responders), as an operator's mistake
+    /// would; [`restore`](Self::restore) creates it again, empty.
+    pub async fn delete(&self) {
+        self.jetstream
+            .delete_stream(&self.name)
+            .await
+            .expect("delete the test stream");
+    }
+
+    /// Creates the deleted stream again, on the same subjects.
+    pub async fn restore(&self) {
+        self.jetstream
+            .create_stream(stream::Config {
+                name: self.name.clone(),
+                subjects: vec![format!("{}.>", self.prefix)],
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream again");
+    }
+
     /// Publishes `payload` on `{prefix}.{subject}` with `headers`, awaiting the stream's ack.
     pub async fn publish(&self, subject: &str, headers: &[(&str, &str)], payload: &str) {
         let mut map = async_nats::HeaderMap::new();
@@ -206,6 +227,38 @@ impl TestQueue {
             _connection: connection,
             channel,
         }
+    }
+
+    /// Declares exchange `front`, whose every message goes on to this queue's exchange (its
+    /// alternate exchange): from the moment it exists, nothing published to it is lost, with
+    /// no binding to race against.
+    pub async fn declare_front(&self, front: &str) {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "alternate-exchange".into(),
+            lapin::types::AMQPValue::LongString(self.exchange.as_str().into()),
+        );
+        self.channel
+            .exchange_declare(
+                front.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                arguments,
+            )
+            .await
+            .expect("declare the front exchange");
+    }
+
+    /// Deletes exchange `front` (publishing to it then closes the channel), as an operator's
+    /// mistake would.
+    pub async fn delete_front(&self, front: &str) {
+        self.channel
+            .exchange_delete(
+                front.into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .expect("delete the front exchange");
     }
 
     /// Takes every message in the queue (auto-acknowledged).

@@ -1,5 +1,6 @@
 //! A small HTTP/1.1 server for the webhook sink's tests: it records every request (headers
-//! and body) and answers from a script, then with 200.
+//! and body) and answers from a script, then with 200, or by a rule of the test's
+//! ([`Responder::with_rule`]: a reply per request, e.g. a delay for one event).
 //!
 //! It reads a request head up to the blank line, then exactly `Content-Length` body bytes,
 //! and keeps the connection alive. It listens on 127.0.0.1 only and stops when the
@@ -67,8 +68,12 @@ impl Reply {
     }
 }
 
+/// A test's answer to a request, or `None` for the script's.
+pub type Rule = Arc<dyn Fn(&Request) -> Option<Reply> + Send + Sync>;
+
 #[derive(Default)]
 struct Shared {
+    rule: Mutex<Option<Rule>>,
     requests: Mutex<Vec<Request>>,
     script: Mutex<VecDeque<Reply>>,
     watchers: Mutex<Vec<mpsc::UnboundedSender<Request>>>,
@@ -81,6 +86,26 @@ pub struct Responder {
 }
 
 impl Responder {
+    /// A server that answers each request by `rule`, or when it says `None`, with 200.
+    pub async fn with_rule(
+        rule: impl Fn(&Request) -> Option<Reply> + Send + Sync + 'static,
+    ) -> Responder {
+        let responder = Responder::start(Vec::new()).await;
+        *responder.shared.rule.lock().expect("rule lock") = Some(Arc::new(rule));
+        responder
+    }
+
+    /// How many requests carried each `Ordo-Event-Id`.
+    pub fn sends_per_event(&self) -> HashMap<String, usize> {
+        let mut sends = HashMap::new();
+        for request in self.requests() {
+            if let Some(id) = request.header("Ordo-Event-Id") {
+                *sends.entry(id.to_owned()).or_insert(0) += 1;
+            }
+        }
+        sends
+    }
+
     /// A server that answers `script` in order, then 200 to everything.
     pub async fn start(script: Vec<Reply>) -> Responder {
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -152,13 +177,17 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
             .lock()
             .expect("watchers lock")
             .retain(|watcher| watcher.send(request.clone()).is_ok());
+        let rule = shared.rule.lock().expect("rule lock").clone();
+        let ruled = rule.and_then(|rule| rule(&request));
         shared.requests.lock().expect("requests lock").push(request);
-        let reply = shared
-            .script
-            .lock()
-            .expect("script lock")
-            .pop_front()
-            .unwrap_or_else(|| Reply::status(200));
+        let reply = ruled.unwrap_or_else(|| {
+            shared
+                .script
+                .lock()
+                .expect("script lock")
+                .pop_front()
+                .unwrap_or_else(|| Reply::status(200))
+        });
         tokio::time::sleep(reply.delay).await;
         let mut head = format!(
             "HTTP/1.1 {} Scripted\r\ncontent-length: 0\r\n",

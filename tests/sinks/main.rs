@@ -16,7 +16,10 @@ use std::time::Duration;
 use ordo::relay::http::WebhookSink;
 use ordo::relay::nats::NatsSink;
 use ordo::relay::rabbitmq::RabbitSink;
-use ordo::relay::{BatchResult, Message, SendError, Sink};
+use ordo::relay::{Message, Outcomes, SendError, Sink};
+
+/// What a sink's `send` came to: its error, or each message's outcome (`None`: not reported).
+pub type BatchResult = Result<Vec<Result<(), SendError>>, SendError>;
 
 /// How long a black-holed `send` is given to (wrongly) finish.
 pub const STALL: Duration = Duration::from_secs(2);
@@ -48,10 +51,18 @@ pub fn all_transient(result: &BatchResult) -> bool {
     }
 }
 
+/// `send` to its end; a message the sink reported nothing for reads as a transient failure
+/// ("no outcome").
 pub async fn send<S: Sink>(sink: &mut S, batch: &[Message]) -> BatchResult {
-    tokio::time::timeout(LIMIT, sink.send(batch))
+    let mut outcomes = Outcomes::new(batch.len());
+    tokio::time::timeout(LIMIT, sink.send(batch, &mut outcomes))
         .await
-        .expect("send finished within the test's limit")
+        .expect("send finished within the test's limit")?;
+    Ok(outcomes
+        .into_vec()
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or_else(|| Err(SendError::transient("no outcome"))))
+        .collect())
 }
 
 #[test]

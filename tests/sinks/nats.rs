@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use ordo::relay::Sink;
 use ordo::relay::nats::NatsSink;
+use ordo::relay::{Outcomes, Sink};
 
 use super::common::brokers::{NATS_ADDR, TestStream, addr, nats_url};
 use super::common::tcp_fault::{Fault, TcpFault};
@@ -149,7 +149,11 @@ async fn nats_black_hole_stalls_send_until_reset_builds_a_new_connection() {
 
     proxy.set(Fault::BlackHole);
     let stalled = batch(3);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished while acks were black-holed: {outcome:?}"
@@ -210,7 +214,11 @@ async fn nats_wedged_connection_is_replaced_by_reset() {
     // The server is fine; this one connection stopped acknowledging, for good.
     proxy.wedge();
     let stalled = batch(2);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished on a wedged connection: {outcome:?}"
@@ -237,7 +245,11 @@ async fn nats_send_after_a_cancelled_send_rebuilds_the_connection_itself() {
 
     proxy.wedge();
     let stalled = batch(2);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished on a wedged connection: {outcome:?}"

@@ -1,7 +1,7 @@
 //! RabbitMQ: a real exchange and queue per test; faults through the TCP proxy.
 
 use ordo::relay::rabbitmq::RabbitSink;
-use ordo::relay::{Message, Sink};
+use ordo::relay::{Message, Outcomes, Sink};
 
 use super::common::brokers::{RABBIT_ADDR, TestQueue, addr, amqp_uri};
 use super::common::tcp_fault::{Fault, TcpFault};
@@ -87,7 +87,11 @@ async fn rabbit_black_hole_stalls_send_until_reset_builds_a_new_connection() {
 
     proxy.set(Fault::BlackHole);
     let stalled = batch(3);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished while confirms were black-holed: {outcome:?}"
@@ -155,7 +159,11 @@ async fn rabbit_wedged_connection_is_replaced_by_reset() {
     // The broker is fine; this one connection stopped confirming, for good.
     proxy.wedge();
     let stalled = batch(2);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished on a wedged connection: {outcome:?}"
@@ -180,7 +188,11 @@ async fn rabbit_send_after_a_cancelled_send_rebuilds_the_connection_itself() {
 
     proxy.wedge();
     let stalled = batch(2);
-    let outcome = tokio::time::timeout(STALL, sink.send(&stalled)).await;
+    let outcome = tokio::time::timeout(
+        STALL,
+        sink.send(&stalled, &mut Outcomes::new(stalled.len())),
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "send finished on a wedged connection: {outcome:?}"

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use ordo::relay::http::{WebhookSink, verify_signature};
-use ordo::relay::{Message, SendError, Sink};
+use ordo::relay::{Message, Outcomes, SendError, Sink};
 
 use super::common::http_responder::{Reply, Responder};
 use super::{all_transient, batch, delivered, send};
@@ -92,10 +92,16 @@ async fn webhook_answers_map_to_transient_or_permanent() {
     let server = Responder::start(script).await;
     let mut sink = sink(server.url("/in"));
 
+    // The endpoint has answered no 2xx yet: its transient failures are its outage
+    // (`Unavailable`, no attempt counted), with the URL's own pause.
     for status in [500, 503, 408] {
         let error = one(&mut sink).await.expect_err("not delivered");
-        assert!(!error.is_permanent(), "{status}: {error}");
-        assert_eq!(error.retry_after(), None);
+        assert!(error.is_unavailable(), "{status}: {error}");
+        assert!(
+            error
+                .retry_after()
+                .is_some_and(|pause| pause <= Duration::from_secs(10))
+        );
     }
     let error = one(&mut sink).await.expect_err("429");
     assert!(!error.is_permanent());
@@ -145,7 +151,8 @@ async fn webhook_failure_holds_back_the_rest_of_its_key_only() {
         .collect();
     let results = send(&mut sink, &batch).await.expect("per-message results");
     assert!(matches!(&results[0], Err(error) if !error.is_permanent()));
-    assert!(matches!(&results[1], Err(error) if error.message().contains("not sent")));
+    // Not sent, and not charged: no outcome (the relay releases it without an attempt).
+    assert!(matches!(&results[1], Err(error) if error.message() == "no outcome"));
     assert!(results[2].is_ok());
     // Key a's second event never reached the endpoint.
     assert_eq!(server.requests().len(), 2);
@@ -162,4 +169,27 @@ async fn webhook_unreachable_endpoint_is_transient() {
     let result = send(&mut sink, &batch(2)).await;
     assert!(all_transient(&result), "{result:?}");
     sink.reset().await.expect("reset needs no connection");
+}
+
+/// A send cut short (as the relay's deadline does) leaves the answers already in: the fast
+/// key-less messages are delivered, the one whose endpoint hangs has no outcome.
+#[tokio::test]
+async fn webhook_outcomes_in_hand_survive_a_cancelled_send() {
+    let server = Responder::with_rule(|request| {
+        let hangs = request.body == br#"{"order_id":1}"#;
+        hangs.then(|| Reply::status(200).after(Duration::from_secs(30)))
+    })
+    .await;
+    let mut sink = sink(server.url("/in"));
+    let batch = batch(4);
+    let mut outcomes = Outcomes::new(batch.len());
+    let cut = tokio::time::timeout(Duration::from_secs(2), sink.send(&batch, &mut outcomes)).await;
+    assert!(cut.is_err(), "the hanging request cannot have finished");
+    assert!(outcomes.get(1).is_none(), "{outcomes:?}");
+    for index in [0, 2, 3] {
+        assert!(
+            outcomes.get(index).is_some_and(Result::is_ok),
+            "{outcomes:?}"
+        );
+    }
 }

@@ -26,19 +26,32 @@
 //! | answer | [`SendError`] |
 //! | --- | --- |
 //! | 2xx | delivered |
-//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date) |
+//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date); `Unavailable` when the URL answered no 2xx since the request was sent (below) |
 //! | 3xx (redirects are not followed: a POST must not become a GET) and every other 4xx | `Permanent` |
-//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient` |
+//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient`, or `Unavailable` as for a 5xx |
+//! | the [`route`](WebhookSinkBuilder::route) function panicked on the message | `Permanent` |
+//!
+//! A transient failure of a request to a URL that answered nothing since that request was
+//! sent (refused, timed out, 5xx, 429) is that URL's **outage**: reported as
+//! [`SendError::Unavailable`], so no attempt counts against the message and it is sent again
+//! after the URL's own backoff (200 ms doubling to 10 s, jittered); one customer's dead
+//! endpoint holds only its own messages. Once the URL answers a 2xx, its failures are its
+//! messages' again.
+//!
+//! Each answer is reported as it arrives (see [`Outcomes`]), so a batch cut short by the
+//! relay's deadline keeps what the endpoint already answered.
 //!
 //! # Order and concurrency
 //!
-//! Messages of one key are sent one after another, in batch order; when one fails, the later
-//! messages of its key in the batch are not sent (they fail `Transient`, "not sent"), so a
-//! receiver never sees a key's events out of order. Up to
-//! [`concurrency`](WebhookSinkBuilder::concurrency) keys are sent at once. Messages without a
-//! key count as one key.
+//! Up to [`concurrency`](WebhookSinkBuilder::concurrency) requests are in flight at once.
+//! Messages without a key are independent: each goes out on its own, and one's failure
+//! (a 400, a timeout) is reported for it alone. Messages of one key (a relay's batch never
+//! holds two, but a direct caller's may) are sent one after another, in batch order; when one
+//! fails, the later ones of its key are not sent and get no outcome (the relay releases them
+//! without an attempt), so a receiver never sees a key's events out of order.
 
 mod answer;
+mod destinations;
 mod signature;
 
 use std::collections::HashMap;
@@ -51,9 +64,11 @@ use reqwest::Client;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
 use answer::{answer, request_failed};
+use destinations::Destinations;
 pub use signature::{sign, verify_signature};
+use tokio::time::Instant;
 
-use super::{BatchResult, Message, SendError, Sink};
+use super::{Message, Outcomes, SendError, Sink};
 use crate::error::{Error, Result};
 
 /// Maps a message to the URL it is posted to.
@@ -65,10 +80,13 @@ pub struct WebhookSinkBuilder {
     url: String,
     secret: Vec<u8>,
     route: Option<UrlFn>,
-    timeout: Duration,
+    timeout: Option<Duration>,
     connect_timeout: Duration,
     concurrency: usize,
 }
+
+/// A request's timeout when none is set and no relay derived one.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl fmt::Debug for WebhookSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -91,10 +109,13 @@ impl WebhookSinkBuilder {
         self
     }
 
-    /// How long one request may take, from connecting to the end of the answer's headers.
-    /// Default 10 s; not zero.
+    /// How long one request may take, from connecting to the end of the answer's headers: a
+    /// request past it is that message's transient failure (an attempt). Not zero. Default:
+    /// derived by the relay that runs the sink, half its batch deadline, at most 10 s (10 s
+    /// when used without a relay); a timeout set at or past the relay's batch deadline
+    /// is refused when the relay starts (see [`Sink::fit_to_deadline`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = Some(timeout);
         self
     }
 
@@ -104,7 +125,8 @@ impl WebhookSinkBuilder {
         self
     }
 
-    /// How many keys are sent at once. Default 16; not zero.
+    /// How many requests are in flight at once (each key's one after another). Default 16;
+    /// not zero.
     pub fn concurrency(mut self, keys: usize) -> Self {
         self.concurrency = keys;
         self
@@ -126,7 +148,7 @@ impl WebhookSinkBuilder {
                 "is empty; receivers could not tell your requests from anyone's",
             );
         }
-        if self.timeout.is_zero() {
+        if self.timeout.is_some_and(|timeout| timeout.is_zero()) {
             return Error::invalid_config("webhook timeout", "must be more than zero");
         }
         if self.connect_timeout.is_zero() {
@@ -135,7 +157,8 @@ impl WebhookSinkBuilder {
         if self.concurrency == 0 {
             return Error::invalid_config("webhook concurrency", "must be at least 1");
         }
-        let client = client(self.timeout, self.connect_timeout)?;
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let client = client(timeout, self.connect_timeout)?;
         let url = self.url;
         let route = self.route.unwrap_or_else(|| {
             let url = url.clone();
@@ -146,9 +169,11 @@ impl WebhookSinkBuilder {
             url,
             route,
             secret: Arc::from(self.secret),
-            timeout: self.timeout,
+            configured_timeout: self.timeout,
+            timeout,
             connect_timeout: self.connect_timeout,
             concurrency: self.concurrency,
+            destinations: Destinations::default(),
         })
     }
 }
@@ -183,14 +208,15 @@ fn client(timeout: Duration, connect_timeout: Duration) -> Result<Client> {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use ordo::relay::{Message, Sink, http::WebhookSink};
+/// use ordo::relay::{Message, Outcomes, Sink, http::WebhookSink};
 ///
 /// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_example".to_vec())
 ///     .timeout(Duration::from_secs(5))
 ///     .build()?;
 /// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice())];
-/// let results = sink.send(&batch).await?;
-/// assert!(results.iter().all(Result::is_ok));
+/// let mut outcomes = Outcomes::new(batch.len());
+/// sink.send(&batch, &mut outcomes).await?;
+/// assert!(outcomes.all_delivered());
 /// # Ok(()) }
 /// ```
 pub struct WebhookSink {
@@ -198,9 +224,12 @@ pub struct WebhookSink {
     url: String,
     route: UrlFn,
     secret: Arc<[u8]>,
+    /// The timeout its user set, if any; otherwise `timeout` is derived.
+    configured_timeout: Option<Duration>,
     timeout: Duration,
     connect_timeout: Duration,
     concurrency: usize,
+    destinations: Destinations,
 }
 
 impl fmt::Debug for WebhookSink {
@@ -219,40 +248,44 @@ impl WebhookSink {
             url: url.into(),
             secret: secret.into(),
             route: None,
-            timeout: Duration::from_secs(10),
+            timeout: None,
             connect_timeout: Duration::from_secs(5),
             concurrency: 16,
         }
     }
 
-    /// Sends one key's messages in order, stopping at the first failure.
-    async fn send_key(
-        &self,
-        batch: &[Message],
+    /// One key's messages, sent one after another in batch order, each result as it comes;
+    /// after a failure the later ones are not sent (no result: they are not to blame).
+    fn send_key<'a>(
+        &'a self,
+        batch: &'a [Message],
         indexes: Vec<usize>,
-    ) -> Vec<(usize, Result<(), SendError>)> {
-        let mut results = Vec::with_capacity(indexes.len());
-        let mut failed = false;
-        for index in indexes {
-            if failed {
-                let earlier = SendError::transient("not sent: an earlier event of its key failed");
-                results.push((index, Err(earlier)));
-                continue;
-            }
+    ) -> impl futures::Stream<Item = (usize, Result<(), SendError>)> + Send + 'a {
+        futures::stream::unfold(indexes.into_iter(), move |mut rest| async move {
+            let index = rest.next()?;
             let result = self.post(&batch[index]).await;
-            failed = result.is_err();
-            results.push((index, result));
-        }
-        results
+            if result.is_err() {
+                rest = Vec::new().into_iter();
+            }
+            Some(((index, result), rest))
+        })
     }
 
+    /// Posts `message`; a transient failure while its URL answered nothing since is that
+    /// URL's outage ([`SendError::Unavailable`]), not the message's.
     async fn post(&self, message: &Message) -> Result<(), SendError> {
-        let url = (self.route)(message);
+        let url = super::guarded("route", || (self.route)(message))?;
+        let sent_at = Instant::now();
+        let posted = self.post_to(&url, message).await;
+        self.destinations.judge(&url, sent_at, posted)
+    }
+
+    async fn post_to(&self, url: &str, message: &Message) -> Result<(), SendError> {
         let timestamp = chrono::Utc::now().timestamp().to_string();
         let signature = sign(&self.secret, &timestamp, &message.payload);
         let mut request = self
             .client
-            .post(url.as_str())
+            .post(url)
             .header(CONTENT_TYPE, "application/json")
             .header("Ordo-Event-Id", message.id.to_string())
             .header("Ordo-Sequence", message.sequence.get().to_string())
@@ -276,18 +309,22 @@ impl WebhookSink {
             .body(message.payload.clone())
             .send()
             .await
-            .map_err(|error| request_failed(&error, &url))?;
+            .map_err(|error| request_failed(&error, url))?;
         answer(response.status(), response.headers())
     }
 }
 
 /// The batch's messages grouped by key, each group in batch order, groups in order of first
-/// appearance.
+/// appearance; a message without a key is a group of its own (nothing orders it).
 fn by_key(batch: &[Message]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<Option<&str>, usize> = HashMap::new();
+    let mut group_of: HashMap<&str, usize> = HashMap::new();
     for (index, message) in batch.iter().enumerate() {
-        let group = *group_of.entry(message.key.as_deref()).or_insert_with(|| {
+        let Some(key) = message.key.as_deref() else {
+            groups.push(vec![index]);
+            continue;
+        };
+        let group = *group_of.entry(key).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
         });
@@ -297,21 +334,15 @@ fn by_key(batch: &[Message]) -> Vec<Vec<usize>> {
 }
 
 impl Sink for WebhookSink {
-    async fn send(&mut self, batch: &[Message]) -> BatchResult {
+    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         let this = &*self;
-        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; batch.len()];
-        let mut keys = futures::stream::iter(by_key(batch))
-            .map(|indexes| this.send_key(batch, indexes))
-            .buffer_unordered(this.concurrency);
-        while let Some(sent) = keys.next().await {
-            for (index, result) in sent {
-                results[index] = Some(result);
-            }
+        let mut answers = futures::stream::iter(by_key(batch))
+            .map(|indexes| Box::pin(this.send_key(batch, indexes)))
+            .flatten_unordered(this.concurrency);
+        while let Some((index, result)) = answers.next().await {
+            outcomes.report(index, result);
         }
-        Ok(results
-            .into_iter()
-            .map(|result| result.unwrap_or_else(|| Err(SendError::transient("not sent"))))
-            .collect())
+        Ok(())
     }
 
     async fn reset(&mut self) -> Result<(), SendError> {
@@ -328,6 +359,20 @@ impl Sink for WebhookSink {
             format!("webhook {}", super::redact_url(&self.url))
         }
     }
+
+    fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {
+        let timeout = super::fitted_timeout(
+            self.configured_timeout,
+            DEFAULT_TIMEOUT,
+            batch_deadline,
+            "webhook timeout/batch_deadline",
+        )?;
+        if timeout != self.timeout {
+            self.client = client(timeout, self.connect_timeout)?;
+            self.timeout = timeout;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -342,5 +387,14 @@ mod tests {
             .map(|key| Message::new(&b"{}"[..]).with_key(Some(key)))
             .collect();
         assert_eq!(by_key(&batch), vec![vec![0, 2], vec![1, 4], vec![3]]);
+    }
+
+    #[test]
+    fn messages_without_a_key_are_each_their_own_group() {
+        let batch: Vec<Message> = [None, Some("a"), None, Some("a")]
+            .iter()
+            .map(|key| Message::new(&b"{}"[..]).with_key(*key))
+            .collect();
+        assert_eq!(by_key(&batch), vec![vec![0], vec![1, 3], vec![2]]);
     }
 }
