@@ -274,6 +274,18 @@ impl TestQueue {
         }
         deliveries
     }
+
+    /// [`drain`](Self::drain), as the deliveries' message ids (an event's id).
+    pub async fn drain_ids(&self) -> Vec<String> {
+        self.drain()
+            .await
+            .iter()
+            .filter_map(|delivery| {
+                let id = delivery.properties.message_id().as_ref();
+                id.map(|id| id.to_string())
+            })
+            .collect()
+    }
 }
 
 impl Drop for TestQueue {
