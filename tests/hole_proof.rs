@@ -271,3 +271,78 @@ async fn a_hole_drawn_by_a_prepared_transaction_waits_for_commit_prepared() {
         assert_eq!(next.payload, expected);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hole_whose_writer_is_killed_is_proven_abandoned_once_its_backend_is_gone() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db.pool).await;
+    let mut inserted = outbox.listen_inserted(Start::Beginning);
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    let mut writer = PgConnection::connect(&db.url).await.expect("connect");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut writer)
+        .await
+        .expect("pid");
+    sqlx::raw_sql(r#"BEGIN; INSERT INTO ordo.events (payload) VALUES ('{"writer": 0, "n": 0}');"#)
+        .execute(&mut writer)
+        .await
+        .expect("draw and stay open");
+    commit_note(&outbox, 1).await;
+    if let Some(problem) = held_problem(&db, &mut inserted).await {
+        panic!("{problem}");
+    }
+    // The writer's process dies: the server ends its backend, and its transaction with it.
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .expect("terminate");
+    assert!(killed);
+    let next = timeout(PATIENCE, inserted.next())
+        .await
+        .expect("the insert lane passed the hole once its writer was gone")
+        .expect("open")
+        .expect("an event");
+    assert_eq!(next.payload, Note { writer: 1, n: 1 });
+    let logged = timeout(PATIENCE, committed.next())
+        .await
+        .expect("the commit lane passed the hole once its writer was gone")
+        .expect("open")
+        .expect("an event");
+    assert_eq!(logged.event.payload, Note { writer: 1, n: 1 });
+    assert_eq!(placeholders(&db.pool).await, 1);
+    drop(writer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_prove_the_same_hole_while_an_unrelated_transaction_is_open() {
+    let db = TestDb::new().await;
+    let elsewhere = TestDb::new().await;
+    sqlx::query("CREATE TABLE batch_job (n int)")
+        .execute(&elsewhere.pool)
+        .await
+        .expect("create");
+    let long = open_writer(&elsewhere.pool, "INSERT INTO batch_job VALUES (1)").await;
+    let first = outbox(&db.pool).await;
+    let second = outbox(&db.another_pool(4).await).await;
+    let mut streams = [
+        first.listen_inserted(Start::Beginning),
+        second.listen_inserted(Start::Beginning),
+    ];
+    for n in 1..=3 {
+        rolled_back_hole(&db.pool).await;
+        commit_note(&first, n).await;
+    }
+    for stream in &mut streams {
+        for n in 1..=3 {
+            let next = timeout(PATIENCE, stream.next())
+                .await
+                .expect("each process passes the holes by proof")
+                .expect("open")
+                .expect("an event");
+            assert_eq!(next.payload, Note { writer: 1, n });
+        }
+    }
+    assert_eq!(placeholders(&db.pool).await, 3, "one placeholder per hole");
+    long.rollback().await.expect("end the long transaction");
+}
