@@ -65,6 +65,19 @@ pub(crate) fn guarded<T>(what: &str, user_code: impl FnOnce() -> T) -> Result<T,
     })
 }
 
+/// Text an event's writer chose (a key, a subject, a header value), shown in an error: escaped
+/// (`{:?}`, so a line break or a control character cannot forge a log line or drive a
+/// terminal) and cut to its first 120 characters, with its length when cut, so a 10 kB value
+/// does not fill `last_error` and every log line that repeats it.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub(crate) fn quoted(text: &str) -> String {
+    const SHOWN: usize = 120;
+    match text.char_indices().nth(SHOWN) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 /// `url` with any password replaced by `***`, for [`Sink::describe`] and logs. A URL that does
 /// not parse is shown as its scheme and host part only, or `<unparsable URL>`.
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
@@ -90,6 +103,24 @@ pub(crate) fn redact_url(url: &str) -> String {
 #[cfg(all(test, any(feature = "http", feature = "nats", feature = "rabbitmq")))]
 mod tests {
     use super::redact_url;
+
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[test]
+    fn event_text_in_errors_is_escaped_and_cut() {
+        use super::quoted;
+        assert_eq!(quoted("a\nb"), "\"a\\nb\"");
+        let long = "k".repeat(10_000);
+        let shown = quoted(&long);
+        assert!(shown.len() < 200, "{shown}");
+        assert!(shown.ends_with("... (10000 bytes)"), "{shown}");
+        assert_eq!(
+            quoted(&"é".repeat(200))
+                .chars()
+                .filter(|c| *c == 'é')
+                .count(),
+            120
+        );
+    }
 
     #[test]
     fn passwords_and_queries_never_reach_a_description() {

@@ -445,7 +445,8 @@ fn headers(message: &Message, detail: bool) -> Result<HeaderMap, SendError> {
 fn header_value(name: &async_nats::HeaderName, value: &str) -> Result<HeaderValue, SendError> {
     value.parse::<HeaderValue>().map_err(|_| {
         SendError::permanent(format!(
-            "header {name} {value:?} holds a line break, which a NATS header cannot carry"
+            "header {name} {} holds a line break, which a NATS header cannot carry",
+            super::quoted(value)
         ))
     })
 }
@@ -475,7 +476,8 @@ fn check_subject(subject: &str) -> Result<(), SendError> {
         Ok(())
     } else {
         Err(SendError::permanent(format!(
-            "{subject:?} is not a NATS subject a message can be published on"
+            "{} is not a NATS subject a message can be published on",
+            super::quoted(subject)
         )))
     }
 }

@@ -318,7 +318,9 @@ impl RabbitSink {
         let (exchange, routing_key) = super::guarded("route", || (self.route)(message))?;
         if exchange.len() > SHORT_STRING_MAX || routing_key.len() > SHORT_STRING_MAX {
             return Err(SendError::permanent(format!(
-                "exchange {exchange:?} or routing key {routing_key:?} is longer than 255 bytes"
+                "exchange {} or routing key {} is longer than 255 bytes",
+                super::quoted(&exchange),
+                super::quoted(&routing_key)
             )));
         }
         Ok((ShortString::from(exchange), ShortString::from(routing_key)))
