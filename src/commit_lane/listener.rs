@@ -46,6 +46,8 @@ pub(crate) struct CommitReader<P> {
     next: u64,
     /// See the insert lane's reader: the start is checked against the retention floor once.
     floor_checked: bool,
+    /// The most rows a page read from the table holds (besides the lane's page size).
+    limit: usize,
 }
 
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
@@ -87,7 +89,13 @@ where
             stop,
             next: after + 1,
             floor_checked: false,
+            limit: usize::MAX,
         }
+    }
+
+    /// Caps each page read from the table at `limit` rows (at least one) from now on.
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.max(1);
     }
 
     /// The next run of the log, waiting when caught up; `None` once the outbox stops.
@@ -166,12 +174,13 @@ where
     async fn read_log(&mut self, head: u64) -> Result<Vec<Item<P>>> {
         // The log is dense: a page never needs a range wider than its size (see the insert
         // lane's reader for why the bound matters to the plan).
-        let upto = head.min(self.next - 1 + self.lane.page_size as u64);
+        let page = self.lane.page_size.min(self.limit);
+        let upto = head.min(self.next - 1 + page as u64);
         let mut conn = self.lane.pool.acquire().await?;
         let rows = sqlx::query(PAGE)
             .bind(CommitSequence::new(self.next - 1))
             .bind(CommitSequence::new(upto))
-            .bind(i64::try_from(self.lane.page_size).unwrap_or(i64::MAX))
+            .bind(i64::try_from(page).unwrap_or(i64::MAX))
             .fetch_all(&mut *conn)
             .await?;
         // As for the insert lane's pages: a large payload read would pin its size in this

@@ -106,6 +106,9 @@ pub(crate) struct Cache<P> {
     /// The byte budget, and what the cached payloads weigh now.
     budget: usize,
     bytes: usize,
+    /// Holds nothing, and sends every read to the table (a [table
+    /// view](super::LaneShared::table_view)'s).
+    disabled: bool,
 }
 
 /// Where a requested sequence stands relative to the cache.
@@ -127,12 +130,24 @@ impl<P> Cache<P> {
             capacity,
             budget,
             bytes: 0,
+            disabled: false,
+        }
+    }
+
+    /// A cache that holds nothing: every read is [`Lookup::Behind`], to the table.
+    pub(crate) fn none(frontier: u64) -> Self {
+        Self {
+            disabled: true,
+            ..Self::new(frontier, 0, 0)
         }
     }
 
     /// Appends the slot right after the current end, evicting the oldest past either bound.
     /// A payload larger than the whole budget is not kept: its slot stays as a stub.
     pub(crate) fn push(&mut self, slot: Slot<P>) {
+        if self.disabled {
+            return;
+        }
         debug_assert_eq!(slot.sequence, self.base + self.entries.len() as u64);
         let slot = if slot.bytes > self.budget {
             slot.without_payload()
@@ -166,6 +181,9 @@ impl<P> Cache<P> {
         payloads: bool,
         out: &mut Vec<Slot<P>>,
     ) -> Lookup {
+        if self.disabled {
+            return Lookup::Behind { before: u64::MAX };
+        }
         if from < self.base {
             return Lookup::Behind { before: self.base };
         }

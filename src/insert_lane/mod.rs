@@ -54,6 +54,9 @@ pub(crate) struct LaneShared<P> {
     foreign_wake: std::sync::atomic::AtomicBool,
     /// Other processes' sequencers, as their wake-ups tell of them.
     pub(crate) peer_log: wakeup::PeerLog,
+    /// Set for a [table view](Self::table_view): the frontier of the lane it reads, which it
+    /// follows instead of its own (which no task moves).
+    follows: Option<watch::Receiver<u64>>,
 }
 
 /// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
@@ -80,6 +83,28 @@ impl<P> LaneShared<P> {
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
             peer_log: wakeup::PeerLog::default(),
+            follows: None,
+        }
+    }
+
+    /// The lane `of` read as another payload type, straight from the table: no cache (its
+    /// readers read every page from `ordo.events`), no task of its own, `of`'s frontier. A
+    /// relay reads one as [`RawPayload`](crate::relay::RawPayload), so that it forwards each
+    /// payload's stored text whatever `of`'s payload type makes of it.
+    pub(crate) fn table_view<Q>(of: &LaneShared<Q>) -> Self {
+        let frontier = of.frontier();
+        Self {
+            cache: RwLock::new(Cache::none(frontier)),
+            follows: Some(of.frontier_watch()),
+            ..Self::new(of.pool.clone(), frontier, 0, 0, of.page_size)
+        }
+    }
+
+    /// A watch of the frontier.
+    pub(crate) fn frontier_watch(&self) -> watch::Receiver<u64> {
+        match &self.follows {
+            Some(followed) => followed.clone(),
+            None => self.frontier.subscribe(),
         }
     }
 
@@ -102,7 +127,10 @@ impl<P> LaneShared<P> {
     }
 
     pub(crate) fn frontier(&self) -> u64 {
-        *self.frontier.borrow()
+        match &self.follows {
+            Some(followed) => *followed.borrow(),
+            None => *self.frontier.borrow(),
+        }
     }
 
     /// Asks the frontier task for a full look at the table (after a reconnect, when wake-ups

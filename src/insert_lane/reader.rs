@@ -45,7 +45,7 @@ where
         mode: ReadMode,
         after: u64,
     ) -> Self {
-        let frontier = shared.frontier.subscribe();
+        let frontier = shared.frontier_watch();
         Self {
             shared,
             frontier,
@@ -61,6 +61,11 @@ where
     pub(crate) fn with_limit(mut self, limit: usize) -> Self {
         self.limit = limit.max(1);
         self
+    }
+
+    /// Caps each batch at `limit` slots (at least one) from now on.
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.max(1);
     }
 
     /// The last position handed out.

@@ -242,6 +242,14 @@ where
     /// then its results are stored, fenced by the relay's lease. See [`crate::relay`] and
     /// `docs/relays.md`.
     ///
+    /// **The relay forwards bytes.** Each message carries the payload's stored JSON text
+    /// unchanged (fields `P` does not know, `1.10` as written), whatever `P` is; `P` is only
+    /// decoded to run `keys`. A payload that does not decode as `P` is still sent, ordered
+    /// with every event (its keys cannot be known), and logged. When `P` is a tagged serde
+    /// enum the relay sends only `P`'s own event types unless `config` chooses
+    /// ([`RelayConfig::event_types`](crate::relay::RelayConfig::event_types),
+    /// [`all_types`](crate::relay::RelayConfig::all_types)).
+    ///
     /// The relay has a row in `ordo.subscriptions` (its watermark and lease) under its name:
     /// `ordo subscriptions` lists it, and a parked event's keys are its stalled keys
     /// ([`list_stalled_keys`](crate::admin::list_stalled_keys),
@@ -275,7 +283,6 @@ where
         keys: F,
     ) -> Result<SubscriptionHandle>
     where
-        P: serde::Serialize,
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
@@ -287,7 +294,7 @@ where
         crate::relay::start::spawn(
             shared,
             &self.inner.runners,
-            config,
+            config.resolve_types::<P>(),
             vec![sink],
             Arc::new(keys),
         )
@@ -309,7 +316,6 @@ where
         keys: F,
     ) -> Result<SubscriptionHandle>
     where
-        P: serde::Serialize,
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
@@ -318,6 +324,7 @@ where
             lane: Arc::clone(&self.inner.lane),
             commit: Arc::clone(&self.inner.commit),
         };
+        let config = config.resolve_types::<P>();
         crate::relay::start::spawn(shared, &self.inner.runners, config, sinks, Arc::new(keys)).await
     }
 

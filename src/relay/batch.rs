@@ -4,8 +4,6 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::flight::Landed;
@@ -17,16 +15,12 @@ use crate::ops::metrics as m;
 use crate::subscription::handle::Position;
 use crate::subscription::keyed::lanes::Slot;
 
-impl<P, K> RelayRunner<P, K>
-where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
-    K: Sink,
-{
+impl<K: Sink> RelayRunner<K> {
     /// The next batch: up to the batch size of ready events, as messages, and no more than
     /// the isolation cap of any event in it (an event that does not fit starts the next
     /// batch). An event that cannot be encoded, or whose key function panicked, is parked at
     /// once (its mark written like a batch's).
-    pub(super) fn take_batch(&mut self, work: &mut Work<P>) -> Option<(Vec<Slot>, Vec<Message>)> {
+    pub(super) fn take_batch(&mut self, work: &mut Work) -> Option<(Vec<Slot>, Vec<Message>)> {
         let mut slots: Vec<Slot> = Vec::new();
         let mut messages: Vec<Message> = Vec::new();
         let mut limit = self.config.batch_size;
@@ -63,7 +57,7 @@ where
     /// the permanent error that keeps it from being sent.
     fn message_for(
         &self,
-        work: &mut Work<P>,
+        work: &mut Work,
         slot: Slot,
     ) -> Option<(u64, u32, Result<Message, SendError>)> {
         let entry = work.lanes.entry(slot)?;
@@ -81,7 +75,7 @@ where
     /// A batch back from its flight: its carrier goes back to the idle ones, the sink's health
     /// judged from it, its results written (and applied to the schedule once written, in
     /// [`Self::written`]).
-    pub(super) fn landed(&mut self, work: &mut Work<P>, landed: Landed<K>) {
+    pub(super) fn landed(&mut self, work: &mut Work, landed: Landed<K>) {
         let mut carrier = landed.carrier;
         let mut verdicts = landed.verdicts;
         let cut_short = landed.cut_short.as_deref();
@@ -118,7 +112,7 @@ where
     /// whether the sink is down.
     fn judge(
         &self,
-        work: &mut Work<P>,
+        work: &mut Work,
         sent_at: Instant,
         verdicts: &mut [Verdict],
         cut_short: Option<&str>,
@@ -166,7 +160,7 @@ where
     /// claim again, so nothing it did not store is taken as done.
     fn record(
         &mut self,
-        work: &mut Work<P>,
+        work: &mut Work,
         results: Vec<(Slot, u32, Verdict)>,
         release_after: Duration,
     ) {
@@ -255,7 +249,7 @@ where
     }
 
     /// Waits for every write of marks started so far; a flow when one says to claim again.
-    pub(super) async fn finish_writes(&mut self, work: &mut Work<P>) -> Option<Flow> {
+    pub(super) async fn finish_writes(&mut self, work: &mut Work) -> Option<Flow> {
         let mut flow = None;
         while let Some(joined) = self.writes.next().await {
             flow = flow.or(self.written(work, joined));
@@ -267,7 +261,7 @@ where
     /// failed): the relay claims again, and the owner then sends those events again.
     pub(super) fn written(
         &self,
-        work: &mut Work<P>,
+        work: &mut Work,
         joined: Result<Written, tokio::task::JoinError>,
     ) -> Option<Flow> {
         let name = &self.config.name;
@@ -293,7 +287,7 @@ where
         }
     }
 
-    fn apply(&self, work: &mut Work<P>, plan: Vec<(Slot, Step)>) {
+    fn apply(&self, work: &mut Work, plan: Vec<(Slot, Step)>) {
         let name = &self.config.name;
         let now = Instant::now();
         // One line per batch with events the sink failed, so that an operator sees why a
@@ -357,7 +351,7 @@ where
 /// one did (or as its cap allowed). So a message that never answers is alone after at most
 /// ⌈log₂ batch_size⌉ sends, and blamed at the next: never re-sent for ever. The cap stays
 /// until it is delivered or parked.
-fn isolate<P>(work: &mut Work<P>, slot: Slot, verdict: Verdict, flight: usize) -> Verdict {
+fn isolate(work: &mut Work, slot: Slot, verdict: Verdict, flight: usize) -> Verdict {
     let Verdict::Unresolved(why) = verdict else {
         return verdict;
     };

@@ -3,8 +3,12 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::event_type::TypeFilter;
 use crate::position::Ordering;
 use crate::subscription::config::{DEFAULT_KEYED_WINDOW, StartFrom};
+
+/// The default bound on what a relay's window weighs ([`RelayConfig::window`]): 64 MiB.
+pub const DEFAULT_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 
 /// The configuration of a relay, built with setters that state their defaults.
 ///
@@ -37,6 +41,8 @@ pub struct RelayConfig {
     pub(crate) initial_backoff: Duration,
     pub(crate) max_backoff: Duration,
     pub(crate) window: usize,
+    pub(crate) window_bytes: usize,
+    pub(crate) types: TypeFilter,
     pub(crate) start: StartFrom,
     pub(crate) source: Option<String>,
     pub(crate) on_parked: OnParked,
@@ -47,7 +53,7 @@ pub struct RelayConfig {
 /// Either way the parked event stays parked (listed by `ordo relay parked`, requeued by
 /// `ordo relay requeue`) and **holds the relay's low watermark**: the relay remembers what it
 /// delivered past it (its rows in `ordo.subscription_progress`) and reads on, but no further
-/// than its window (10,000 events past the watermark) until the parked event is requeued and
+/// than its [window](RelayConfig::window) (10,000 events or 64 MiB past the watermark) until the parked event is requeued and
 /// delivered. So it also keeps its [secret payload keys](crate::admin::add_secret_keys): they
 /// are removed only once the watermark passed it.
 ///
@@ -87,6 +93,8 @@ impl RelayConfig {
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
             window: DEFAULT_KEYED_WINDOW,
+            window_bytes: DEFAULT_WINDOW_BYTES,
+            types: TypeFilter::default(),
             start: StartFrom::Beginning,
             source: None,
             on_parked: OnParked::HoldKeys,
@@ -98,6 +106,74 @@ impl RelayConfig {
     /// Every other key goes on either way.
     pub fn on_parked(mut self, on_parked: OnParked) -> Self {
         self.on_parked = on_parked;
+        self
+    }
+
+    /// The most the relay holds in memory past its low watermark: events read and not yet
+    /// delivered, or delivered past an event not delivered yet (a parked one holds the
+    /// watermark), by count and by what they weigh (payload text and headers). Past either
+    /// bound it stops reading until deliveries free room; one event is always taken, however
+    /// large. Pages read from the table and the events read ahead of the window each weigh
+    /// at most about a quarter of `bytes` besides, so a relay's events take about
+    /// `1.5 × bytes` at most. Default [`DEFAULT_KEYED_WINDOW`] (10,000) events and
+    /// [`DEFAULT_WINDOW_BYTES`] (64 MiB).
+    ///
+    /// ```
+    /// // 1 MB documents: at most 16 MiB of them held past a parked one.
+    /// let config = ordo::relay::RelayConfig::new("documents-out").window(10_000, 16 << 20);
+    /// ```
+    pub fn window(mut self, events: usize, bytes: usize) -> Self {
+        self.window = events;
+        self.window_bytes = bytes;
+        self
+    }
+
+    /// Sends only events of these types (`ordo.events.event_type`), and untyped ones unless
+    /// [`skip_untyped`](Self::skip_untyped); events of any other type are passed over (done,
+    /// never sent, never parked), before anything reads their payload.
+    ///
+    /// **Default: the payload type's own types.** A relay of an `Outbox<P>` whose `P` is a
+    /// tagged serde enum sends only `P`'s variants, so another service's rows in the same
+    /// table are not sent in its name (as for [`JobConfig`](crate::JobConfig)'s
+    /// [`event_types`](crate::JobConfig::event_types)); when `P` takes any payload
+    /// (`serde_json::Value`, [`RawPayload`](super::RawPayload)) every type is sent.
+    /// [`all_types`](Self::all_types) sends every type whatever `P` is.
+    ///
+    /// ```
+    /// let config = ordo::relay::RelayConfig::new("orders-out")
+    ///     .event_types(["OrderPlaced", "OrderShipped"])
+    ///     .skip_untyped(true);
+    /// ```
+    pub fn event_types<I, T>(mut self, types: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let skip_untyped = !self.types.admits(None);
+        self.types = TypeFilter::only(types);
+        self.types.set_skip_untyped(skip_untyped);
+        self
+    }
+
+    /// Sends events of every type, whatever the outbox's payload type (the opposite of the
+    /// default, see [`event_types`](Self::event_types)).
+    pub fn all_types(mut self) -> Self {
+        let skip_untyped = !self.types.admits(None);
+        self.types = TypeFilter::all();
+        self.types.set_skip_untyped(skip_untyped);
+        self
+    }
+
+    /// Passes over untyped events (NULL `event_type`) instead of sending them. Default false.
+    pub fn skip_untyped(mut self, skip: bool) -> Self {
+        self.types.set_skip_untyped(skip);
+        self
+    }
+
+    /// The types this relay of an `Outbox<P>` sends: the chosen ones, or `P`'s own; what it
+    /// passes over is counted in `ordo_subscription_skipped_total`.
+    pub(crate) fn resolve_types<P: serde::de::DeserializeOwned>(mut self) -> Self {
+        self.types = self.types.or_types_of::<P>().counted_for(&self.name);
         self
     }
 
@@ -186,6 +262,12 @@ impl RelayConfig {
         }
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return invalid("batch_size", "must be 1 to 10,000 events");
+        }
+        if self.window == 0 || self.window > 1_000_000 {
+            return invalid("window", "must hold 1 to 1,000,000 events");
+        }
+        if self.window_bytes < 1024 {
+            return invalid("window", "must allow at least 1 KiB");
         }
         if self.per_event_budget.is_zero() {
             return invalid("per_event_budget", "must be more than zero");

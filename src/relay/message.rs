@@ -144,5 +144,16 @@ impl Message {
     }
 }
 
+/// A payload as stored: its JSON text, unchanged (`ordo.events.payload::text`). A relay
+/// forwards this whatever the outbox's payload type is; an `Outbox<RawPayload>` reads every
+/// event so (the `ordo relay run` command's).
+///
+/// ```
+/// let payload: ordo::relay::RawPayload =
+///     serde_json::from_str(r#"{"total": 1.10, "note": "kept as written"}"#).unwrap();
+/// assert_eq!(payload.get(), r#"{"total": 1.10, "note": "kept as written"}"#);
+/// ```
+pub type RawPayload = Box<serde_json::value::RawValue>;
+
 /// What the built-in sinks call an event without a type in subjects and routing keys.
 pub const UNTYPED: &str = "untyped";

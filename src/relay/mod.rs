@@ -45,8 +45,8 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
-pub use config::{OnParked, RelayConfig};
-pub use message::{Message, UNTYPED};
+pub use config::{DEFAULT_WINDOW_BYTES, OnParked, RelayConfig};
+pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use sink::fitted_timeout;

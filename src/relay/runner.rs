@@ -26,15 +26,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::config::{OnParked, RelayConfig};
 use super::flight::{Carrier, Landed, fly};
-use super::{SendError, Sink};
+use super::{RawPayload, SendError, Sink};
 use crate::commit_lane::CommitShared;
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
@@ -68,6 +66,10 @@ pub(super) const RETRIES_EVERY: Duration = Duration::from_secs(1);
 /// The keys of an event, as the relay's user defines them.
 pub(crate) type KeyFn<P> = Arc<dyn Fn(&Envelope<P>) -> Keys + Send + Sync>;
 
+/// The keys of an event read as its stored text: the user's [`KeyFn`] run on the payload
+/// decoded as the user's type, or why it does not decode (its keys cannot be known).
+pub(crate) type Keyer = Arc<dyn Fn(&Envelope<RawPayload>) -> Result<Keys, String> + Send + Sync>;
+
 pub(super) enum Flow {
     Reclaim,
     Stop,
@@ -86,9 +88,10 @@ pub(super) enum Verdict {
     Unresolved(String),
 }
 
-pub(crate) struct RelayRunner<P, K> {
+pub(crate) struct RelayRunner<K> {
     pub(crate) pool: sqlx::PgPool,
-    pub(crate) lane: Arc<LaneShared<P>>,
+    /// The lane read as stored text (see [`LaneShared::table_view`]).
+    pub(crate) lane: Arc<LaneShared<RawPayload>>,
     pub(crate) commit: Arc<CommitShared>,
     pub(crate) config: RelayConfig,
     /// The sinks not in flight (one per batch that may be in flight at once).
@@ -102,14 +105,14 @@ pub(crate) struct RelayRunner<P, K> {
     /// marks commit in the order their results were applied (a write that moves the watermark
     /// past an event must not commit before the one recording that event's failure).
     pub(crate) last_write: Option<tokio::sync::oneshot::Receiver<()>>,
-    pub(crate) keys: KeyFn<P>,
+    pub(crate) keys: Keyer,
     pub(crate) owner: Uuid,
     pub(crate) stop: StopSignal,
     pub(crate) status: watch::Sender<SubscriptionStatus>,
 }
 
-pub(super) struct Work<P> {
-    pub(super) lanes: Lanes<Item<P>>,
+pub(super) struct Work {
+    pub(super) lanes: Lanes<Item<RawPayload>>,
     pub(super) known: HashMap<u64, Known>,
     pub(super) stored: Position,
     /// How far the results are stored (what the status reports).
@@ -130,11 +133,7 @@ pub(super) struct Work<P> {
     pub(super) health: Health,
 }
 
-impl<P, K> RelayRunner<P, K>
-where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
-    K: Sink,
-{
+impl<K: Sink> RelayRunner<K> {
     pub(crate) async fn run(mut self) {
         loop {
             if self.stop.is_stopped() {
@@ -197,16 +196,19 @@ where
                 return self.pause(ERROR_BACKOFF).await;
             }
         };
-        let filter = crate::event_type::TypeFilter::default();
         let source = Source::new(
             &self.lane,
             &self.commit,
             self.stop.clone(),
             watermark,
-            filter,
+            self.config.types.clone(),
         );
-        // Up to a page read ahead, beside the runner (see `ReadAhead`).
-        let mut source = ReadAhead::spawn(source, self.lane.page_size);
+        // Up to a page read ahead, beside the runner (see `ReadAhead`); pages, and what is
+        // read ahead, each weigh at most about a quarter of the window's bytes.
+        let quarter = (self.config.window_bytes / 4).max(1);
+        let source = source.page_bytes(quarter, item_weight);
+        let mut source =
+            ReadAhead::spawn_weighed(source, self.lane.page_size, quarter, item_weight);
         let now = Instant::now();
         let mut work = Work {
             lanes: match self.config.on_parked {
@@ -245,12 +247,12 @@ where
         flow
     }
 
-    async fn relay_loop(&mut self, work: &mut Work<P>, source: &mut ReadAhead<P>) -> Flow {
+    async fn relay_loop(&mut self, work: &mut Work, source: &mut ReadAhead<RawPayload>) -> Flow {
         loop {
             if self.stop.is_stopped() {
                 return Flow::Stop;
             }
-            while work.lanes.len() < self.config.window {
+            while self.window_open(work) {
                 match source.try_next() {
                     Some(Ok(item)) => self.admit(work, item),
                     Some(Err(error)) => return self.read_failed(&error, work).await,
@@ -278,7 +280,7 @@ where
             .flatten()
             .min()
             .unwrap_or(work.renew_at);
-            let may_read = work.lanes.len() < self.config.window;
+            let may_read = self.window_open(work);
             tokio::select! {
                 biased;
                 _ = self.stop.stopped() => return Flow::Stop,
@@ -311,7 +313,7 @@ where
     /// A failed read of the lane: below the retention floor the relay halts, as a subscription
     /// does (see [`read_failed`]), at its stored watermark once every write of marks in flight
     /// has landed (one may move it); anything else is retried.
-    async fn read_failed(&mut self, error: &crate::Error, work: &mut Work<P>) -> Flow {
+    async fn read_failed(&mut self, error: &crate::Error, work: &mut Work) -> Flow {
         if let crate::Error::BelowRetentionFloor { .. } = error
             && let Some(flow) = self.finish_writes(work).await
         {
@@ -325,18 +327,54 @@ where
     }
 
     /// A read event into the schedule. A key function that panics on it parks it when it is
-    /// taken (a key cannot be guessed; the event holds no key meanwhile), never the relay.
-    fn admit(&self, work: &mut Work<P>, item: Item<P>) {
+    /// taken (a key cannot be guessed; the event holds no key meanwhile), never the relay. One
+    /// whose payload does not decode as the key function's type is still sent as stored, as a
+    /// barrier: its keys cannot be known, so it is ordered with every event.
+    fn admit(&self, work: &mut Work, item: Item<RawPayload>) {
         let keys = &self.keys;
         let position = item.position.get();
+        let weight = item.event.as_deref().map_or(0, weight_of);
         let poisoned = &mut work.poisoned;
-        let keys_of = |event: &Envelope<P>| match super::guarded("key", || keys(event)) {
-            Ok(keys) => keys,
+        let name = &self.config.name;
+        let keys_of = |event: &Envelope<RawPayload>| match super::guarded("key", || keys(event)) {
+            Ok(Ok(keys)) => Some(keys),
+            Ok(Err(why)) => {
+                tracing::warn!(
+                    relay = %name, sequence = event.sequence.get(), error = ?why,
+                    "the payload does not decode as the relay's payload type, so its keys cannot be known: it is sent as stored, after every event before it and before every event after it"
+                );
+                None
+            }
             Err(error) => {
                 poisoned.insert(position, error);
-                Keys::none()
+                Some(Keys::none())
             }
         };
-        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of);
+        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of, weight);
     }
+
+    /// Whether the window may take another event: fewer than its events and its bytes (one
+    /// event is always taken, however large).
+    fn window_open(&self, work: &Work) -> bool {
+        let lanes = &work.lanes;
+        lanes.len() < self.config.window
+            && (lanes.held_bytes() < self.config.window_bytes || lanes.held_bytes() == 0)
+    }
+}
+
+/// What an item read weighs (see [`weight_of`]).
+fn item_weight(item: &Item<RawPayload>) -> usize {
+    item.event.as_deref().map_or(0, weight_of)
+}
+
+/// What an event held in the window weighs: its payload's text, its headers (strings by their
+/// length, anything else by a flat 16 bytes) and the envelope itself.
+fn weight_of(event: &Envelope<RawPayload>) -> usize {
+    const ENVELOPE: usize = 160;
+    let headers: usize = event
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.as_str().map_or(16, str::len))
+        .sum();
+    ENVELOPE + event.payload.get().len() + headers
 }

@@ -3,15 +3,17 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use std::any::Any;
+
 use serde::de::DeserializeOwned;
 
 use super::config::RelayConfig;
 use super::flight::Carrier;
-use super::runner::{KeyFn, RelayRunner};
-use super::{Message, Sink};
+use super::runner::{KeyFn, Keyer, RelayRunner};
+use super::{Message, RawPayload, Sink};
 use crate::envelope::Envelope;
 use crate::error::Result;
+use crate::insert_lane::LaneShared;
 use crate::subscription::keyed::Keys;
 use crate::subscription::shutdown::Runners;
 use crate::subscription::source::Item;
@@ -27,7 +29,7 @@ pub(crate) async fn spawn<P, K>(
     keys: KeyFn<P>,
 ) -> Result<SubscriptionHandle>
 where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+    P: DeserializeOwned + Send + Sync + 'static,
     K: Sink,
 {
     config.validate()?;
@@ -42,7 +44,8 @@ where
         .ordering(config.ordering)
         .start(config.start)
         .lease(config.lease);
-    let lane = Arc::clone(&shared.lane);
+    let lane = stored_text_lane(&shared.lane);
+    let keys = keyer(keys);
     let commit = Arc::clone(&shared.commit);
     crate::subscription::start(shared, runners, &job, "relay", move |run| {
         let runner = RelayRunner {
@@ -70,31 +73,58 @@ where
     .await
 }
 
-/// The message for `item`: its payload as JSON text, its first key as the message's key, its
-/// origin as `config` states it.
-pub(crate) fn message_of<P: Serialize>(
-    item: &Item<P>,
+/// The lane read as stored text: the outbox's own when its payload type is [`RawPayload`]
+/// already (`ordo relay run`'s), otherwise a [table view](LaneShared::table_view) of it.
+fn stored_text_lane<P>(lane: &Arc<LaneShared<P>>) -> Arc<LaneShared<RawPayload>>
+where
+    P: Send + Sync + 'static,
+{
+    let any: Arc<dyn Any + Send + Sync> = Arc::clone(lane) as Arc<dyn Any + Send + Sync>;
+    any.downcast::<LaneShared<RawPayload>>()
+        .unwrap_or_else(|_| Arc::new(LaneShared::table_view(lane)))
+}
+
+/// The user's key function, run on each event's payload decoded from its stored text as `P`.
+fn keyer<P>(keys: KeyFn<P>) -> Keyer
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+{
+    Arc::new(move |stored: &Envelope<RawPayload>| {
+        let payload = serde_json::from_str::<P>(stored.payload.get()).map_err(|error| {
+            format!(
+                "the payload does not decode as {}: {error}",
+                std::any::type_name::<P>()
+            )
+        })?;
+        let event = Envelope {
+            id: stored.id,
+            sequence: stored.sequence,
+            commit_xid: stored.commit_xid,
+            payload,
+            headers: stored.headers.clone(),
+            recorded_at: stored.recorded_at,
+            event_type: stored.event_type.clone(),
+        };
+        Ok(keys(&event))
+    })
+}
+
+/// The message for `item`: its payload's stored text, unchanged, its first key as the
+/// message's key, its origin as `config` states it.
+pub(crate) fn message_of(
+    item: &Item<RawPayload>,
     keys: &Keys,
     config: &RelayConfig,
 ) -> std::result::Result<Message, String> {
-    let event: &Arc<Envelope<P>> = match &item.event {
+    let event: &Arc<Envelope<RawPayload>> = match &item.event {
         Ok(event) => event,
         Err(row) => {
             return Err(format!(
-                "the payload of ordo.events sequence {} does not decode: {}",
+                "the payload of ordo.events sequence {} is not JSON text: {}",
                 item.sequence, row.error
             ));
         }
     };
-    // A user's `Serialize` that panics is this event's failure, not the relay's.
-    let encoded = super::guarded("payload encoder", || serde_json::to_vec(&event.payload))
-        .map_err(|panic| panic.message().to_owned())?;
-    let payload = encoded.map_err(|error| {
-        format!(
-            "the payload of ordo.events sequence {} does not encode: {error}",
-            item.sequence
-        )
-    })?;
     // Built whole, not from `Message::new`, whose fresh id and clock reading would be
     // replaced at once (a relay builds one message per event).
     Ok(Message {
@@ -105,7 +135,7 @@ pub(crate) fn message_of<P: Serialize>(
         source: config.source.clone(),
         event_type: event.event_type.clone(),
         key: keys.iter().next().map(str::to_owned),
-        payload: payload.into(),
+        payload: bytes::Bytes::copy_from_slice(event.payload.get().as_bytes()),
         headers: event.headers.clone(),
         recorded_at: event.recorded_at,
     })

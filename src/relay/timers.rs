@@ -1,8 +1,6 @@
 //! The relay's periodic work: the stored watermark (which also extends the lease), operators'
 //! requeues of parked events, and its status.
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::Sink;
@@ -11,12 +9,8 @@ use crate::subscription::handle::Position;
 use crate::subscription::keyed::progress::{self, Known};
 use crate::subscription::status::RunStatus;
 
-impl<P, K> RelayRunner<P, K>
-where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
-    K: Sink,
-{
-    pub(super) async fn on_timers(&mut self, work: &mut Work<P>) -> Option<Flow> {
+impl<K: Sink> RelayRunner<K> {
+    pub(super) async fn on_timers(&mut self, work: &mut Work) -> Option<Flow> {
         let now = Instant::now();
         work.lanes.wake_due(now);
         if now >= work.retries_at {
@@ -34,7 +28,7 @@ where
     }
 
     /// Stores the watermark and extends the lease; a flow when the row changed under us.
-    pub(super) async fn flush(&mut self, work: &mut Work<P>) -> Option<Flow> {
+    pub(super) async fn flush(&mut self, work: &mut Work) -> Option<Flow> {
         // The watermark passes only what is stored: the marks of every landed batch first (and
         // their fence refuses rows below a stored watermark, so they must not come after it).
         if let Some(flow) = self.finish_writes(work).await {
@@ -61,7 +55,7 @@ where
         }
     }
 
-    async fn take_requeues(&mut self, work: &mut Work<P>) {
+    async fn take_requeues(&mut self, work: &mut Work) {
         let taken = progress::take_retries(&self.pool, &self.config.name, self.owner).await;
         let positions = match taken {
             Ok(positions) => positions,
@@ -83,7 +77,7 @@ where
     }
 
     /// The handle's status: the watermark, the lag and the parked events' keys.
-    pub(super) fn publish_status(&self, work: &mut Work<P>) {
+    pub(super) fn publish_status(&self, work: &mut Work) {
         let ordering = self.config.ordering;
         // Only what is stored: the schedule may be ahead of the marks being written. With no
         // write pending it is not (events done before this claim complete without one).

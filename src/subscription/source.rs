@@ -62,7 +62,17 @@ pub(crate) struct Source<P> {
     reader: Reader<P>,
     buffered: VecDeque<Item<P>>,
     filter: TypeFilter,
+    /// Pages read from the table are sized to weigh about this much (see
+    /// [`Source::page_bytes`]).
+    page_bytes: Option<(usize, Weigh<P>)>,
 }
+
+/// What an item weighs in memory, in bytes.
+pub(crate) type Weigh<P> = fn(&Item<P>) -> usize;
+
+/// The rows of the first page a [byte-bounded](Source::page_bytes) source reads: it does not
+/// know what its rows weigh yet.
+const FIRST_PAGE_ROWS: usize = 64;
 
 impl<P> Source<P>
 where
@@ -94,7 +104,38 @@ where
             reader,
             buffered: VecDeque::new(),
             filter,
+            page_bytes: None,
         }
+    }
+
+    /// Sizes each page read from the table to weigh about `bytes` (by `weigh`), from what the
+    /// rows read so far weighed: a page of the outbox's page size (2,000 rows by default) of
+    /// 1 MB events would otherwise be 2 GB in memory at once. Never fewer than one row.
+    pub(crate) fn page_bytes(mut self, bytes: usize, weigh: Weigh<P>) -> Self {
+        self.set_page_rows(FIRST_PAGE_ROWS);
+        self.page_bytes = Some((bytes.max(1), weigh));
+        self
+    }
+
+    fn set_page_rows(&mut self, rows: usize) {
+        match &mut self.reader {
+            Reader::Insert(reader) => reader.set_limit(rows),
+            Reader::Commit(reader) => reader.set_limit(rows),
+        }
+    }
+
+    /// After a page: the next one sized from the mean weight of this one's rows.
+    fn resize_pages(&mut self, read: usize) {
+        let Some((budget, weigh)) = self.page_bytes else {
+            return;
+        };
+        if read == 0 {
+            return;
+        }
+        let start = self.buffered.len() - read;
+        let weight: usize = self.buffered.range(start..).map(weigh).sum();
+        let mean = (weight / read).max(1);
+        self.set_page_rows((budget / mean).max(1));
     }
 
     /// Whether an item is ready without waiting.
@@ -122,6 +163,7 @@ where
                         Ok(slots) => slots,
                         Err(error) => return Some(Err(error)),
                     };
+                    let before = self.buffered.len();
                     for slot in slots {
                         let Some(event) = slot.item.into_event() else {
                             continue;
@@ -137,12 +179,14 @@ where
                             &self.filter,
                         ));
                     }
+                    self.resize_pages(self.buffered.len() - before);
                 }
                 Reader::Commit(reader) => {
                     let items = match reader.next_batch().await? {
                         Ok(items) => items,
                         Err(error) => return Some(Err(error)),
                     };
+                    let before = self.buffered.len();
                     let filter = &self.filter;
                     self.buffered.extend(items.into_iter().map(|item| {
                         let entry = item.entry;
@@ -154,6 +198,7 @@ where
                             filter,
                         )
                     }));
+                    self.resize_pages(self.buffered.len() - before);
                 }
             }
         }
@@ -169,7 +214,10 @@ where
 /// was left to do, and the runner stalled on it. Here the read runs to completion beside the
 /// runner, which takes items as they come.
 pub(crate) struct ReadAhead<P> {
-    items: tokio::sync::mpsc::Receiver<Result<Item<P>>>,
+    items: tokio::sync::mpsc::Receiver<(Result<Item<P>>, u32)>,
+    /// With a byte bound: the bytes the items read ahead may still take, given back as the
+    /// runner takes them.
+    bytes: Option<Arc<tokio::sync::Semaphore>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -180,19 +228,60 @@ where
     /// Reads `source` ahead, holding at most `capacity` items (at least 1) the runner has not
     /// taken. The reading ends when the source stops, fails (the error is the last item) or
     /// this is dropped.
-    pub(crate) fn spawn(mut source: Source<P>, capacity: usize) -> Self {
+    pub(crate) fn spawn(source: Source<P>, capacity: usize) -> Self {
+        Self::spawn_within(source, capacity, None)
+    }
+
+    /// [`spawn`](Self::spawn), also holding at most about `bytes` of items (by `weigh`; an
+    /// item heavier than that is read alone).
+    pub(crate) fn spawn_weighed(
+        source: Source<P>,
+        capacity: usize,
+        bytes: usize,
+        weigh: Weigh<P>,
+    ) -> Self {
+        Self::spawn_within(source, capacity, Some((bytes, weigh)))
+    }
+
+    fn spawn_within(
+        mut source: Source<P>,
+        capacity: usize,
+        bytes: Option<(usize, Weigh<P>)>,
+    ) -> Self {
         let (sender, items) = tokio::sync::mpsc::channel(capacity.max(1));
+        // Permits are bytes; an item takes at most the whole budget, so one always fits.
+        let budget = bytes.map(|(bytes, weigh)| {
+            let permits = u32::try_from(bytes).unwrap_or(u32::MAX).max(1);
+            (
+                permits,
+                weigh,
+                Arc::new(tokio::sync::Semaphore::new(permits as usize)),
+            )
+        });
+        let taken = budget
+            .as_ref()
+            .map(|(_, _, semaphore)| Arc::clone(semaphore));
         let task = tokio::spawn(async move {
             loop {
                 match source.fill().await {
                     None => return,
                     Some(Err(error)) => {
-                        let _ = sender.send(Err(error)).await;
+                        let _ = sender.send((Err(error), 0)).await;
                         return;
                     }
                     Some(Ok(())) => {
                         while let Some(item) = source.pop() {
-                            if sender.send(Ok(item)).await.is_err() {
+                            let mut weight = 0;
+                            if let Some((permits, weigh, semaphore)) = &budget {
+                                weight = u32::try_from(weigh(&item))
+                                    .unwrap_or(u32::MAX)
+                                    .clamp(1, *permits);
+                                match semaphore.acquire_many(weight).await {
+                                    Ok(permit) => permit.forget(),
+                                    Err(_) => return,
+                                }
+                            }
+                            if sender.send((Ok(item), weight)).await.is_err() {
                                 return;
                             }
                         }
@@ -200,17 +289,31 @@ where
                 }
             }
         });
-        Self { items, task }
+        Self {
+            items,
+            bytes: taken,
+            task,
+        }
+    }
+
+    /// An item taken by the runner: its bytes are free for the reader again.
+    fn taken(&self, (item, weight): (Result<Item<P>>, u32)) -> Result<Item<P>> {
+        if let Some(semaphore) = &self.bytes {
+            semaphore.add_permits(weight as usize);
+        }
+        item
     }
 
     /// The next item if one is read already.
     pub(crate) fn try_next(&mut self) -> Option<Result<Item<P>>> {
-        self.items.try_recv().ok()
+        let read = self.items.try_recv().ok()?;
+        Some(self.taken(read))
     }
 
     /// The next item; `None` once the source stopped. Cancel safe.
     pub(crate) async fn next(&mut self) -> Option<Result<Item<P>>> {
-        self.items.recv().await
+        let read = self.items.recv().await?;
+        Some(self.taken(read))
     }
 }
 

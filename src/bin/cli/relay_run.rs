@@ -142,6 +142,15 @@ fn relay_config(name: &str, lane: Ordering, s: &Settings) -> RelayConfig {
     if let Some(attempts) = s.max_attempts {
         config = config.max_attempts(attempts);
     }
+    if let Some(types) = &s.event_types {
+        config = config.event_types(types.iter().map(|name| name.trim().to_owned()));
+    }
+    if let Some(skip) = s.skip_untyped {
+        config = config.skip_untyped(skip);
+    }
+    if let Some(bytes) = s.window_bytes {
+        config = config.window(ordo::DEFAULT_KEYED_WINDOW, bytes);
+    }
     if s.backoff_initial.is_some() || s.backoff_max.is_some() {
         let (initial, max) = DEFAULT_BACKOFF;
         config = config.backoff(

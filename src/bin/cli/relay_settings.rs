@@ -82,6 +82,17 @@ pub(crate) struct Settings {
     /// Batches in flight at once, one per sink connection [default: 1].
     #[arg(long, value_name = "N")]
     pub(crate) sinks: Option<usize>,
+    /// Send only events of these types (comma-separated), and untyped ones unless
+    /// --skip-untyped; events of other types are passed over, never sent [default: every type].
+    #[arg(long, value_delimiter = ',', value_name = "TYPE,...")]
+    pub(crate) event_types: Option<Vec<String>>,
+    /// Pass over untyped events (NULL event_type) instead of sending them [default: false].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) skip_untyped: Option<bool>,
+    /// The most the relay holds in memory past its low watermark (events read and not yet
+    /// delivered, as payload and header bytes), e.g. 64MiB [default: 64MiB].
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub(crate) window_bytes: Option<usize>,
     /// How often to log the relay's progress (0: never) [default: 10s].
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) progress: Option<Duration>,
@@ -146,6 +157,32 @@ pub(crate) struct Settings {
     pub(crate) concurrency: Option<usize>,
 }
 
+/// A size in bytes: a number with an optional unit, `B`, `KiB`, `MiB` or `GiB` (`64MiB`).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: expected a number of bytes, e.g. 64MiB"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{other:?} is not a unit of size: use B, KiB, MiB or GiB"
+            ));
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text} is too large"))
+}
+
 /// `a.or(b)` for every field: what `a` sets wins.
 macro_rules! prefer {
     ($a:ident, $b:ident; $($field:ident),* $(,)?) => {
@@ -157,7 +194,8 @@ impl Settings {
     /// These settings, with what they leave out taken from `fallback`.
     pub(crate) fn or(self, fallback: Settings) -> Settings {
         let (a, b) = (self, fallback);
-        prefer!(a, b; sink, url, key_from, lane, start, sinks, progress, batch_size,
+        prefer!(a, b; sink, url, key_from, lane, start, event_types, skip_untyped, window_bytes,
+            sinks, progress, batch_size,
             per_event_budget, batch_deadline, lease, max_attempts, backoff_initial, backoff_max,
             sink_connect_timeout, subject_prefix, ack_timeout, max_in_flight, detail_headers, exchange,
             pipeline_depth, secret_env, request_timeout, concurrency)
@@ -339,5 +377,23 @@ mod tests {
             Some(("exchange", SinkKind::Rabbitmq))
         );
         assert_eq!(settings.foreign_to(SinkKind::Rabbitmq), None);
+    }
+
+    #[test]
+    fn types_and_the_window_are_read_from_a_file() {
+        let file = parse_file(
+            "event-types = OrderPlaced, OrderShipped\nskip-untyped = true\nwindow-bytes = 16MiB\n",
+        )
+        .expect("a valid file");
+        let settings = &file.settings;
+        assert_eq!(
+            settings.event_types.as_deref(),
+            Some(&["OrderPlaced".to_owned(), " OrderShipped".to_owned()][..])
+        );
+        assert_eq!(settings.skip_untyped, Some(true));
+        assert_eq!(settings.window_bytes, Some(16 << 20));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("16 MB").is_err_and(|e| e.contains("unit of size")));
+        assert!(parse_bytes("lots").is_err_and(|e| e.contains("not a size")));
     }
 }

@@ -47,6 +47,8 @@ pub(crate) struct Entry<T> {
     pub(crate) barrier: bool,
     /// Dropped once done.
     pub(crate) item: Option<T>,
+    /// What `item` weighs in bytes, counted in [`Lanes::held_bytes`] while it is held.
+    weight: usize,
     /// Failed attempts so far.
     pub(crate) attempts: u32,
     pub(crate) state: State,
@@ -80,6 +82,8 @@ pub(crate) struct Lanes<T> {
     let_stalled_go: bool,
     /// How many entries are detached.
     detached: usize,
+    /// What the items held weigh (see [`Lanes::push`]).
+    held_bytes: usize,
 }
 
 impl<T> Lanes<T> {
@@ -95,6 +99,7 @@ impl<T> Lanes<T> {
             backoffs: BTreeSet::new(),
             let_stalled_go: false,
             detached: 0,
+            held_bytes: 0,
         }
     }
 
@@ -116,7 +121,14 @@ impl<T> Lanes<T> {
         self.window.len()
     }
 
-    /// Adds the next event of the lane (positions must grow).
+    /// What the unfinished events' items weigh, as their `weight`s at [`push`](Self::push)
+    /// said (a finished event's item is dropped, and its weight with it).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// Adds the next event of the lane (positions must grow), weighing nothing.
+    #[cfg(test)]
     pub(crate) fn push(
         &mut self,
         position: u64,
@@ -124,6 +136,20 @@ impl<T> Lanes<T> {
         barrier: bool,
         item: T,
         arrival: Arrival,
+    ) {
+        self.push_weighed(position, keys, barrier, item, arrival, 0);
+    }
+
+    /// Adds the next event of the lane (positions must grow); its item weighs `weight` bytes
+    /// until it is done.
+    pub(crate) fn push_weighed(
+        &mut self,
+        position: u64,
+        keys: Keys,
+        barrier: bool,
+        item: T,
+        arrival: Arrival,
+        weight: usize,
     ) {
         debug_assert!(
             self.window
@@ -149,10 +175,13 @@ impl<T> Lanes<T> {
                 self.barriers.insert(slot);
             }
         }
+        let weight = if done { 0 } else { weight };
+        self.held_bytes += weight;
         self.window.push_back(Entry {
             position,
             keys,
             barrier,
+            weight,
             item: (!done).then_some(item),
             attempts,
             state,
@@ -207,6 +236,7 @@ impl<T> Lanes<T> {
         entry.state = State::Done;
         entry.item = None;
         entry.error = None;
+        self.held_bytes -= std::mem::take(&mut entry.weight);
         let was_detached = std::mem::take(&mut entry.detached);
         let keys = entry.keys.clone();
         let barrier = entry.barrier;

@@ -181,9 +181,8 @@ where
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
         let subscriber = &self.subscriber;
-        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, |event| {
-            subscriber.keys(event)
-        });
+        let keys_of = |event: &Envelope<P>| Some(subscriber.keys(event));
+        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of, 0);
     }
 
     /// Starts every event that may run, up to `concurrency` at once. An event whose payload
@@ -353,14 +352,16 @@ where
 }
 
 /// Takes the next event of the lane into the schedule, with what the stored progress knows
-/// about it and its keys (`keys_of`; an event whose payload does not decode is a barrier, and
-/// one its subscription skips is done); true if it arrives stalled. Keyed subscriptions and
-/// relays admit events alike.
+/// about it, its keys (`keys_of`; `None`: they cannot be known) and what it weighs; true if it
+/// arrives stalled. An event whose keys cannot be known (its payload does not decode) is a
+/// barrier, and one its subscription skips is done. Keyed subscriptions and relays admit
+/// events alike.
 pub(crate) fn admit<P>(
     lanes: &mut Lanes<Item<P>>,
     known: &mut HashMap<u64, Known>,
     item: Item<P>,
-    keys_of: impl FnOnce(&Envelope<P>) -> Keys,
+    keys_of: impl FnOnce(&Envelope<P>) -> Option<Keys>,
+    weight: usize,
 ) -> bool {
     let position = item.position.get();
     let mut stalled = false;
@@ -374,12 +375,14 @@ pub(crate) fn admit<P>(
         None if item.skipped => Arrival::Done,
         None => Arrival::Pending { attempts: 0 },
     };
-    let (keys, barrier) = match &item.event {
-        Ok(event) if !item.skipped => (keys_of(event), false),
-        Ok(_) => (Keys::none(), false),
-        // Its keys cannot be known: it waits for everything before it, holds everything after.
-        Err(_) => (Keys::none(), true),
+    let keys = match &item.event {
+        Ok(event) if !item.skipped => keys_of(event),
+        Ok(_) => Some(Keys::none()),
+        Err(_) => None,
     };
-    lanes.push(position, keys, barrier, item, arrival);
+    // Keys that cannot be known: it waits for everything before it, holds everything after.
+    let barrier = keys.is_none();
+    let keys = keys.unwrap_or_else(Keys::none);
+    lanes.push_weighed(position, keys, barrier, item, arrival, weight);
     stalled
 }
