@@ -481,10 +481,11 @@ async fn a_message_a_sink_never_answers_is_halved_down_to_alone_and_parked_withi
     );
 }
 
-/// Issue 27, item 9. A row whose payload does not decode (plain SQL) is parked with one
-/// attempt counted, not two.
+/// Issue 27, items 5 and 9. A row whose payload does not decode as the relay's payload type
+/// (plain SQL) is neither parked nor charged an attempt (it was parked, with two attempts and
+/// then one): a relay forwards bytes, so it is sent as stored, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_row_parks_with_one_attempt() {
+async fn an_undecodable_row_is_sent_as_stored_with_no_attempt() {
     let db = TestDb::new().await;
     let outbox = outbox(&db).await;
     let endpoint = Responder::start(Vec::new()).await;
@@ -496,13 +497,16 @@ async fn an_undecodable_row_parks_with_one_attempt() {
         .await
         .expect("relay");
     sqlx::query(
-        "INSERT INTO ordo.events (id, payload, headers) VALUES (gen_random_uuid(), '{}', '{}')",
+        "INSERT INTO ordo.events (id, payload, headers) VALUES (gen_random_uuid(), '{\"shape\": \"other\"}', '{}')",
     )
     .execute(&db.pool)
     .await
     .expect("a row of another shape");
-    let (position, attempts) = parked(&relay).await;
-    assert_eq!((position, attempts), (1, 1));
+    relayed(&relay, &db.pool, 1).await;
+    let bodies: Vec<Vec<u8>> = endpoint.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies, vec![br#"{"shape": "other"}"#.to_vec()]);
+    assert!(relay.status().stalled.is_empty());
+    assert!(charged(&db.pool, "undecodable").await.is_empty());
     relay.shutdown().await;
 }
 

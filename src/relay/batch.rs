@@ -184,12 +184,13 @@ impl<K: Sink> RelayRunner<K> {
                     why,
                     after: release_after,
                 },
-                // Its destination is down (the sink said so): no attempt, its own backoff.
+                // Its destination is down (the sink said so): no attempt, its own backoff or
+                // the outage's, whichever is longer.
                 Verdict::Failed(error) if error.is_unavailable() => Step::Release {
                     attempts,
-                    after: error
-                        .retry_after()
-                        .map_or(release_after, |after| after.min(self.config.lease / 2)),
+                    after: error.retry_after().map_or(release_after, |after| {
+                        after.max(release_after).min(self.config.lease / 2)
+                    }),
                     why: error.to_string(),
                 },
                 Verdict::Failed(error) => {

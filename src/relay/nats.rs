@@ -35,16 +35,20 @@
 //! | no connection, the connection was lost during the batch | outer `Transient` (no message blamed) |
 //! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) of its publish | `Transient` |
 //! | the [`subject`](NatsSinkBuilder::subject) function panicked on the message | `Permanent` |
-//! | *no responders*: no stream listens on the subject | `Transient` (see below) |
+//! | *no responders*: no stream listens on the subject | `Unavailable` (see below) |
 //! | an invalid subject, one over 4,000 bytes, a key, type, source or `traceparent` holding a line break (refused before it is sent) | `Permanent` |
 //! | a message larger than the server's or the stream's maximum | `Permanent` |
 //! | any other JetStream error (limits, a sealed stream) | `Transient` |
 //!
-//! *No responders* is transient on purpose: the client cannot tell "no stream is bound to this
-//! subject" from "the stream is being created, moved or elected" (a server restart, a cluster
-//! leader election), and the event parks anyway after the relay's maximum attempts, with
-//! `last_error` naming the subject. Parking at once would turn a stream created a minute late
-//! into an operator's `requeue --all`.
+//! *No responders* is an outage of the subject, never the message's failure: the client cannot
+//! tell "no stream is bound to this subject" from "the stream is being created, moved or
+//! elected" (a server restart, a cluster leader election), and a missing stream is the sink's
+//! state, not the event's. So no attempt is counted and nothing parks: the message is sent
+//! again after about a second (or the relay's outage backoff, when every message of the batch
+//! failed so), the relay's status says `sink down since T: no responders ...` while nothing
+//! else gets through, and the events go out by themselves once the stream exists. (As a
+//! transient failure it parked after the maximum attempts, and a batch that straddled the
+//! stream's return charged the messages sent before it came back.)
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -482,6 +486,10 @@ fn check_subject(subject: &str) -> Result<(), SendError> {
     }
 }
 
+/// How long a message waits after *no responders* (about: jittered by ±50%), or the relay's
+/// outage backoff when that is longer.
+const NO_STREAM_PAUSE: Duration = Duration::from_secs(1);
+
 fn classify(error: &PublishError) -> SendError {
     use std::error::Error as _;
     let too_large = error
@@ -493,9 +501,15 @@ fn classify(error: &PublishError) -> SendError {
     match error.kind() {
         PublishErrorKind::MaxPayloadExceeded => SendError::permanent(error.to_string()),
         PublishErrorKind::Other if too_large => SendError::permanent(error.to_string()),
-        PublishErrorKind::StreamNotFound => SendError::transient(format!(
-            "no responders: no JetStream stream is bound to the subject ({error})"
-        )),
+        // The subject's destination is missing, not the message bad: an outage of that
+        // subject (see the module docs), never an attempt, even in a batch that delivered
+        // messages of other subjects (or of this one, once its stream is back).
+        PublishErrorKind::StreamNotFound => SendError::Unavailable {
+            message: format!(
+                "no responders: no JetStream stream is bound to the subject ({error})"
+            ),
+            retry_after: NO_STREAM_PAUSE.mul_f64(0.5 + fastrand::f64()),
+        },
         _ => SendError::transient(error.to_string()),
     }
 }

@@ -109,7 +109,7 @@ async fn nats_stream_deduplicates_a_resent_batch_by_message_id() {
 }
 
 #[tokio::test]
-async fn nats_subject_without_a_stream_is_transient_and_a_bad_subject_permanent() {
+async fn nats_subject_without_a_stream_is_unavailable_and_a_bad_subject_permanent() {
     let mut unbound = NatsSink::builder(nats_url(addr(NATS_ADDR)))
         .subject_prefix(format!("ordo_unbound_{}", uuid::Uuid::new_v4().simple()))
         .build()
@@ -118,7 +118,7 @@ async fn nats_subject_without_a_stream_is_transient_and_a_bad_subject_permanent(
     let results = result.expect("the connection is fine");
     for result in results {
         let error = result.expect_err("no stream acknowledges");
-        assert!(!error.is_permanent(), "{error}");
+        assert!(error.is_unavailable(), "an outage of the subject: {error}");
         assert!(error.message().contains("no responders"), "{error}");
     }
 
