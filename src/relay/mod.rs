@@ -24,8 +24,17 @@
 //! connection), and a message released so again and again goes out in smaller and smaller
 //! batches until, alone, it counts an attempt. A per-message [`SendError`] counts an attempt;
 //! a [`SendError::Permanent`] one parks the event at once, and so does a panic of user code
-//! run for one message (a subject, a route, a key). An `Err` from `send` is the sink's as a
-//! whole: no attempt is counted. `docs/relays.md` states the rules and the bound on sends.
+//! run for one message (a subject, a route, a key); a [`SendError::Unavailable`] one (the
+//! message's destination is down: a webhook URL, a subject without a stream) counts none. An
+//! `Err` from `send` is the sink's as a whole: no attempt is counted. `docs/relays.md` states
+//! the rules and the bound on sends.
+//!
+//! # Bytes, not types
+//!
+//! A relay sends each event's payload text exactly as `ordo.events` stores it, whatever the
+//! outbox's payload type is ([`RawPayload`]); the type is decoded only for the key function,
+//! and an event of a type the relay does not send ([`RelayConfig::event_types`]) is passed
+//! over before anything reads it.
 
 mod batch;
 mod config;

@@ -333,3 +333,22 @@ fn random_schedules_with_stalls_let_go_keep_the_rules() {
         }
     }
 }
+
+#[test]
+fn held_bytes_count_unfinished_events_only() {
+    let mut lanes = Lanes::new(0);
+    lanes.push_weighed(1, keys(&["a"]), false, 1, pending(), 100);
+    lanes.push_weighed(2, keys(&["b"]), false, 2, pending(), 50);
+    lanes.push_weighed(3, keys(&["c"]), false, 3, Arrival::Done, 1_000);
+    assert_eq!(
+        lanes.held_bytes(),
+        150,
+        "an event done on arrival weighs nothing"
+    );
+    assert_eq!(drain_ready(&mut lanes), [1, 2]);
+    // Event 2 is done while event 1 holds the watermark: its bytes are free at once.
+    assert!(!lanes.complete(lanes.find(2).unwrap()));
+    assert_eq!((lanes.held_bytes(), lanes.watermark()), (100, 0));
+    assert!(lanes.complete(lanes.find(1).unwrap()));
+    assert_eq!((lanes.held_bytes(), lanes.watermark()), (0, 3));
+}
