@@ -23,9 +23,7 @@ pub(super) fn request_failed(error: &reqwest::Error, url: &str) -> SendError {
     let tls = url.starts_with("https:");
     let what = match io_kind(error) {
         _ if error.is_timeout() => "timed out",
-        Some(std::io::ErrorKind::ConnectionRefused) => {
-            "was refused (connection refused: nothing listens there)"
-        }
+        Some(std::io::ErrorKind::ConnectionRefused) => "was refused (nothing listens there)",
         // tokio-rustls reports every TLS error as `InvalidData`, and a peer that closes during
         // the handshake as `UnexpectedEof` ("tls handshake eof"): a server that does not speak
         // TLS, a certificate this client does not trust, a protocol both do not share.
