@@ -35,6 +35,7 @@ mod message;
 mod outage;
 mod runner;
 mod sink;
+mod sink_down;
 pub(crate) mod start;
 mod timers;
 

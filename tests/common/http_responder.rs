@@ -116,7 +116,13 @@ impl Responder {
 
     /// A server that answers `script` in order, then 200 to everything.
     pub async fn start(script: Vec<Reply>) -> Responder {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Responder::at(0, script).await
+    }
+
+    /// [`Responder::start`] on 127.0.0.1:`port` (0: any free port), e.g. where a sink under
+    /// test found nothing listening until now.
+    pub async fn at(port: u16, script: Vec<Reply>) -> Responder {
+        let listener = TcpListener::bind(("127.0.0.1", port))
             .await
             .expect("bind the HTTP responder");
         let addr = listener.local_addr().expect("the responder's address");
