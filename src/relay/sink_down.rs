@@ -74,12 +74,18 @@ impl Writer {
         // Every state change is seen, the last one even after the relay let go of its sender.
         while states.changed().await.is_ok() {
             let mut tries_left = TRIES_AFTER_CLOSE;
+            let mut failed = false;
             loop {
                 let state = states.borrow_and_update().clone();
                 match self.store(state.as_ref()).await {
                     Ok(()) => break,
+                    // Logged once per state, not once a second while the database is away.
+                    Err(error) if !failed => {
+                        failed = true;
+                        tracing::warn!(%error, relay = %self.name, "storing the sink's state for `ordo status` failed; tried again every second");
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, relay = %self.name, "storing the sink's state for `ordo status` failed; tried again");
+                        tracing::debug!(%error, relay = %self.name, "storing the sink's state failed again");
                     }
                 }
                 let open = tokio::time::timeout(RETRY_AFTER, states.changed()).await;
