@@ -201,7 +201,7 @@ pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
     Batch, DEFAULT_KEYED_WINDOW, DeadLetter, Delivery, HandlerError, JobConfig, Keys,
     MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion, Ordering, Position, RetryPolicy,
-    RunStatus, SERIAL_KEY, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
+    RunStatus, SERIAL_KEY, SinkDown, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
     SubscriptionState, SubscriptionStatus,
 };
 pub use write::in_doubt::CommitStatus;

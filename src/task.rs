@@ -103,6 +103,17 @@ where
     tokio::spawn(supervised)
 }
 
+/// Spawns `work`, a short task that ends by itself and needs no stop (a write that must
+/// finish whatever its spawner does next), supervised like every other (see [`supervise`]), in
+/// the span of its spawner, under the task name `name`.
+pub(crate) fn spawn_detached<F>(name: &'static str, work: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let span = tracing::info_span!(parent: &Span::current(), "ordo", task = name);
+    drop(supervise(name, span, work));
+}
+
 /// The text a panic was raised with (`panic!("...")`), for logs and errors.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic

@@ -665,3 +665,121 @@ async fn one_dead_endpoint_holds_only_its_own_messages_and_resumes_by_itself() {
         "every event of the dead endpoint"
     );
 }
+
+/// Issue 27, row 8, at the relay: one event written by plain SQL whose stored
+/// `headers.traceparent` holds a line break, and one whose key does (neither can travel in a
+/// NATS header). Each parks as its own permanent failure (one attempt), its error quoting the
+/// text escaped; every other event of every key (`OnParked::Continue`: the poisoned events'
+/// keys too) is published once, counted by a plain NATS subscriber on the stream's subjects
+/// (it sees every publish, even one the stream would drop as a duplicate): nothing is
+/// republished in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_break_in_a_stored_traceparent_or_a_key_parks_only_that_event() {
+    use futures::StreamExt;
+
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let stream = TestStream::new().await;
+    let client = async_nats::connect(common::brokers::NATS_ADDR)
+        .await
+        .expect("NATS");
+    let mut published = client
+        .subscribe(format!("{}.>", stream.prefix))
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let sends: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let counting = Arc::clone(&sends);
+    let counter = tokio::spawn(async move {
+        while let Some(message) = published.next().await {
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get("Nats-Msg-Id"))
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            *counting.lock().expect("sends").entry(id).or_insert(0) += 1;
+        }
+    });
+    let sink = NatsSink::builder(nats_url(common::brokers::addr(common::brokers::NATS_ADDR)))
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(
+            config("line-break-headers").on_parked(OnParked::Continue),
+            sink,
+            keys,
+        )
+        .await
+        .expect("relay");
+    let keyed = |id: u32| Parcel::new(id, &[&format!("k{}", id % 3)]);
+    publish_together(&outbox, (0..10).map(keyed)).await;
+    sqlx::query(
+        "INSERT INTO ordo.events (payload, headers) VALUES \
+         ('{\"keys\": [\"k1\"], \"id\": 100}', \
+          jsonb_build_object('traceparent', \
+              '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' || chr(10) || 'Injected: yes')), \
+         ('{\"keys\": [\"k\\n2\"], \"id\": 101}', '{}')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("two rows by plain SQL");
+    publish_together(&outbox, (10..20).map(keyed)).await;
+
+    let all = eventually(PATIENCE, || async { stream.len().await >= 20 }).await;
+    assert!(all, "{} of 20 events in the stream", stream.len().await);
+    let both_parked = eventually(PATIENCE, || async {
+        charged(&db.pool, "line-break-headers")
+            .await
+            .iter()
+            .filter(|(_, _, state)| state == "stalled")
+            .count()
+            == 2
+    })
+    .await;
+    let rows = charged(&db.pool, "line-break-headers").await;
+    assert!(both_parked, "{rows:?}");
+    assert_eq!(
+        rows.iter()
+            .map(|(position, attempts, _)| (*position, *attempts))
+            .collect::<Vec<_>>(),
+        vec![(11, 1), (12, 1)],
+        "each parked at once, with one attempt"
+    );
+    let errors: Vec<String> = sqlx::query_scalar(
+        "SELECT last_error FROM ordo.subscription_progress \
+         WHERE subscription = 'line-break-headers' AND state = 'stalled' ORDER BY position",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("errors");
+    assert!(
+        errors.iter().all(|error| !error.contains('\n')),
+        "an error carried the line break raw: {errors:?}"
+    );
+    assert!(
+        errors[0].contains("traceparent") && errors[0].contains(r"\nInjected: yes"),
+        "{errors:?}"
+    );
+    assert!(errors[1].contains(r#""k\n2""#), "{errors:?}");
+    relay.shutdown().await;
+    // The subscriber may see the last publishes a moment after the stream acknowledged them.
+    let seen = eventually(PATIENCE, || async {
+        sends.lock().expect("sends").len() >= 20
+    })
+    .await;
+    counter.abort();
+    let sends = sends.lock().expect("sends").clone();
+    assert!(seen, "{sends:?}");
+    assert_eq!(
+        sends.len(),
+        20,
+        "the 20 other events were published: {sends:?}"
+    );
+    assert!(
+        sends.values().all(|&count| count == 1),
+        "an event was published more than once: {sends:?}"
+    );
+    assert_eq!(stream.len().await, 20);
+}

@@ -891,3 +891,50 @@ async fn an_operator_names_secret_keys_and_a_writer_scrubs_without_updating_even
     assert!(scrubbed, "the writer's maintainer scrubs");
     outbox.shutdown().await;
 }
+
+/// The role that runs relays (a writer) stores its relay's sink state: a webhook relay of the
+/// writer's to a port where nothing listens shows `sink down` in a reader's `admin::status`
+/// (migration `20261205000200_relay_sink_down`; the writer's table-level UPDATE covers it).
+#[cfg(feature = "http")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stores_its_relays_sink_state_and_a_reader_sees_it() {
+    let roles = Roles::new(1_000_000).await;
+    let writer = roles.pool_as(&roles.writer, 4).await;
+    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
+        .await
+        .expect("a writer starts an outbox");
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    let sink = ordo::relay::http::WebhookSink::builder(
+        format!("http://127.0.0.1:{port}/in"),
+        b"secret".to_vec(),
+    )
+    .build()
+    .expect("sink");
+    let relay = outbox
+        .relay(
+            ordo::relay::RelayConfig::new("roles-relay"),
+            sink,
+            |_: &ordo::Envelope<Note>| ordo::Keys::none(),
+        )
+        .await
+        .expect("a writer runs a relay");
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 0, n: 0 }).expect("publish");
+    tx.commit().await.expect("commit");
+    let reader = roles.pool_as(&roles.reader, 2).await;
+    let down = eventually(PATIENCE, || async {
+        ordo::admin::status(&reader)
+            .await
+            .expect("a reader's status")
+            .subscriptions
+            .iter()
+            .any(|sub| sub.name == "roles-relay" && sub.sink_down.is_some())
+    })
+    .await;
+    assert!(down, "the writer's relay never stored its sink state");
+    relay.shutdown().await;
+    outbox.shutdown().await;
+}

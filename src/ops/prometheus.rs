@@ -94,7 +94,7 @@ fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
     ]
 }
 
-fn subscriptions(status: &OutboxStatus) -> [Gauge; 5] {
+fn subscriptions(status: &OutboxStatus) -> [Gauge; 7] {
     let samples = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
         status
             .subscriptions
@@ -134,6 +134,20 @@ fn subscriptions(status: &OutboxStatus) -> [Gauge; 5] {
             "ordo_subscription_stalled_keys",
             "A keyed subscription's keys waiting on a stalled event.",
             samples(&|s| Some(s.stalled.len() as f64)),
+        ),
+        (
+            "ordo_subscription_sink_down",
+            "1 when a relay's owner finds its sink down (an outage), else 0.",
+            samples(&|s| Some(f64::from(u8::from(s.sink_down.is_some())))),
+        ),
+        (
+            "ordo_subscription_sink_down_seconds",
+            "Seconds since a relay's owner found its sink down; absent while it answers.",
+            samples(&|s| {
+                s.sink_down.as_ref().map(|down| {
+                    ((status.measured_at - down.since).num_milliseconds() as f64 / 1e3).max(0.0)
+                })
+            }),
         ),
     ]
 }

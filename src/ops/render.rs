@@ -139,15 +139,17 @@ fn subscription_rows(
         Column("RUN BY", 22, Left),
     ];
     let rows = subscriptions.iter().map(|sub| {
-        // A keyed subscription's stalled key says more than its last failure elsewhere.
-        let error = match sub.stalled.first() {
-            Some(stalled) => format!(
+        // A relay's sink that is down holds every key; a keyed subscription's stalled key says
+        // more than its last failure elsewhere.
+        let error = match (&sub.sink_down, sub.stalled.first()) {
+            (Some(down), _) => printable(&down.to_string()).into_owned(),
+            (None, Some(stalled)) => format!(
                 "key {:?} stalled at {}: {}",
                 printable(&stalled.key),
                 stalled.position,
                 printable(&stalled.error)
             ),
-            None => last_error(sub.last_error.as_deref()),
+            (None, None) => last_error(sub.last_error.as_deref()),
         };
         let cells = [
             printable(&sub.name).into_owned(),

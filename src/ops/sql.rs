@@ -115,7 +115,8 @@ SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
                ORDER BY e.sequence LIMIT 1)
            END)) AS oldest_unprocessed,
        s.lease_owner,
-       date_part('epoch', s.lease_expires_at - now()) AS lease_remaining
+       date_part('epoch', s.lease_expires_at - now()) AS lease_remaining,
+       s.sink_down_since, s.sink_down_reason
 FROM ordo.subscriptions AS s
 ORDER BY s.name
 "#;
@@ -158,6 +159,7 @@ pub(super) async fn subscriptions(
                     .map(|left| measured_at + left),
                 oldest_unprocessed_seconds: row.try_get("oldest_unprocessed")?,
                 stalled: Vec::new(),
+                sink_down: crate::subscription::SinkDown::read(row)?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;

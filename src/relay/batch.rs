@@ -136,15 +136,22 @@ impl<K: Sink> RelayRunner<K> {
             Judged::Recovered(since) => {
                 tracing::info!(relay = %name, %since, "the sink answers again");
                 down(0.0);
-                self.status.send_modify(|status| status.last_error = None);
+                work.shown.recovered();
+                self.status.send_modify(|status| {
+                    status.last_error = None;
+                    status.sink_down = None;
+                });
                 (BLAMELESS_RETRY, false)
             }
             Judged::Down { streak, log } => {
-                if let Some(line) = log {
-                    tracing::warn!(relay = %name, state = %line, "the sink is down: no attempt is counted, nothing parked; the relay backs off and resumes by itself");
+                if let Some(state) = log {
+                    tracing::warn!(relay = %name, %state, "the sink is down: no attempt is counted, nothing parked; the relay backs off and resumes by itself");
                     down(1.0);
-                    self.status
-                        .send_modify(|status| status.last_error = Some(line));
+                    work.shown.down(state.clone());
+                    self.status.send_modify(|status| {
+                        status.last_error = Some(state.to_string());
+                        status.sink_down = Some(state);
+                    });
                 }
                 (self.config.backoff_after(streak, None), true)
             }

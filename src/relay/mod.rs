@@ -44,6 +44,7 @@ mod message;
 mod outage;
 mod runner;
 mod sink;
+mod sink_down;
 pub(crate) mod start;
 mod timers;
 
@@ -78,7 +79,7 @@ pub(crate) fn guarded<T>(what: &str, user_code: impl FnOnce() -> T) -> Result<T,
 /// (`{:?}`, so a line break or a control character cannot forge a log line or drive a
 /// terminal) and cut to its first 120 characters, with its length when cut, so a 10 kB value
 /// does not fill `last_error` and every log line that repeats it.
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) fn quoted(text: &str) -> String {
     const SHOWN: usize = 120;
     match text.char_indices().nth(SHOWN) {
@@ -113,7 +114,6 @@ pub(crate) fn redact_url(url: &str) -> String {
 mod tests {
     use super::redact_url;
 
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
     #[test]
     fn event_text_in_errors_is_escaped_and_cut() {
         use super::quoted;

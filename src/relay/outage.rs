@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::runner::Verdict;
+use crate::subscription::SinkDown;
 
 /// The gauge of a relay's sink being down (1) or answering (0), labelled `relay`.
 pub const RELAY_SINK_DOWN: &str = "ordo_relay_sink_down";
@@ -50,10 +51,11 @@ pub(super) enum Judged {
     Working,
     /// Back again after being down since then.
     Recovered(DateTime<Utc>),
-    /// Down: the released events wait out the backoff of outage `streak`.
+    /// Down: the released events wait out the backoff of outage `streak`; `log` is the state
+    /// to log and show, at the first outage flight and every 30 s after.
     Down {
         streak: u32,
-        log: Option<String>,
+        log: Option<SinkDown>,
     },
 }
 
@@ -91,7 +93,7 @@ impl Health {
         let log = (first || now.duration_since(down.logged_at) >= LOG_AGAIN_EVERY).then(|| {
             down.logged_at = now;
             down.reason.clone_from(&reason);
-            down.describe()
+            SinkDown::new(down.since, &down.reason)
         });
         Judged::Down {
             streak: down.streak,
@@ -101,17 +103,6 @@ impl Health {
 
     fn works_since(&self, sent_at: Instant) -> bool {
         self.last_delivery.is_some_and(|at| at > sent_at)
-    }
-}
-
-impl Down {
-    fn describe(&self) -> String {
-        format!(
-            "sink down since {}: {}",
-            self.since
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            self.reason
-        )
     }
 }
 

@@ -53,6 +53,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::batch::{Recording, Written};
 use super::outage::Health;
+use super::sink_down::Shown;
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -131,6 +132,8 @@ pub(super) struct Work {
     pub(super) poisoned: HashMap<u64, SendError>,
     /// Whether the sink is down (an outage: see `outage.rs`).
     pub(super) health: Health,
+    /// The sink's state as operators see it in the database, written by a task of its own.
+    pub(super) shown: Shown,
 }
 
 impl<K: Sink> RelayRunner<K> {
@@ -226,6 +229,7 @@ impl<K: Sink> RelayRunner<K> {
             held: None,
             poisoned: HashMap::new(),
             health: Health::default(),
+            shown: Shown::spawn(&self.pool, &self.config.name, self.owner),
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their

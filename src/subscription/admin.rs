@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// `leased`: whether the lease is live, by the database's clock (the reader's may differ).
 const LIST: &str = r#"
 SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error, s.lease_owner,
-       s.lease_expires_at, s.updated_at, coalesce(s.lease_expires_at > now(), false) AS leased,
+       s.lease_expires_at, s.updated_at, s.sink_down_since, s.sink_down_reason, coalesce(s.lease_expires_at > now(), false) AS leased,
        GREATEST(CASE s.lane
            WHEN 'commit' THEN (SELECT last_commit_seq FROM ordo.sequencer_state)
            ELSE coalesce((SELECT max(sequence) FROM ordo.events), 0)
@@ -104,6 +104,7 @@ fn read_listed(row: &PgRow) -> Result<SubscriptionStatus, sqlx::Error> {
         lease_expires_at,
         oldest_unprocessed_seconds: None,
         stalled: Vec::new(),
+        sink_down: super::status::SinkDown::read(row)?,
     })
 }
 

@@ -43,7 +43,7 @@ pub use dead_letters::{
 pub use delivery::Delivery;
 pub use handle::{Position, SubscriptionHandle};
 pub use keyed::{Keys, SERIAL_KEY, list_stalled_keys, retry_stalled_keys};
-pub use status::{RunStatus, StalledKey, SubscriptionState, SubscriptionStatus};
+pub use status::{RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus};
 pub use subscriber::{HandlerError, Subscriber};
 
 use handle::Heads;
@@ -149,6 +149,7 @@ where
         lease_expires_at: None,
         oldest_unprocessed_seconds: None,
         stalled: Vec::new(),
+        sink_down: None,
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {

@@ -37,6 +37,9 @@ WITH free AS (
 UPDATE ordo.subscriptions AS s
 SET lease_owner = $2,
     lease_expires_at = now() + make_interval(secs => $3::float8 / 1000),
+    -- A relay's sink state is its owner's judgement: the claiming runner has made none yet.
+    sink_down_since = NULL,
+    sink_down_reason = NULL,
     updated_at = now()
 FROM free
 WHERE s.name = free.name

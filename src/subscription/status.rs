@@ -177,6 +177,64 @@ pub struct SubscriptionStatus {
     /// attempts ran out under [`OnExhaustion::Halt`](crate::OnExhaustion::Halt), until an
     /// operator retries it ([`retry_stalled_keys`](crate::admin::retry_stalled_keys)).
     pub stalled: Vec<StalledKey>,
+    /// A relay's sink that its owner finds down (an outage: the relay backs off, counts no
+    /// attempt, parks nothing and resumes by itself once the sink answers): since when and why.
+    /// `None` while the sink answers, for subscriptions, and after a claim until the new
+    /// owner finds the sink down again. From the database (`ordo.subscriptions.sink_down_since`
+    /// and `sink_down_reason`), as the owning relay last stored it; a relay that stopped leaves
+    /// its last state there until its row is claimed again. From a relay's handle, live.
+    pub sink_down: Option<SinkDown>,
+}
+
+/// A relay's sink found down: see [`SubscriptionStatus::sink_down`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SinkDown {
+    /// When the owning relay first found it down (the first outage flight of its claim).
+    pub since: DateTime<Utc>,
+    /// Why, as the sink said (at most 500 characters). It may hold event text (a subject, a
+    /// key): escape it before showing it on a terminal
+    /// ([`printable`](crate::admin::printable)).
+    pub reason: String,
+}
+
+impl SinkDown {
+    /// The most characters of a reason kept: a sink's error repeats no more of an event than
+    /// that, and `ordo status` lines stay readable.
+    pub(crate) const REASON_CHARS: usize = 500;
+
+    /// Down since `since` for `reason`, cut to [`Self::REASON_CHARS`] characters.
+    pub(crate) fn new(since: DateTime<Utc>, reason: &str) -> Self {
+        let reason = match reason.char_indices().nth(Self::REASON_CHARS) {
+            Some((cut, _)) => format!("{}...", &reason[..cut]),
+            None => reason.to_owned(),
+        };
+        Self { since, reason }
+    }
+
+    /// Read from a row's `sink_down_since` and `sink_down_reason`.
+    pub(crate) fn read(row: &sqlx::postgres::PgRow) -> Result<Option<Self>, sqlx::Error> {
+        use sqlx::Row;
+        let since: Option<DateTime<Utc>> = row.try_get("sink_down_since")?;
+        let reason: Option<String> = row.try_get("sink_down_reason")?;
+        Ok(since.map(|since| Self {
+            since,
+            reason: reason.unwrap_or_default(),
+        }))
+    }
+}
+
+impl std::fmt::Display for SinkDown {
+    /// `sink down since 2026-12-02T01:02:03Z: reason` (the reason as stored, not escaped).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sink down since {}: {}",
+            self.since
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            self.reason
+        )
+    }
 }
 
 /// A key of a keyed subscription that waits on a stalled event; every other key goes on.
@@ -204,6 +262,8 @@ impl SubscriptionStatus {
         self.status = row.status;
         self.attempts = row.attempts;
         self.last_error = row.last_error.clone();
+        // The claim cleared a relay's sink state: its runner judges the sink afresh.
+        self.sink_down = None;
     }
 
     /// Whether a runner holds the lease at `now` (owner set, not expired).

@@ -46,6 +46,8 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// Held this long before answering.
     pub delay: Duration,
+    /// The answer's body (sent with its `content-length`).
+    pub body: Vec<u8>,
 }
 
 impl Reply {
@@ -54,7 +56,13 @@ impl Reply {
             status,
             headers: Vec::new(),
             delay: Duration::ZERO,
+            body: Vec::new(),
         }
+    }
+
+    pub fn with_body(mut self, body: impl Into<Vec<u8>>) -> Reply {
+        self.body = body.into();
+        self
     }
 
     pub fn with_header(mut self, name: &str, value: &str) -> Reply {
@@ -108,7 +116,13 @@ impl Responder {
 
     /// A server that answers `script` in order, then 200 to everything.
     pub async fn start(script: Vec<Reply>) -> Responder {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Responder::at(0, script).await
+    }
+
+    /// [`Responder::start`] on 127.0.0.1:`port` (0: any free port), e.g. where a sink under
+    /// test found nothing listening until now.
+    pub async fn at(port: u16, script: Vec<Reply>) -> Responder {
+        let listener = TcpListener::bind(("127.0.0.1", port))
             .await
             .expect("bind the HTTP responder");
         let addr = listener.local_addr().expect("the responder's address");
@@ -190,14 +204,17 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
         });
         tokio::time::sleep(reply.delay).await;
         let mut head = format!(
-            "HTTP/1.1 {} Scripted\r\ncontent-length: 0\r\n",
-            reply.status
+            "HTTP/1.1 {} Scripted\r\ncontent-length: {}\r\n",
+            reply.status,
+            reply.body.len()
         );
         for (name, value) in &reply.headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str("\r\n");
-        if write.write_all(head.as_bytes()).await.is_err() {
+        if write.write_all(head.as_bytes()).await.is_err()
+            || write.write_all(&reply.body).await.is_err()
+        {
             return;
         }
     }

@@ -193,3 +193,115 @@ async fn webhook_outcomes_in_hand_survive_a_cancelled_send() {
         );
     }
 }
+
+/// A port that was just free: nothing listens there.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").port()
+}
+
+#[tokio::test]
+async fn webhook_refused_connection_says_it_was_refused() {
+    let mut sink = sink(format!("http://127.0.0.1:{}/in", free_port()));
+    let error = one(&mut sink).await.expect_err("nothing listens");
+    assert!(
+        error.is_unavailable(),
+        "the URL's outage, not the message's: {error}"
+    );
+    assert!(
+        error
+            .message()
+            .contains("was refused (nothing listens there)"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn webhook_tls_handshake_against_a_plain_tcp_server_says_tls() {
+    // A plain TCP server that answers every connection with plain HTTP at once: what a
+    // TLS client meets at an https:// URL that serves no TLS.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let server = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let mut sink = sink(format!("https://127.0.0.1:{port}/in"));
+    let error = one(&mut sink).await.expect_err("no TLS there");
+    server.abort();
+    assert!(!error.is_permanent(), "{error}");
+    assert!(error.is_unavailable(), "the URL's outage: {error}");
+    assert!(
+        error.message().contains("failed in the TLS handshake"),
+        "{error}"
+    );
+    assert!(
+        !error.message().contains("refused"),
+        "a handshake failure is not a refusal: {error}"
+    );
+}
+
+#[tokio::test]
+async fn webhook_answer_over_the_body_limit_says_so() {
+    let script = vec![
+        Reply::status(200).with_body(vec![b'y'; 200_000]),
+        Reply::status(500).with_body(vec![b'x'; 100_000]),
+        Reply::status(400).with_body("bad \u{1b}[31msignature\n".as_bytes()),
+        Reply::status(422).with_body(vec![b'z'; 2_000]),
+    ];
+    let server = Responder::start(script).await;
+    let mut sink = WebhookSink::builder(server.url("/in"), SECRET.to_vec())
+        .max_response_bytes(1_000)
+        .build()
+        .expect("valid settings");
+    // A 2xx took the event, whatever it answered with.
+    one(&mut sink).await.expect("a 2xx is delivered");
+    let error = one(&mut sink).await.expect_err("500");
+    assert!(!error.is_permanent(), "{error}");
+    assert!(
+        error
+            .message()
+            .contains("over the sink's limit of 1000 bytes (100000 bytes; not read)"),
+        "{error}"
+    );
+    // A body within the limit is quoted, escaped, in the error.
+    let error = one(&mut sink).await.expect_err("400");
+    assert!(error.is_permanent(), "{error}");
+    assert!(
+        error.message().contains(r#": "bad \u{1b}[31msignature\n""#),
+        "{error}"
+    );
+    let error = one(&mut sink).await.expect_err("422");
+    assert!(error.message().contains("over the sink's limit"), "{error}");
+}
+
+#[tokio::test]
+async fn webhook_relative_redirect_is_reported_with_its_target() {
+    let script = vec![
+        Reply::status(308).with_header("Location", "/v2/in?token=secret"),
+        Reply::status(301).with_header("Location", "other"),
+    ];
+    let server = Responder::start(script).await;
+    let mut sink = sink(server.url("/hooks/in"));
+    let error = one(&mut sink).await.expect_err("a redirect");
+    assert!(error.is_permanent(), "{error}");
+    let target = server.url("/v2/in");
+    assert!(
+        error
+            .message()
+            .contains(&format!("to {target} (Location \"/v2/in\")")),
+        "{error}"
+    );
+    assert!(!error.message().contains("secret"), "{error}");
+    let error = one(&mut sink).await.expect_err("a redirect");
+    assert!(
+        error.message().contains(&server.url("/hooks/other")),
+        "{error}"
+    );
+}

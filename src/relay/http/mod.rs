@@ -83,7 +83,12 @@ pub struct WebhookSinkBuilder {
     timeout: Option<Duration>,
     connect_timeout: Duration,
     concurrency: usize,
+    max_response_bytes: usize,
 }
+
+/// The most bytes of an answer's body read by default (see
+/// [`WebhookSinkBuilder::max_response_bytes`]).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// A request's timeout when none is set and no relay derived one.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -97,6 +102,7 @@ impl fmt::Debug for WebhookSinkBuilder {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("concurrency", &self.concurrency)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -129,6 +135,16 @@ impl WebhookSinkBuilder {
     /// not zero.
     pub fn concurrency(mut self, keys: usize) -> Self {
         self.concurrency = keys;
+        self
+    }
+
+    /// The most bytes of an answer's body read, in bytes. A body within it is read whole (so
+    /// the connection serves the next request) and, in the error of an answer that is not a
+    /// 2xx, quoted (its first 120 characters, escaped); a larger one is not read, and the error
+    /// says it was over this limit. A 2xx is delivered whatever its body. Default
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`] (64 KiB); 0 reads no body.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
         self
     }
 
@@ -173,6 +189,7 @@ impl WebhookSinkBuilder {
             timeout,
             connect_timeout: self.connect_timeout,
             concurrency: self.concurrency,
+            max_response_bytes: self.max_response_bytes,
             destinations: Destinations::default(),
         })
     }
@@ -229,6 +246,7 @@ pub struct WebhookSink {
     timeout: Duration,
     connect_timeout: Duration,
     concurrency: usize,
+    max_response_bytes: usize,
     destinations: Destinations,
 }
 
@@ -251,6 +269,7 @@ impl WebhookSink {
             timeout: None,
             connect_timeout: Duration::from_secs(5),
             concurrency: 16,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -310,7 +329,7 @@ impl WebhookSink {
             .send()
             .await
             .map_err(|error| request_failed(&error, url))?;
-        answer(response.status(), response.headers())
+        answer(response, url, self.max_response_bytes).await
     }
 }
 
