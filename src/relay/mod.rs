@@ -36,6 +36,7 @@ mod outage;
 mod runner;
 mod sink;
 pub(crate) mod start;
+mod tenure;
 mod timers;
 
 #[cfg(feature = "http")]
@@ -50,7 +51,7 @@ pub use message::{Message, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use sink::fitted_timeout;
-pub use sink::{Outcomes, SendError, Sink};
+pub use sink::{Outcomes, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;
 
 /// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that
