@@ -176,7 +176,11 @@ where
             let Some(entry) = work.lanes.entry(slot) else {
                 continue;
             };
-            let Some(position) = entry.item.as_ref().map(|item| item.position) else {
+            let Some((position, sequence)) = entry
+                .item
+                .as_ref()
+                .map(|item| (item.position, item.sequence.get()))
+            else {
                 continue;
             };
             let step = match verdict {
@@ -204,6 +208,7 @@ where
                     let why = error.to_string();
                     to_store.failed.push(Mark {
                         at: position,
+                        sequence,
                         parked: park,
                         attempts,
                         keys: entry.keys.iter().map(str::to_owned).collect(),

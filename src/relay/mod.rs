@@ -27,6 +27,7 @@
 //! run for one message (a subject, a route, a key). An `Err` from `send` is the sink's as a
 //! whole: no attempt is counted. `docs/relays.md` states the rules and the bound on sends.
 
+pub(crate) mod attempts;
 mod batch;
 mod config;
 mod flight;
@@ -46,6 +47,7 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
+pub use attempts::{RelayAttempt, RelayEvent, RelayEventAttempts, RelayEventState};
 pub use config::{OnParked, RelayConfig};
 pub use message::{Message, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
