@@ -12,7 +12,11 @@ use crate::error::{Error, Result};
 const STALLED: &str = r#"
 SELECT p.subscription, s.lane, p.position, p.keys, p.attempts, coalesce(p.last_error, '') AS error,
        p.retry_requested_at IS NOT NULL AS retry_requested, p.updated_at,
-       p.position = s.position + 1 AS holds_watermark
+       p.position = s.position + 1 + (
+           SELECT count(*) FROM ordo.subscription_progress AS d
+           WHERE d.subscription = p.subscription AND d.state = 'done'
+             AND d.position > s.position AND d.position < p.position
+       ) AS holds_watermark
 FROM ordo.subscription_progress AS p
 JOIN ordo.subscriptions AS s ON s.name = p.subscription
 WHERE p.state = 'stalled' AND ($1::text IS NULL OR p.subscription = $1)
