@@ -224,6 +224,10 @@ pub mod admin {
         subscriptions_table,
     };
 
+    /// A relay's event: whether it was delivered, and its failed attempts with their time,
+    /// error, host and pid ("was this event sent, when, and why not").
+    pub use crate::relay::attempts::relay_attempts;
+
     /// Partitions: what retention would do, and doing it.
     pub use crate::ops::retention::{plan_retention, run_retention};
 

@@ -16,7 +16,7 @@
 //! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
 //! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
 //! ordo relay run NAME --sink S --key-from K ...   a relay until SIGINT/SIGTERM (cli/relay_run.rs)
-//! ordo relay parked|requeue|replay                relays' parked events (see cli/relay.rs)
+//! ordo relay parked|requeue|replay|attempts       relays' parked events (see cli/relay.rs)
 //! ordo secrets list|add|remove|scrub             secret payload keys (see cli/secrets.rs)
 //! ```
 //! Every command reads `DATABASE_URL`, or `--database-url`.

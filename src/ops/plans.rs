@@ -31,7 +31,7 @@ use crate::insert_lane::{resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
-use crate::relay::marks;
+use crate::relay::{attempts, marks};
 use crate::subscription::keyed::progress as keyed;
 use crate::subscription::sql as sub;
 use crate::write::sql as write;
@@ -202,6 +202,13 @@ const HOT_PATH: &[HotStatement] = &[
         marks::DELIVERED,
         "text, uuid, bigint[]",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, ARRAY[10, 11, 12]::bigint[]",
+    ),
+    // On the failure path only, but once per failed attempt of a relay that may fail often.
+    s(
+        "relay: failed attempt's history",
+        attempts::RECORD,
+        "text, bigint, bigint, integer, text, boolean, text, integer, uuid, integer",
+        "'s', 10, 10, 1, 'boom', false, 'host', 1, '0190c9d2-0000-7000-8000-000000000001'::uuid, 20",
     ),
     // Its inner statements run with `jit = off` (a setting of the function, checked by
     // tests/relay_secrets.rs): EXPLAIN does not see inside a function.

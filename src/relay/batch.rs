@@ -177,7 +177,11 @@ impl<K: Sink> RelayRunner<K> {
             let Some(entry) = work.lanes.entry(slot) else {
                 continue;
             };
-            let Some(position) = entry.item.as_ref().map(|item| item.position) else {
+            let Some((position, sequence)) = entry
+                .item
+                .as_ref()
+                .map(|item| (item.position, item.sequence.get()))
+            else {
                 continue;
             };
             let step = match verdict {
@@ -206,6 +210,7 @@ impl<K: Sink> RelayRunner<K> {
                     let why = error.to_string();
                     to_store.failed.push(Mark {
                         at: position,
+                        sequence,
                         parked: park,
                         attempts,
                         keys: entry.keys.iter().map(str::to_owned).collect(),

@@ -15,8 +15,11 @@ pub const DEFAULT_WINDOW_BYTES: usize = 64 * 1024 * 1024;
 /// **Timing is derived, not tuned.** A batch of `batch_size` events is sent and confirmed under
 /// one `batch_deadline`; each event is allowed `per_event_budget` of it; the lease must outlast
 /// a batch, so that the relay that sent a batch still owns it when it records the results.
-/// [`Outbox::relay`](crate::Outbox::relay) refuses to start unless
-/// `batch_size × per_event_budget ≤ batch_deadline < lease`, naming the settings.
+/// A batch starts only if it ends before this relay's lease can expire, with a margin of a
+/// twentieth of the lease (renewing first when it would not), so one key's events are never in
+/// flight at two owners. [`Outbox::relay`](crate::Outbox::relay) refuses to start unless
+/// `batch_size × per_event_budget ≤ batch_deadline ≤ lease × 0.9` (a deadline, the margin and a
+/// renewal interval of at least the margin fit in the lease), naming the settings.
 ///
 /// ```
 /// use std::time::Duration;
@@ -288,12 +291,17 @@ impl RelayConfig {
                 ),
             });
         }
-        if self.batch_deadline >= self.lease {
+        // A flight starts only if it ends, with the margin, before the lease can expire
+        // (`tenure.rs`); the relay renews every `renew_every`, so the lease must leave room
+        // for a deadline, the margin and a renewal interval of at least the margin.
+        let margin = super::tenure::margin(self.lease);
+        let most = self.lease.saturating_sub(margin.saturating_mul(2));
+        if self.batch_deadline > most {
             return Err(Error::InvalidConfig {
                 setting: "batch_deadline/lease",
                 reason: format!(
-                    "batch_deadline ({:?}) must be shorter than the lease ({:?}): the relay must still own a batch when it records its results",
-                    self.batch_deadline, self.lease
+                    "batch_deadline ({:?}) must be at most the lease ({:?}) less two margins of a twentieth of it ({:?}): a batch starts only if it ends before this relay's lease can expire, with a margin, and the lease must be renewed between batches, at most every `lease - batch_deadline - margin`; make the deadline shorter or the lease longer",
+                    self.batch_deadline, self.lease, most
                 ),
             });
         }
@@ -304,6 +312,33 @@ impl RelayConfig {
             );
         }
         Ok(())
+    }
+
+    /// How often the lease is renewed: every third of it, sooner when a batch deadline and
+    /// the margin would not fit in what is left (`tenure.rs`), so that the next batch can
+    /// start without a renewal of its own.
+    pub(crate) fn renew_every(&self) -> Duration {
+        let left = self
+            .lease
+            .saturating_sub(self.batch_deadline)
+            .saturating_sub(super::tenure::margin(self.lease));
+        (self.lease / 3).min(left)
+    }
+
+    /// The longest span between the first and the last send of one message by one owner,
+    /// outages and ownership changes aside (`docs/relays.md`, "The bound on sends per
+    /// event"): up to `⌈log₂ batch_size⌉ + max_attempts` sends, each under a deadline, with a
+    /// release pause before each send of the halving and a backoff (at most the cap) before
+    /// each later attempt. A receiver's `Retry-After` (HTTP) may stretch a backoff to half the
+    /// lease; the broker sinks have none.
+    pub(crate) fn resend_span(&self) -> Duration {
+        let halvings = usize::BITS - self.batch_size.saturating_sub(1).leading_zeros();
+        let sends = halvings.saturating_add(self.max_attempts);
+        let backoff = self.max_backoff;
+        self.batch_deadline
+            .saturating_mul(sends)
+            .saturating_add(super::runner::BLAMELESS_RETRY.saturating_mul(halvings))
+            .saturating_add(backoff.saturating_mul(self.max_attempts.saturating_sub(1)))
     }
 
     /// The backoff after failed attempt `attempt` (1-based), at least `at_least`.

@@ -42,8 +42,9 @@ enum Ended {
     Unfinished(String),
 }
 
-/// Sends `messages` with `carrier` under `deadline`: its connection rebuilt first if broken
-/// (bounded by the deadline too). The carrier always comes back, broken when the deadline
+/// Sends `messages` with `carrier` under `deadline`, which ends at `until`: its connection
+/// rebuilt first if broken, within the same deadline (one flight never outlasts it, so the
+/// runner can tell when its last request ended: `tenure.rs`). The carrier always comes back, broken when the deadline
 /// expired, the batch failed as a whole or the sink panicked. The outcomes the sink reported
 /// before any of these stand.
 pub(super) async fn fly<K: Sink>(
@@ -51,10 +52,11 @@ pub(super) async fn fly<K: Sink>(
     slots: Vec<Slot>,
     messages: Vec<Message>,
     deadline: Duration,
+    until: Instant,
 ) -> Landed<K> {
     let sent_at = Instant::now();
     let mut outcomes = Outcomes::new(messages.len());
-    let ended = send_within(&mut carrier, &messages, &mut outcomes, deadline).await;
+    let ended = send_within(&mut carrier, &messages, &mut outcomes, deadline, until).await;
     let cut_short = match &ended {
         Ended::Returned => None,
         Ended::SinkFailed(why) | Ended::Unfinished(why) => Some(why.clone()),
@@ -76,10 +78,11 @@ async fn send_within<K: Sink>(
     messages: &[Message],
     outcomes: &mut Outcomes,
     deadline: Duration,
+    until: Instant,
 ) -> Ended {
     let sink = &mut carrier.sink;
     if carrier.broken {
-        match tokio::time::timeout(deadline, sink.reset()).await {
+        match tokio::time::timeout_at(until, sink.reset()).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
                 return Ended::SinkFailed(format!("rebuilding the connection failed: {error}"));
@@ -92,7 +95,7 @@ async fn send_within<K: Sink>(
         }
     }
     let send = AssertUnwindSafe(sink.send(messages, outcomes)).catch_unwind();
-    match tokio::time::timeout(deadline, send).await {
+    match tokio::time::timeout_at(until, send).await {
         Ok(Ok(Ok(()))) => Ended::Returned,
         Ok(Ok(Err(error))) => Ended::SinkFailed(error.to_string()),
         Ok(Err(panic)) => Ended::Unfinished(format!(

@@ -50,6 +50,8 @@ SELECT EXISTS (SELECT 1 FROM moved)
 /// A failed delivery's record.
 pub(crate) struct Mark {
     pub(crate) at: Position,
+    /// The event's insert-lane sequence (for its attempt history, pruned by retention).
+    pub(crate) sequence: u64,
     pub(crate) parked: bool,
     pub(crate) attempts: u32,
     pub(crate) keys: Vec<String>,
@@ -115,6 +117,9 @@ impl Writer {
             return Ok(false);
         }
         for mark in marks.failed {
+            // In the marks' transaction: an attempt is in the history if and only if it
+            // counted (a write whose fence refused stores neither).
+            super::attempts::record(&mut tx, &self.name, self.owner, &mark).await?;
             let failed = progress::Failed {
                 at: mark.at,
                 stalled: mark.parked,

@@ -36,6 +36,7 @@
 //! and an event of a type the relay does not send ([`RelayConfig::event_types`]) is passed
 //! over before anything reads it.
 
+pub(crate) mod attempts;
 mod batch;
 mod config;
 mod flight;
@@ -46,6 +47,7 @@ mod runner;
 mod sink;
 mod sink_down;
 pub(crate) mod start;
+mod tenure;
 mod timers;
 
 #[cfg(feature = "http")]
@@ -55,12 +57,13 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
+pub use attempts::{RelayAttempt, RelayEvent, RelayEventAttempts, RelayEventState};
 pub use config::{DEFAULT_WINDOW_BYTES, OnParked, RelayConfig};
 pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use sink::fitted_timeout;
-pub use sink::{Outcomes, SendError, Sink};
+pub use sink::{Outcomes, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;
 
 /// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that

@@ -49,6 +49,27 @@
 //! else gets through, and the events go out by themselves once the stream exists. (As a
 //! transient failure it parked after the maximum attempts, and a batch that straddled the
 //! stream's return charged the messages sent before it came back.)
+//!
+//! # Duplicate window
+//!
+//! JetStream drops a repeat of a `Nats-Msg-Id` only within the stream's `duplicate_window`; a
+//! copy that arrives after it is **stored twice**, and consumers see it twice (an
+//! [`Inbox`](crate::inbox::Inbox), which deduplicates by message id, absorbs it). When a relay
+//! starts ([`Sink::prepare`]), the sink reads the window of its stream (the one named with
+//! [`stream`](NatsSinkBuilder::stream), or the one bound to `"{prefix}.>"` with the default
+//! subject) and compares it with the longest span over which the relay may send one message
+//! again ([`SinkTiming::resend_span`]: about 4.3 minutes at the defaults, against JetStream's
+//! default window of 2 minutes). A shorter window is logged as a warning naming the stream, its
+//! window and the span; with
+//! [`require_duplicate_window(true)`](NatsSinkBuilder::require_duplicate_window) the relay
+//! refuses to start instead (and also when the window cannot be read).
+//!
+//! A warning, not a refusal, by default: the window is a saving, never the guarantee. Copies
+//! sent apart by an outage (retried for as long as the sink is down) or an ownership change
+//! fall outside any window, so receivers must deduplicate by message id whatever the window;
+//! and refusing would stop the default relay on JetStream's default stream. The check is there
+//! so that a window made short by mistake (seconds) is seen when the relay starts, not as
+//! stored duplicates.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -61,7 +82,7 @@ use async_nats::{Client, HeaderMap, HeaderValue, connection::State};
 
 use tokio::time::Instant;
 
-use super::{Message, Outcomes, SendError, Sink};
+use super::{Message, Outcomes, SendError, Sink, SinkTiming};
 use crate::error::{Error, Result};
 
 /// Maps a message to its subject.
@@ -77,6 +98,8 @@ pub struct NatsSinkBuilder {
     connect_timeout: Duration,
     max_in_flight: usize,
     detail_headers: bool,
+    stream: Option<String>,
+    require_duplicate_window: bool,
 }
 
 /// An ack's timeout when none is set and no relay derived one.
@@ -92,6 +115,8 @@ impl fmt::Debug for NatsSinkBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_in_flight", &self.max_in_flight)
             .field("detail_headers", &self.detail_headers)
+            .field("stream", &self.stream)
+            .field("require_duplicate_window", &self.require_duplicate_window)
             .finish()
     }
 }
@@ -148,6 +173,24 @@ impl NatsSinkBuilder {
         self
     }
 
+    /// The JetStream stream the subjects are bound to, whose `duplicate_window` the relay
+    /// checks when it starts (see [Duplicate window](self#duplicate-window)). Default: the
+    /// stream bound to `"{prefix}.>"` with the default subject; none with a custom
+    /// [`subject`](Self::subject) (then the window is not checked unless named here).
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.stream = Some(name.into());
+        self
+    }
+
+    /// Refuse to start a relay whose stream's `duplicate_window` is shorter than the span over
+    /// which the relay may send one message again ([`SinkTiming::resend_span`]), or whose
+    /// window cannot be read, instead of logging a warning. Default off (see
+    /// [Duplicate window](self#duplicate-window) for why).
+    pub fn require_duplicate_window(mut self, on: bool) -> Self {
+        self.require_duplicate_window = on;
+        self
+    }
+
     /// Checks the settings and returns the sink. It connects on its first
     /// [`send`](Sink::send), so a server that is down now is a transient send error later,
     /// not a start-up failure.
@@ -172,6 +215,11 @@ impl NatsSinkBuilder {
         if self.max_in_flight == 0 {
             return Error::invalid_config("nats max_in_flight", "must be at least 1");
         }
+        let probe = match (&self.stream, &self.subject) {
+            (Some(stream), _) => Some(Probe::Stream(stream.clone())),
+            (None, None) => Some(Probe::Subject(format!("{}.>", self.subject_prefix))),
+            (None, Some(_)) => None,
+        };
         let subject = self.subject.unwrap_or_else(|| {
             let prefix = self.subject_prefix;
             Arc::new(move |message: &Message| format!("{prefix}.{}", message.type_or_untyped()))
@@ -184,6 +232,8 @@ impl NatsSinkBuilder {
             connect_timeout: self.connect_timeout,
             max_in_flight: self.max_in_flight,
             detail_headers: self.detail_headers,
+            probe,
+            require_duplicate_window: self.require_duplicate_window,
             connection: None,
             dirty: false,
         })
@@ -207,6 +257,13 @@ fn check_prefix(prefix: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// How the sink finds its stream: named, or the stream bound to the default subjects.
+#[derive(Debug, Clone)]
+enum Probe {
+    Stream(String),
+    Subject(String),
 }
 
 struct Connection {
@@ -239,6 +296,9 @@ pub struct NatsSink {
     connect_timeout: Duration,
     max_in_flight: usize,
     detail_headers: bool,
+    /// Where to find the stream whose duplicate window is checked at start-up.
+    probe: Option<Probe>,
+    require_duplicate_window: bool,
     connection: Option<Connection>,
     /// A `send` began and did not finish (its future was dropped): the connection's state is
     /// unknown, so the next `send` rebuilds it even if nobody called `reset`.
@@ -266,7 +326,74 @@ impl NatsSink {
             connect_timeout: Duration::from_secs(5),
             max_in_flight: 1024,
             detail_headers: false,
+            stream: None,
+            require_duplicate_window: false,
         }
+    }
+
+    /// The stream's name and duplicate window, as the server reports them.
+    async fn duplicate_window(&mut self) -> std::result::Result<(String, Duration), String> {
+        let Some(probe) = self.probe.clone() else {
+            return Err("no stream is named (a custom subject function: set `stream`)".to_owned());
+        };
+        let wait = self.connect_timeout;
+        let connection = self.connect().await.map_err(|error| error.to_string())?;
+        let jetstream = connection.jetstream.clone();
+        let lookup = async move {
+            let name = match probe {
+                Probe::Stream(name) => name,
+                Probe::Subject(subject) => jetstream
+                    .stream_by_subject(subject.as_str())
+                    .await
+                    .map_err(|error| format!("finding the stream bound to {subject}: {error}"))?,
+            };
+            let stream = jetstream
+                .get_stream(name.as_str())
+                .await
+                .map_err(|error| format!("reading stream {name:?}: {error}"))?;
+            let window = stream.cached_info().config.duplicate_window;
+            Ok::<_, String>((name, window))
+        };
+        tokio::time::timeout(wait, lookup)
+            .await
+            .map_err(|_| format!("the server did not answer within {wait:?}"))?
+    }
+
+    /// The start-up check of the stream's duplicate window against the relay's `timing`.
+    async fn check_duplicate_window(&mut self, timing: &SinkTiming) -> Result<()> {
+        let span = timing.resend_span;
+        let relay = super::quoted(&timing.relay);
+        let strict = self.require_duplicate_window;
+        match self.duplicate_window().await {
+            Ok((stream, window)) if window < span => {
+                let stream = super::quoted(&stream);
+                let reason = format!(
+                    "stream {stream}'s duplicate_window ({window:?}) is shorter than the span over which relay {relay} may send one message again ({span:?}: batch_deadline, max_attempts, backoff and batch_size, see docs/relays.md): a copy sent after the window is stored twice, and receivers must deduplicate by message id; make the window at least {span:?}"
+                );
+                if strict {
+                    return Err(Error::InvalidConfig {
+                        setting: "nats duplicate_window/relay timing",
+                        reason,
+                    });
+                }
+                tracing::warn!(relay = %relay, %stream, ?window, ?span, "{reason}");
+            }
+            Ok((stream, window)) => {
+                tracing::debug!(relay = %relay, stream = %super::quoted(&stream), ?window, ?span, "the stream's duplicate window covers the relay's re-sends");
+            }
+            Err(why) if strict => {
+                return Err(Error::InvalidConfig {
+                    setting: "nats duplicate_window/relay timing",
+                    reason: format!(
+                        "the stream's duplicate_window could not be checked ({why}) and require_duplicate_window is on"
+                    ),
+                });
+            }
+            Err(why) => {
+                tracing::warn!(relay = %relay, %why, "the stream's duplicate_window was not checked");
+            }
+        }
+        Ok(())
     }
 
     async fn connect(&mut self) -> Result<&Connection, SendError> {
@@ -536,6 +663,13 @@ impl Sink for NatsSink {
 
     fn describe(&self) -> String {
         format!("nats {}", super::redact_url(&self.url))
+    }
+
+    /// Fits the ack timeout to the deadline, then checks the stream's duplicate window (see
+    /// [Duplicate window](self#duplicate-window)).
+    async fn prepare(&mut self, timing: &SinkTiming) -> Result<()> {
+        self.fit_to_deadline(timing.batch_deadline)?;
+        self.check_duplicate_window(timing).await
     }
 
     fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {

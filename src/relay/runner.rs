@@ -54,6 +54,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::batch::{Recording, Written};
 use super::outage::Health;
 use super::sink_down::Shown;
+use super::tenure::Tenure;
 
 /// After a database error, or an unreachable sink, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
@@ -108,6 +109,8 @@ pub(crate) struct RelayRunner<K> {
     pub(crate) last_write: Option<tokio::sync::oneshot::Receiver<()>>,
     pub(crate) keys: Keyer,
     pub(crate) owner: Uuid,
+    /// Until when this owner certainly holds the lease (`tenure.rs`).
+    pub(crate) tenure: Tenure,
     pub(crate) stop: StopSignal,
     pub(crate) status: watch::Sender<SubscriptionStatus>,
 }
@@ -143,9 +146,13 @@ impl<K: Sink> RelayRunner<K> {
                 break;
             }
             let c = &self.config;
+            self.tenure.lost();
+            // Before the statement is sent: the lease it grants runs from no earlier.
+            let asked = Instant::now();
             let claimed = sql::claim(&self.pool, &c.name, c.ordering, self.owner, c.lease).await;
             let flow = match claimed {
                 Ok(Some(row)) if row.status == RunStatus::Active => {
+                    self.tenure.granted(asked, self.config.lease);
                     self.set_state(SubscriptionState::Running, Some(&row));
                     self.process(row.position).await
                 }
@@ -222,7 +229,7 @@ impl<K: Sink> RelayRunner<K> {
             stored: watermark,
             recording: Recording::new(watermark.get()),
             flush_at: now + FLUSH_EVERY,
-            renew_at: now + self.config.lease / 3,
+            renew_at: now + self.config.renew_every(),
             retries_at: now,
             stalled_changed: true,
             isolation: HashMap::new(),
@@ -264,6 +271,12 @@ impl<K: Sink> RelayRunner<K> {
                 }
             }
             while !self.idle.is_empty() && (work.held.is_some() || work.lanes.has_ready()) {
+                // Only a flight that ends while this owner certainly holds the lease starts.
+                let starts = match self.may_fly(work).await {
+                    Ok(Some(starts)) => starts,
+                    Ok(None) => break,
+                    Err(flow) => return flow,
+                };
                 let Some((slots, messages)) = self.take_batch(work) else {
                     break;
                 };
@@ -271,13 +284,15 @@ impl<K: Sink> RelayRunner<K> {
                     break;
                 };
                 let deadline = self.config.batch_deadline;
-                self.flights.spawn(fly(carrier, slots, messages, deadline));
+                self.flights
+                    .spawn(fly(carrier, slots, messages, deadline, starts + deadline));
             }
             self.publish_status(work);
             let wake = [
                 Some(work.flush_at),
                 Some(work.renew_at),
                 Some(work.retries_at),
+                self.tenure.wake(Instant::now()),
                 work.lanes.next_due(),
             ]
             .into_iter()

@@ -309,6 +309,67 @@ pub trait Sink: Send + 'static {
         let _ = batch_deadline;
         Ok(())
     }
+
+    /// Prepares the sink for the relay that runs it: called once when the relay starts,
+    /// before any `send`, with the relay's [`SinkTiming`]. A sink checks here whatever its
+    /// receiver must hold for the relay's timing (the built-in [`NatsSink`](super::nats::NatsSink)
+    /// checks its stream's duplicate window against [`SinkTiming::resend_span`]) and fits its
+    /// own timeouts. The relay does not start when it fails.
+    ///
+    /// The default calls [`fit_to_deadline`](Sink::fit_to_deadline) with
+    /// [`SinkTiming::batch_deadline`]; a sink that overrides `prepare` calls it itself if it
+    /// needs both.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the settings that cannot
+    /// hold together; any other error the sink's check met (the relay reports it and does not
+    /// start).
+    fn prepare(&mut self, timing: &SinkTiming) -> impl Future<Output = crate::Result<()>> + Send {
+        let fitted = self.fit_to_deadline(timing.batch_deadline);
+        async move { fitted }
+    }
+}
+
+/// What a relay tells its sinks about its timing when it starts ([`Sink::prepare`]), derived
+/// from its [`RelayConfig`](super::RelayConfig).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SinkTiming {
+    /// The relay's name.
+    pub relay: String,
+    /// One deadline over each batch's send (and the rebuild of a connection before it).
+    pub batch_deadline: Duration,
+    /// The longest span between the first and the last send of one message by one owner,
+    /// outages and ownership changes aside: `⌈log₂ batch_size⌉ + max_attempts` sends under a
+    /// deadline each, the releases' pauses between the first ones and a backoff (at most the
+    /// configured cap) before each later attempt (`docs/relays.md`, "The bound on sends per
+    /// event"). A receiver that drops repeats within a window (JetStream's `duplicate_window`)
+    /// drops every copy of one owner's retries when the window is at least this long.
+    pub resend_span: Duration,
+}
+
+impl SinkTiming {
+    /// The timing of a relay run with `config` (what the relay passes to [`Sink::prepare`];
+    /// for a test of a sink's own checks).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ordo::relay::{RelayConfig, SinkTiming};
+    ///
+    /// let timing = SinkTiming::of(&RelayConfig::new("r"));
+    /// assert_eq!(timing.batch_deadline, Duration::from_secs(10));
+    /// // 7 halvings of a batch of 100 and 10 attempts, 10 s each, 9 backoffs of at most 10 s,
+    /// // 7 pauses of 100 ms.
+    /// assert_eq!(timing.resend_span, Duration::from_millis(260_700));
+    /// ```
+    pub fn of(config: &super::RelayConfig) -> Self {
+        Self {
+            relay: config.name.clone(),
+            batch_deadline: config.batch_deadline,
+            resend_span: config.resend_span(),
+        }
+    }
 }
 
 /// The per-message timeout a built-in sink uses under a relay whose batch deadline is

@@ -36,8 +36,9 @@ where
     if sinks.is_empty() {
         return crate::Error::invalid_config("sinks", "a relay needs at least one sink");
     }
+    let timing = super::SinkTiming::of(&config);
     for sink in &mut sinks {
-        sink.fit_to_deadline(config.batch_deadline)?;
+        sink.prepare(&timing).await?;
     }
     // The row, the lease and the shutdown are a subscription's.
     let job = JobConfig::new(config.name.clone())
@@ -65,6 +66,7 @@ where
             last_write: None,
             keys,
             owner: run.owner,
+            tenure: super::tenure::Tenure::default(),
             stop: run.stop,
             status: run.status,
         };

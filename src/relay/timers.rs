@@ -36,23 +36,54 @@ impl<K: Sink> RelayRunner<K> {
         }
         let c = &self.config;
         let to = Position::new(c.ordering, work.lanes.watermark());
+        // Before the statement is sent: the lease it extends runs from no earlier.
+        let asked = Instant::now();
         let flushed =
             progress::flush(&self.pool, &c.name, self.owner, work.stored, to, c.lease).await;
         let now = Instant::now();
         match flushed {
             Ok(Some(RunStatus::Active)) => {
+                self.tenure.granted(asked, c.lease);
                 work.stored = to;
                 work.flush_at = now + FLUSH_EVERY;
-                work.renew_at = now + c.lease / 3;
+                work.renew_at = asked + c.renew_every();
                 None
             }
-            Ok(_) => Some(Flow::Reclaim),
+            Ok(_) => {
+                self.tenure.lost();
+                Some(Flow::Reclaim)
+            }
             Err(error) => {
                 tracing::warn!(%error, relay = %c.name, "storing the watermark failed");
                 work.flush_at = now + super::runner::ERROR_BACKOFF;
                 (now >= work.renew_at).then_some(Flow::Reclaim)
             }
         }
+    }
+
+    /// When a flight may start: now, if it ends (with the margin) while this owner certainly
+    /// holds the lease (`tenure.rs`); else after renewing first, if that renewal covers it;
+    /// else `None` (the runner waits, and asks again shortly). A flow when the renewal found
+    /// the row changed under us.
+    pub(super) async fn may_fly(&mut self, work: &mut Work) -> Result<Option<Instant>, Flow> {
+        let (deadline, lease) = (self.config.batch_deadline, self.config.lease);
+        let now = Instant::now();
+        if self.tenure.covers(now, deadline, lease) {
+            return Ok(Some(now));
+        }
+        if !self.tenure.may_renew(now) {
+            return Ok(None);
+        }
+        if let Some(flow) = self.flush(work).await {
+            return Err(flow);
+        }
+        let now = Instant::now();
+        if self.tenure.covers(now, deadline, lease) {
+            return Ok(Some(now));
+        }
+        tracing::debug!(relay = %self.config.name, "a renewal came too late to cover a batch; not sending until one does");
+        self.tenure.renewal_short(now);
+        Ok(None)
     }
 
     async fn take_requeues(&mut self, work: &mut Work) {

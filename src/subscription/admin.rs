@@ -43,16 +43,23 @@ const INSERT_HEAD: &str = "SELECT coalesce(max(sequence), 0) FROM ordo.events";
 /// The commit lane's head: the rows in the log.
 const COMMIT_HEAD: &str = "SELECT last_commit_seq FROM ordo.sequencer_state LIMIT 1";
 
-/// Also forgets a keyed subscription's progress above the old position, and ends the lease:
-/// the runner's next completion, checkpoint or renewal fails its fence, and it claims again
-/// from the new position (a keyed runner's in-flight completions are fenced by the lease, not
-/// the position).
+/// Also forgets a keyed subscription's progress above the old position, and **hands the lease
+/// over**: a live lease passes to the owner's handover id (`md5(owner || ':handover')`, see `sql::CLAIM`), which no runner
+/// holds, until it expires. So the runner's next completion, mark, checkpoint or renewal fails
+/// its fence (a keyed runner's and a relay's in-flight completions are fenced by the lease, not
+/// the position) and it claims again from the new position, once its own work in hand has
+/// ended: only the old owner may claim a handover id before it expires. Another process waits
+/// for the lease to expire, so it never sends while the old owner may still have a batch in
+/// flight. (Ending the lease instead let a standby claim at once, beside the old owner's
+/// flights.)
 const RESET: &str = r#"
 WITH forgotten AS (
     DELETE FROM ordo.subscription_progress WHERE subscription = $1
 )
 UPDATE ordo.subscriptions
-SET position = $2, attempts = 0, last_error = NULL, lease_owner = NULL, lease_expires_at = NULL,
+SET position = $2, attempts = 0, last_error = NULL,
+    lease_owner = CASE WHEN lease_expires_at > now() THEN md5(lease_owner::text || ':handover')::uuid END,
+    lease_expires_at = CASE WHEN lease_expires_at > now() THEN lease_expires_at END,
     updated_at = now()
 WHERE name = $1
 "#;
@@ -195,7 +202,10 @@ pub async fn resume_subscription(pool: &PgPool, name: &str) -> Result<()> {
 
 /// Moves a subscription's position to `to`: everything at or below it counts as handled, so a
 /// lower position replays and a higher one skips. A running runner notices at its next
-/// checkpoint or renewal (the reset ends its lease) and continues from `to`. A keyed
+/// checkpoint or renewal (the reset hands its lease over: only it may claim again before the
+/// lease expires, once its work in hand has ended) and continues from `to`; no other process
+/// takes over before the old owner's lease expires, so a relay's batch in flight never travels
+/// beside a new owner's. A keyed
 /// subscription's progress above the old position (finished, failing and stalled events) is
 /// forgotten with it.
 ///

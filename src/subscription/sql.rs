@@ -20,7 +20,10 @@ ON CONFLICT (name) DO NOTHING
 
 pub(crate) const LANE: &str = "SELECT lane FROM ordo.subscriptions WHERE name = $1";
 
-/// Takes the lease if it is free, expired, or already ours. Returns the row as it stands.
+/// Takes the lease if it is free, expired, already ours, or handed over from us by an
+/// operator's reset (`md5(owner || ':handover')`, see `admin::RESET`: its runner claims again
+/// once its work in hand has ended; nobody else before the lease expires). Returns the row as
+/// it stands.
 ///
 /// `SKIP LOCKED`: the claim never queues behind a row lock. A row locked by another transaction
 /// (an owner between its checkpoint and its COMMIT, possibly stalled) is treated as taken; the
@@ -31,7 +34,8 @@ pub(crate) const CLAIM: &str = r#"
 WITH free AS (
     SELECT name FROM ordo.subscriptions
     WHERE name = $1
-      AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_at < now())
+      AND (lease_owner IS NULL OR lease_owner = $2 OR lease_expires_at < now()
+           OR lease_owner = md5($2::text || ':handover')::uuid)
     FOR UPDATE SKIP LOCKED
 )
 UPDATE ordo.subscriptions AS s

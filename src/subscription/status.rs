@@ -251,6 +251,13 @@ pub struct StalledKey {
     pub error: String,
     /// Whether an operator asked to retry it and the runner has not yet taken the request.
     pub retry_requested: bool,
+    /// Since when it is stalled (a relay: parked): when its runner stalled it, or, read from
+    /// the database, when its row last changed. `None` when the runner that reports it found
+    /// it stalled already.
+    pub since: Option<DateTime<Utc>>,
+    /// Whether it is the first event not done: it holds the subscription's stored position
+    /// (a relay's low watermark), whatever else is delivered meanwhile.
+    pub holds_watermark: bool,
 }
 
 impl SubscriptionStatus {

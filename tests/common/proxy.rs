@@ -122,6 +122,12 @@ impl Proxy {
         self.state.fired.load(Ordering::SeqCst)
     }
 
+    /// Makes the server unreachable now: every relay cut, new connections refused, until
+    /// [`restore`](Self::restore).
+    pub fn cut_off(&self) {
+        self.state.unreachable.send_replace(true);
+    }
+
     /// Makes the server reachable again.
     pub fn restore(&self) {
         self.state.unreachable.send_replace(false);
@@ -196,6 +202,9 @@ async fn relay(client: TcpStream, state: &State) {
     let Ok(server) = TcpStream::connect(state.target).await else {
         return;
     };
+    // Without it, Nagle's algorithm and delayed acks cost tens of milliseconds per round trip.
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
     let mut cut = state.unreachable.subscribe();
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();

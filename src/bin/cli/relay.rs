@@ -10,6 +10,8 @@
 //! ordo relay requeue NAME KEY | --all         deliver the parked event of KEY (or every one) again
 //! ordo relay replay NAME --from POSITION      deliver again everything from POSITION on
 //! ordo relay resume NAME                      run a halted (or paused) relay again
+//! ordo relay attempts NAME POSITION|EVENT-ID [--json]
+//!                                             was it delivered, and its failed attempts
 //! ```
 
 use std::future::Future;
@@ -17,6 +19,7 @@ use std::io::{self, Write};
 
 use clap::Subcommand;
 use ordo::admin;
+use ordo::relay::{RelayEvent, RelayEventState};
 use ordo::{CommitSequence, EventSequence, Ordering, Position, RunStatus};
 use sqlx::PgPool;
 
@@ -82,6 +85,17 @@ enum RelayAction {
     /// position is below the retention floor (retention dropped the events it needs): first
     /// `replay --from` the floor its error names, then resume.
     Resume { name: String },
+    /// Was an event delivered, and if not, why: where it stands now (delivered, parked,
+    /// failing, waiting) and its failed attempts (the newest 20), each with its time, error,
+    /// and the host and pid of the process that sent it.
+    Attempts {
+        name: String,
+        /// The event's position on the relay's lane (`ordo relay parked NAME`), or its id.
+        event: String,
+        /// Print JSON (one object) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `args`, connecting with `database` only once the arguments are found sound: a
@@ -142,5 +156,69 @@ where
             eprintln!("ordo: relay {name:?} resumed");
             Ok(())
         }
+        RelayAction::Attempts { name, event, json } => attempts(&pool, &name, &event, json).await,
     }
+}
+
+/// `ordo relay attempts`: the event by position or id, where it stands, its attempts.
+async fn attempts(pool: &PgPool, name: &str, event: &str, json: bool) -> CliResult {
+    let which = match (event.parse::<u64>(), event.parse::<uuid::Uuid>()) {
+        (Ok(position), _) => RelayEvent::Position(position),
+        (_, Ok(id)) => RelayEvent::Id(id),
+        _ => {
+            return Err(format!(
+                "{}: neither a position nor an event id",
+                admin::printable(&format!("{event:?}"))
+            )
+            .into());
+        }
+    };
+    let found = admin::relay_attempts(pool, name, which).await?;
+    let mut out = io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&found)?)?;
+        return Ok(());
+    }
+    let id = found
+        .event_id
+        .map_or_else(|| "(not stored)".to_owned(), |id| id.to_string());
+    let since = found
+        .since
+        .map_or_else(String::new, |at| format!(" since {}", at.to_rfc3339()));
+    let state = match found.state {
+        RelayEventState::Delivered => "delivered",
+        RelayEventState::Parked => "parked",
+        RelayEventState::Failing => "failing, tried again",
+        RelayEventState::Waiting => "not delivered yet (not sent, or in flight)",
+        _ => "unknown",
+    };
+    writeln!(
+        out,
+        "relay {}, {} position {}, event {id}: {state}{since}",
+        admin::printable(&format!("{name:?}")),
+        found.position.lane(),
+        found.position.get()
+    )?;
+    if found.attempts.is_empty() {
+        writeln!(out, "no failed attempt recorded")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>7}  {:<32}  {:<20}  {:>7}  ERROR",
+        "ATTEMPT", "FAILED AT", "HOST", "PID"
+    )?;
+    for attempt in &found.attempts {
+        let parked = if attempt.parked { " (parked)" } else { "" };
+        writeln!(
+            out,
+            "{:>7}  {:<32}  {:<20}  {:>7}  {}{parked}",
+            attempt.attempt,
+            attempt.failed_at.to_rfc3339(),
+            admin::printable(&attempt.host),
+            attempt.pid,
+            admin::printable(&attempt.error)
+        )?;
+    }
+    Ok(())
 }

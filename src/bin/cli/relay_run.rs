@@ -10,9 +10,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ordo::admin::printable;
 use ordo::relay::{RelayConfig, Sink};
 use ordo::{
-    Ordering, Outbox, OutboxConfig, StartFrom, SubscriptionHandle, SubscriptionState,
+    Ordering, Outbox, OutboxConfig, StalledKey, StartFrom, SubscriptionHandle, SubscriptionState,
     SubscriptionStatus,
 };
 use sqlx::PgPool;
@@ -284,6 +285,7 @@ async fn watch(relay: &SubscriptionHandle, name: &str, every: Duration) {
     let mut shown = relay.status();
     let mut delivered_from = shown.position.get();
     let mut progress_at = Instant::now() + every;
+    let mut held = Held::default();
     loop {
         let wait = if every.is_zero() {
             Duration::from_secs(3_600)
@@ -303,7 +305,11 @@ async fn watch(relay: &SubscriptionHandle, name: &str, every: Duration) {
             let position = status.position.get();
             let delivered = position.saturating_sub(delivered_from);
             let (lag, parked) = (status.lag, status.stalled.len());
-            if delivered == 0 && lag > 0 && status.state == SubscriptionState::Running {
+            let head = status.stalled.iter().find(|key| key.holds_watermark);
+            if let Some(head) = head.filter(|_| status.state == SubscriptionState::Running) {
+                // A known cause: said once per change, then every `HELD_EVERY`, not each period.
+                held.report(name, head, lag, parked);
+            } else if delivered == 0 && lag > 0 && status.state == SubscriptionState::Running {
                 tracing::warn!(
                     relay = %name, position, lag, parked,
                     "nothing delivered in the last {every:?} although events wait"
@@ -318,6 +324,45 @@ async fn watch(relay: &SubscriptionHandle, name: &str, every: Duration) {
             progress_at = Instant::now() + every;
         }
         shown = status;
+    }
+}
+
+/// A parked head is logged again after this long while it holds the relay.
+const HELD_EVERY: Duration = Duration::from_secs(60);
+
+/// The parked event that holds the relay's watermark, as last logged.
+#[derive(Default)]
+struct Held {
+    logged: Option<(u64, Instant)>,
+}
+
+impl Held {
+    /// Logs `head` as what holds the relay: when it changed, and then every [`HELD_EVERY`].
+    fn report(&mut self, name: &str, head: &StalledKey, lag: u64, parked: usize) {
+        let position = head.position.get();
+        let due = match self.logged {
+            Some((logged, at)) => logged != position || at.elapsed() >= HELD_EVERY,
+            None => true,
+        };
+        if !due {
+            return;
+        }
+        self.logged = Some((position, Instant::now()));
+        let since = head.since.map_or_else(
+            || "before this process took the lease".to_owned(),
+            |at| at.to_rfc3339(),
+        );
+        tracing::warn!(
+            relay = %name,
+            key = %printable(&format!("{:?}", head.key)),
+            position,
+            since = %since,
+            attempts = head.attempts,
+            error = %printable(&head.error),
+            lag,
+            parked,
+            "a parked event holds the relay's position (every other key goes on): `ordo relay attempts {name} {position}` says why, `ordo relay requeue {name} KEY` sends it again"
+        );
     }
 }
 

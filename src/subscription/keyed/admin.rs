@@ -11,7 +11,12 @@ use crate::error::{Error, Result};
 /// Stalled events with their subscription's lane, one row per event.
 const STALLED: &str = r#"
 SELECT p.subscription, s.lane, p.position, p.keys, p.attempts, coalesce(p.last_error, '') AS error,
-       p.retry_requested_at IS NOT NULL AS retry_requested
+       p.retry_requested_at IS NOT NULL AS retry_requested, p.updated_at,
+       p.position = s.position + 1 + (
+           SELECT count(*) FROM ordo.subscription_progress AS d
+           WHERE d.subscription = p.subscription AND d.state = 'done'
+             AND d.position > s.position AND d.position < p.position
+       ) AS holds_watermark
 FROM ordo.subscription_progress AS p
 JOIN ordo.subscriptions AS s ON s.name = p.subscription
 WHERE p.state = 'stalled' AND ($1::text IS NULL OR p.subscription = $1)
@@ -42,6 +47,10 @@ pub(crate) async fn stalled_by_subscription(
         let attempts = crate::subscription::sql::attempts_read(row.try_get("attempts")?);
         let error: String = row.try_get("error")?;
         let retry_requested = row.try_get("retry_requested")?;
+        let since = row.try_get("updated_at")?;
+        let holds_watermark = row
+            .try_get::<Option<bool>, _>("holds_watermark")?
+            .unwrap_or(false);
         let mut keys: Vec<String> = row.try_get("keys")?;
         if keys.is_empty() {
             // An event with no key, or one whose payload does not decode.
@@ -54,6 +63,8 @@ pub(crate) async fn stalled_by_subscription(
             attempts,
             error: error.clone(),
             retry_requested,
+            since,
+            holds_watermark,
         }));
     }
     Ok(stalled)

@@ -57,6 +57,8 @@ pub(crate) struct Entry<T> {
     /// Stalled and out of its lanes (and out of the barriers): it holds nothing but the
     /// watermark.
     detached: bool,
+    /// When this runner stalled it (`None` when it arrived stalled, or is not).
+    pub(crate) stalled_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// How an event enters the window (a restarted runner knows some from the stored progress).
@@ -187,6 +189,7 @@ impl<T> Lanes<T> {
             state,
             error,
             detached,
+            stalled_at: None,
         });
         self.detached += usize::from(detached);
         if done {
@@ -297,6 +300,7 @@ impl<T> Lanes<T> {
         entry.state = State::Stalled;
         entry.attempts = attempts;
         entry.error = Some(error);
+        entry.stalled_at = Some(chrono::Utc::now());
         if self.let_stalled_go && !entry.detached {
             entry.detached = true;
             let (keys, barrier) = (entry.keys.clone(), entry.barrier);
@@ -315,6 +319,7 @@ impl<T> Lanes<T> {
             let entry = &mut self.window[index];
             entry.state = State::Waiting;
             entry.attempts = 0;
+            entry.stalled_at = None;
             if std::mem::take(&mut entry.detached) {
                 // Back at the end of its lanes: behind the events of its keys held now (some
                 // may be running), ahead of those still to come. Never two of a key at once.
@@ -372,6 +377,8 @@ impl<T> Lanes<T> {
                 attempts: entry.attempts,
                 error: error.clone(),
                 retry_requested: false,
+                since: entry.stalled_at,
+                holds_watermark: entry.position == self.watermark() + 1,
             }));
         }
         stalled

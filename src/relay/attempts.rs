@@ -1,0 +1,269 @@
+//! A relay event's attempt history (`ordo.relay_attempts`, migration
+//! `20261205000100_relay_attempts.sql`): every failed attempt with its time, error and the
+//! process that sent it, written in the transaction of the marks that count it, and read by
+//! [`relay_attempts`] ("was this event sent, when, and why not").
+
+use std::sync::OnceLock;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::marks::Mark;
+use crate::error::{Error, Result};
+use crate::subscription::handle::{Position, read_lane};
+
+/// Attempts kept per event: the newest.
+pub(crate) const KEPT: i32 = 20;
+
+/// One failed attempt, then the event's attempts past the newest [`KEPT`] and every attempt
+/// of events retention dropped (below the oldest stored sequence) go, so the table stays
+/// bounded by the events still stored and [`KEPT`] rows each.
+pub(crate) const RECORD: &str = r#"
+WITH added AS (
+    INSERT INTO ordo.relay_attempts (relay, position, sequence, attempt, error, parked, host, pid, owner)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+), too_old AS (
+    DELETE FROM ordo.relay_attempts
+    WHERE relay = $1 AND position = $2 AND id IN (
+        SELECT id FROM ordo.relay_attempts WHERE relay = $1 AND position = $2
+        ORDER BY failed_at DESC, id DESC OFFSET $10 - 1
+    )
+)
+DELETE FROM ordo.relay_attempts
+WHERE sequence < (SELECT coalesce(min(sequence), 0) FROM ordo.events)
+"#;
+
+/// The relay's lane and stored position, and what its progress row says of the event at `$2`.
+pub(crate) const EVENT_STATE: &str = r#"
+SELECT s.lane, s.position AS stored, p.state, p.attempts, p.last_error, p.updated_at
+FROM ordo.subscriptions AS s
+LEFT JOIN ordo.subscription_progress AS p ON p.subscription = s.name AND p.position = $2
+WHERE s.name = $1
+"#;
+
+/// The event's attempts, oldest first, with the event's id where it is still stored.
+pub(crate) const LIST: &str = r#"
+SELECT a.attempt, a.failed_at, a.error, a.parked, a.host, a.pid, a.owner, a.sequence, e.id
+FROM ordo.relay_attempts AS a
+LEFT JOIN ordo.events AS e ON e.sequence = a.sequence
+WHERE a.relay = $1 AND a.position = $2
+ORDER BY a.failed_at, a.id
+"#;
+
+/// The id of the event at position `$1` of the commit lane (`$2`) or the insert lane.
+pub(crate) const EVENT_AT: &str = r#"
+SELECT e.id FROM ordo.events AS e
+WHERE e.payload IS NOT NULL AND e.sequence = CASE
+    WHEN $2 THEN (SELECT c.sequence FROM ordo.commit_log_range($1 - 1, $1) AS c
+                  WHERE c.commit_seq = $1)
+    ELSE $1 END
+"#;
+
+/// The position of the event with id `$2` on the lane of relay `$1`: from its attempts if it
+/// has any; else on the insert lane its sequence, on the commit lane its row of the log (a
+/// scan of the log: an operator's lookup, not a hot path).
+pub(crate) const POSITION_OF: &str = r#"
+WITH event AS (SELECT sequence FROM ordo.events WHERE id = $2 AND payload IS NOT NULL)
+SELECT coalesce(
+    (SELECT a.position FROM ordo.relay_attempts AS a, event
+     WHERE a.relay = $1 AND a.sequence = event.sequence LIMIT 1),
+    (SELECT event.sequence FROM event, ordo.subscriptions AS s
+     WHERE s.name = $1 AND s.lane = 'insert'),
+    (SELECT c.commit_seq FROM ordo.commit_log AS c, event, ordo.subscriptions AS s
+     WHERE s.name = $1 AND s.lane = 'commit' AND c.sequence = event.sequence)
+)
+"#;
+
+/// This process, as an attempt records it.
+fn host() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "unknown".to_owned())
+    })
+}
+
+/// [`RECORD`] for `mark`, in the marks' transaction.
+pub(crate) async fn record(
+    tx: &mut PgConnection,
+    relay: &str,
+    owner: Uuid,
+    mark: &Mark,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(RECORD)
+        .bind(relay)
+        .bind(mark.at)
+        .bind(i64::try_from(mark.sequence).unwrap_or(i64::MAX))
+        .bind(i32::try_from(mark.attempts).unwrap_or(i32::MAX))
+        .bind(&mark.error)
+        .bind(mark.parked)
+        .bind(host())
+        .bind(i32::try_from(std::process::id()).unwrap_or(i32::MAX))
+        .bind(owner)
+        .bind(KEPT)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// Which event of a relay [`relay_attempts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RelayEvent {
+    /// The event at this position of the relay's lane (what `ordo relay parked` shows).
+    Position(u64),
+    /// The event with this id (the message id receivers see).
+    Id(Uuid),
+}
+
+/// Where a relay's event stands now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RelayEventState {
+    /// The receiver took it (at or below the relay's stored position, or recorded done above
+    /// it).
+    Delivered,
+    /// Parked: its attempts ran out, or it failed permanently; it waits for `ordo relay
+    /// requeue`.
+    Parked,
+    /// It failed and is tried again.
+    Failing,
+    /// Not delivered yet, and no failure stored: not sent yet, or in flight now.
+    Waiting,
+}
+
+/// One failed attempt of a relay's event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RelayAttempt {
+    /// The event's failed attempts when this one failed (1 for the first; counted from 1 again
+    /// after an operator's requeue).
+    pub attempt: u32,
+    /// When the relay recorded the failure.
+    pub failed_at: DateTime<Utc>,
+    /// Why it failed, as the sink said.
+    pub error: String,
+    /// Whether this failure parked it.
+    pub parked: bool,
+    /// The host of the process that sent it.
+    pub host: String,
+    /// That process's id.
+    pub pid: u32,
+    /// The relay's lease owner in that process.
+    pub owner: Uuid,
+}
+
+/// A relay's event, where it stands and its failed attempts (the newest 20).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RelayEventAttempts {
+    /// The relay.
+    pub relay: String,
+    /// The event's position on the relay's lane.
+    pub position: Position,
+    /// The event's id, while `ordo.events` holds it.
+    pub event_id: Option<Uuid>,
+    /// Where it stands now.
+    pub state: RelayEventState,
+    /// Since when it stands so (the last change of its progress row), if it has one.
+    pub since: Option<DateTime<Utc>>,
+    /// Its failed attempts, oldest first (empty: it never failed, or retention dropped it).
+    pub attempts: Vec<RelayAttempt>,
+}
+
+/// Whether relay `relay` delivered `event`, when and why not: where it stands now and its
+/// failed attempts, each with its time, error, host and pid (`ordo relay attempts`).
+///
+/// # Errors
+/// [`Error::UnknownSubscription`] if there is no such relay; [`Error::InvalidConfig`] if no
+/// stored event has that id; [`Error::Database`] if a statement fails.
+pub async fn relay_attempts(
+    pool: &PgPool,
+    relay: &str,
+    event: RelayEvent,
+) -> Result<RelayEventAttempts> {
+    let position = match event {
+        RelayEvent::Position(position) => position,
+        RelayEvent::Id(id) => {
+            let found: Option<i64> = sqlx::query_scalar(POSITION_OF)
+                .bind(relay)
+                .bind(id)
+                .fetch_one(pool)
+                .await?;
+            match found.and_then(|at| u64::try_from(at).ok()) {
+                Some(position) => position,
+                None => {
+                    return Error::invalid_config(
+                        "event id",
+                        &format!(
+                            "no stored event {id} is on relay {relay:?}'s lane (unknown, a placeholder, not yet logged, or dropped by retention)"
+                        ),
+                    );
+                }
+            }
+        }
+    };
+    let at = i64::try_from(position).unwrap_or(i64::MAX);
+    let Some(row) = sqlx::query(EVENT_STATE)
+        .bind(relay)
+        .bind(at)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Err(Error::UnknownSubscription {
+            name: relay.to_owned(),
+        });
+    };
+    let lane = read_lane(&row, "lane")?;
+    let stored: i64 = row.try_get("stored")?;
+    let progress: Option<String> = row.try_get("state")?;
+    let state = match progress.as_deref() {
+        _ if at <= stored => RelayEventState::Delivered,
+        Some("done") => RelayEventState::Delivered,
+        Some("stalled") => RelayEventState::Parked,
+        Some(_) => RelayEventState::Failing,
+        None => RelayEventState::Waiting,
+    };
+    let since = row.try_get("updated_at")?;
+    let rows = sqlx::query(LIST)
+        .bind(relay)
+        .bind(at)
+        .fetch_all(pool)
+        .await?;
+    let mut event_id = None;
+    let mut attempts = Vec::with_capacity(rows.len());
+    for row in rows {
+        event_id = event_id.or(row.try_get("id")?);
+        attempts.push(RelayAttempt {
+            attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or(0),
+            failed_at: row.try_get("failed_at")?,
+            error: row.try_get("error")?,
+            parked: row.try_get("parked")?,
+            host: row.try_get("host")?,
+            pid: u32::try_from(row.try_get::<i32, _>("pid")?).unwrap_or(0),
+            owner: row.try_get("owner")?,
+        });
+    }
+    if event_id.is_none() {
+        event_id = sqlx::query_scalar(EVENT_AT)
+            .bind(at)
+            .bind(lane == crate::Ordering::Commit)
+            .fetch_optional(pool)
+            .await?;
+    }
+    Ok(RelayEventAttempts {
+        relay: relay.to_owned(),
+        position: Position::new(lane, position),
+        event_id,
+        state,
+        since,
+        attempts,
+    })
+}
