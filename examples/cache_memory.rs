@@ -19,6 +19,8 @@
 //! with them, 109 / 508 MiB, and 71 / 508 MiB with `--insert-lane-only`. The remaining 100 MB
 //! is the buffer of the connection that served the commit lane's page read.
 
+#[path = "support/resident.rs"]
+mod resident;
 #[path = "support/scratch.rs"]
 mod scratch;
 
@@ -27,6 +29,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use ordo::{Outbox, OutboxConfig, Start};
+use resident::resident;
 use scratch::Scratch;
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -39,20 +42,6 @@ fn option(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
     let at = args.iter().position(|arg| arg == name)?;
     args.get(at + 1)?.parse().ok()
-}
-
-/// `VmHWM` and `VmRSS` in MiB.
-fn resident() -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb / 1024)
-    };
-    Ok((field("VmHWM:"), field("VmRSS:")))
 }
 
 #[tokio::main]

@@ -17,14 +17,17 @@
 //! relay's, the outbox's and the pool's. Runs on a scratch database (`ordo_load_<random>`),
 //! dropped at exit. Linux only (reads `/proc`).
 
+#[path = "support/resident.rs"]
+mod resident;
 #[path = "support/scratch.rs"]
 mod scratch;
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ordo::relay::{Message, Outcomes, RelayConfig, SendError, Sink};
 use ordo::{Keys, Outbox, OutboxConfig};
+use resident::resident;
 use scratch::Scratch;
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -61,20 +64,6 @@ fn option(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
     let at = args.iter().position(|arg| arg == name)?;
     args.get(at + 1)?.parse().ok()
-}
-
-/// `VmHWM` and `VmRSS` in MiB.
-fn resident() -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb / 1024)
-    };
-    Ok((field("VmHWM:"), field("VmRSS:")))
 }
 
 #[tokio::main]

@@ -64,6 +64,25 @@ impl TypeFilter {
         }
     }
 
+    /// Only `types` from now on, keeping this filter's policy for untyped events.
+    pub(crate) fn choose<I, T>(&self, types: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let mut chosen = Self::only(types);
+        chosen.skip_untyped = self.skip_untyped;
+        chosen
+    }
+
+    /// Every type from now on, keeping this filter's policy for untyped events.
+    pub(crate) fn choose_all(&self) -> Self {
+        Self {
+            skip_untyped: self.skip_untyped,
+            ..Self::all()
+        }
+    }
+
     /// Every type, chosen: no payload type's own selection replaces it.
     pub(crate) fn all() -> Self {
         Self {

@@ -701,20 +701,8 @@ async fn a_line_break_in_a_stored_traceparent_or_a_key_parks_only_that_event() {
             *counting.lock().expect("sends").entry(id).or_insert(0) += 1;
         }
     });
-    let sink = NatsSink::builder(nats_url(common::brokers::addr(common::brokers::NATS_ADDR)))
-        .subject_prefix(&stream.prefix)
-        .build()
-        .expect("sink");
-    let relay = outbox
-        .relay(
-            config("line-break-headers").on_parked(OnParked::Continue),
-            sink,
-            keys,
-        )
-        .await
-        .expect("relay");
-    let keyed = |id: u32| Parcel::new(id, &[&format!("k{}", id % 3)]);
-    publish_together(&outbox, (0..10).map(keyed)).await;
+    let relay = continuing_nats_relay(&outbox, &stream, "line-break-headers").await;
+    publish_together(&outbox, (0..10).map(keyed_by_three)).await;
     sqlx::query(
         "INSERT INTO ordo.events (payload, headers) VALUES \
          ('{\"keys\": [\"k1\"], \"id\": 100}', \
@@ -725,7 +713,7 @@ async fn a_line_break_in_a_stored_traceparent_or_a_key_parks_only_that_event() {
     .execute(&db.pool)
     .await
     .expect("two rows by plain SQL");
-    publish_together(&outbox, (10..20).map(keyed)).await;
+    publish_together(&outbox, (10..20).map(keyed_by_three)).await;
 
     let all = eventually(PATIENCE, || async { stream.len().await >= 20 }).await;
     assert!(all, "{} of 20 events in the stream", stream.len().await);
@@ -782,4 +770,64 @@ async fn a_line_break_in_a_stored_traceparent_or_a_key_parks_only_that_event() {
         "an event was published more than once: {sends:?}"
     );
     assert_eq!(stream.len().await, 20);
+}
+
+/// A NATS relay on `stream` whose parked events' keys go on without them.
+async fn continuing_nats_relay(
+    outbox: &Outbox<Parcel>,
+    stream: &TestStream,
+    name: &str,
+) -> SubscriptionHandle {
+    let sink = NatsSink::builder(nats_url(common::brokers::addr(common::brokers::NATS_ADDR)))
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    outbox
+        .relay(config(name).on_parked(OnParked::Continue), sink, keys)
+        .await
+        .expect("relay")
+}
+
+fn keyed_by_three(id: u32) -> Parcel {
+    Parcel::new(id, &[&format!("k{}", id % 3)])
+}
+
+/// Issue 27, row 9, at the relay level. An event whose type (about 4 kB, written by plain
+/// SQL) would make a subject over NATS's limit (the server drops a connection whose control
+/// line passes 4,096 bytes, which was retried for ever): refused before it is sent, parked at
+/// once with one attempt, the connection kept, and every other event, of its key too
+/// (`OnParked::Continue`), in the stream once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_type_too_long_for_a_subject_parks_only_that_event() {
+    let db = TestDb::new().await;
+    let outbox = outbox(&db).await;
+    let stream = TestStream::new().await;
+    let relay = continuing_nats_relay(&outbox, &stream, "long-type").await;
+    publish_together(&outbox, (0..10).map(keyed_by_three)).await;
+    sqlx::query(
+        "INSERT INTO ordo.events (payload, event_type) \
+         VALUES ('{\"keys\": [\"k1\"], \"id\": 100}', repeat('t', 4100))",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a row with a 4 kB type");
+    publish_together(&outbox, (10..20).map(keyed_by_three)).await;
+
+    let all = eventually(PATIENCE, || async { stream.len().await >= 20 }).await;
+    assert!(all, "{} of 20 events in the stream", stream.len().await);
+    let (position, attempts) = parked(&relay).await;
+    assert_eq!(
+        (position, attempts),
+        (11, 1),
+        "parked at once, with one attempt"
+    );
+    let error = relay.status().stalled[0].error.clone();
+    assert!(error.contains("4,000") || error.contains("4000"), "{error}");
+    assert!(error.len() < 600, "the type is not repeated whole: {error}");
+    assert_eq!(
+        stream.len().await,
+        20,
+        "nothing else was sent twice or lost"
+    );
+    relay.shutdown().await;
 }

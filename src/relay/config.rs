@@ -152,18 +152,14 @@ impl RelayConfig {
         I: IntoIterator<Item = T>,
         T: Into<String>,
     {
-        let skip_untyped = !self.types.admits(None);
-        self.types = TypeFilter::only(types);
-        self.types.set_skip_untyped(skip_untyped);
+        self.types = self.types.choose(types);
         self
     }
 
     /// Sends events of every type, whatever the outbox's payload type (the opposite of the
     /// default, see [`event_types`](Self::event_types)).
     pub fn all_types(mut self) -> Self {
-        let skip_untyped = !self.types.admits(None);
-        self.types = TypeFilter::all();
-        self.types.set_skip_untyped(skip_untyped);
+        self.types = self.types.choose_all();
         self
     }
 

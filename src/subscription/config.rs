@@ -218,9 +218,7 @@ impl JobConfig {
         I: IntoIterator<Item = T>,
         T: Into<String>,
     {
-        let skip_untyped = !self.types.admits(None);
-        self.types = TypeFilter::only(types);
-        self.types.set_skip_untyped(skip_untyped);
+        self.types = self.types.choose(types);
         self
     }
 
@@ -234,9 +232,7 @@ impl JobConfig {
     /// let audit = JobConfig::new("audit-everything").all_types();
     /// ```
     pub fn all_types(mut self) -> Self {
-        let skip_untyped = !self.types.admits(None);
-        self.types = TypeFilter::all();
-        self.types.set_skip_untyped(skip_untyped);
+        self.types = self.types.choose_all();
         self
     }
 
