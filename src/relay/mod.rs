@@ -82,7 +82,6 @@ pub(crate) fn guarded<T>(what: &str, user_code: impl FnOnce() -> T) -> Result<T,
 /// (`{:?}`, so a line break or a control character cannot forge a log line or drive a
 /// terminal) and cut to its first 120 characters, with its length when cut, so a 10 kB value
 /// does not fill `last_error` and every log line that repeats it.
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) fn quoted(text: &str) -> String {
     const SHOWN: usize = 120;
     match text.char_indices().nth(SHOWN) {

@@ -359,7 +359,7 @@ impl<K: Sink> RelayRunner<K> {
             Ok(Ok(keys)) => Some(keys),
             Ok(Err(why)) => {
                 tracing::warn!(
-                    relay = %name, sequence = event.sequence.get(), error = ?why,
+                    relay = %name, sequence = event.sequence.get(), error = %super::quoted(&why),
                     "the payload does not decode as the relay's payload type, so its keys cannot be known: it is sent as stored, after every event before it and before every event after it"
                 );
                 None
