@@ -90,6 +90,36 @@ pub enum Error {
         requested: Ordering,
     },
 
+    /// A row of `ordo.subscriptions` belongs to the other kind: a relay was started under the
+    /// name of a subscription, or the reverse. Each would move the other's position (the
+    /// other never sees the events it passes), so it is refused: use another name.
+    #[error(
+        "{subscription:?} in ordo.subscriptions is a {stored}, and a {requested} may not run it (it would move the {stored}'s position); use another name"
+    )]
+    KindMismatch {
+        /// The row's name.
+        subscription: String,
+        /// What the row is: `subscription` or `relay`.
+        stored: String,
+        /// What was started on it: `subscription` or `relay`.
+        requested: &'static str,
+    },
+
+    /// A row of `ordo.subscriptions` is run by another database role, which the connected
+    /// role does not act as (it is not that role, nor inherits its privileges): row security
+    /// lets it neither claim the row nor move its position.
+    #[error(
+        "{subscription:?} in ordo.subscriptions is run by role {owner:?}, and role {connected:?} may not write it; use another name, or run it as {owner:?} (GRANT {owner:?} TO {connected:?} if the two are one application)"
+    )]
+    NotOwnRow {
+        /// The row's name.
+        subscription: String,
+        /// The role that runs it (`ordo.subscriptions.role`).
+        owner: String,
+        /// The role of this connection (`current_user`).
+        connected: String,
+    },
+
     /// No subscription of that name exists in `ordo.subscriptions`.
     #[error("no subscription named {name:?} in ordo.subscriptions")]
     UnknownSubscription {

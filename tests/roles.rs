@@ -6,188 +6,21 @@
 
 mod common;
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log};
-use common::{Note, TestDb, eventually, server_url, with_database};
+use common::roles::{Roles, denied, denied_ordo, exec, head, quote};
+use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{
     Delivery, Error, Grants, HandlerError, JobConfig, Outbox, OutboxConfig, RetentionConfig, Start,
     Subscriber,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// A database owned by a dedicated owner role (which ran the migrations, as in production),
-/// and a writer, a reader and an operator role granted through `ordo::admin::grant`. Roles are
-/// cluster-wide: their names are unique, and `Drop` removes the database and then the roles,
-/// whether the test passed or not.
-struct Roles {
-    guard: Guard,
-    url: String,
-    /// A superuser on the database (setup, checks that bypass grants).
-    admin: PgPool,
-    owner: String,
-    writer: String,
-    reader: String,
-    operator: String,
-}
-
-struct Guard {
-    database: String,
-    roles: Vec<String>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let database = self.database.clone();
-        let roles = self.roles.clone();
-        let server = server_url().to_owned();
-        let dropped = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async move {
-                let Ok(admin) = PgPool::connect(&server).await else {
-                    return;
-                };
-                // The database first: the roles own objects and hold privileges in it.
-                let sql = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
-                let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
-                for role in roles.iter().rev() {
-                    let sql = format!("DROP ROLE IF EXISTS {}", quote(role));
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
-                }
-                admin.close().await;
-            });
-        });
-        let _ = dropped.join();
-    }
-}
-
-/// A quoted identifier, for test set-up only (the library binds role names instead).
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-impl Roles {
-    async fn new(partition_size: u64) -> Roles {
-        let tag = uuid::Uuid::new_v4().simple().to_string();
-        let name = |kind: &str| format!("ordo_test_{}_{kind}", &tag[..12]);
-        let mut guard = Guard {
-            database: format!("ordo_test_{tag}"),
-            roles: Vec::new(),
-        };
-        let server = PgPool::connect(server_url()).await.expect("connect");
-        let (owner, writer, reader, operator) = (
-            name("owner"),
-            name("writer"),
-            name("reader"),
-            name("operator"),
-        );
-        for role in [&owner, &writer, &reader, &operator] {
-            // Registered before it exists, so a failure half-way still removes it.
-            guard.roles.push(role.clone());
-            exec(&server, &format!("CREATE ROLE {} LOGIN", quote(role))).await;
-        }
-        exec(
-            &server,
-            &format!("CREATE DATABASE {} OWNER {}", guard.database, quote(&owner)),
-        )
-        .await;
-        exec(
-            &server,
-            &format!(
-                "ALTER DATABASE {} SET ordo.partition_size = '{partition_size}'",
-                guard.database
-            ),
-        )
-        .await;
-        server.close().await;
-        let url = with_database(server_url(), &guard.database);
-        let admin = pool(&url, None, 4).await;
-        let roles = Roles {
-            guard,
-            url,
-            admin,
-            owner,
-            writer,
-            reader,
-            operator,
-        };
-        // Migrated by the owner, as in production: ordo's objects belong to a role that is
-        // not a superuser, so an operator can be made a member of it.
-        let owner_pool = roles.pool_as(&roles.owner, 2).await;
-        ordo::migrate(&owner_pool).await.expect("migrate as owner");
-        owner_pool.close().await;
-        let grants = Grants::writer(&roles.writer)
-            .and(Grants::reader(&roles.reader))
-            .and(Grants::operator(&roles.operator));
-        ordo::admin::grant(&roles.admin, &grants)
-            .await
-            .expect("grant");
-        roles
-    }
-
-    async fn pool_as(&self, role: &str, size: u32) -> PgPool {
-        pool(&self.url, Some(role), size).await
-    }
-
-    /// Registers a role the test creates, so that it is dropped at the end.
-    fn adopt(&mut self, role: &str) {
-        self.guard.roles.push(role.to_owned());
-    }
-}
-
-async fn pool(url: &str, role: Option<&str>, size: u32) -> PgPool {
-    let mut options = PgConnectOptions::from_str(url).expect("a valid database URL");
-    if let Some(role) = role {
-        options = options.username(role);
-    }
-    PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with(options)
-        .await
-        .expect("connect")
-}
-
-async fn exec(pool: &PgPool, sql: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// Whether `result` failed for want of a privilege (SQLSTATE 42501).
-fn denied<T: std::fmt::Debug>(result: Result<T, sqlx::Error>) -> bool {
-    match result {
-        Err(sqlx::Error::Database(error)) => error.code().as_deref() == Some("42501"),
-        other => panic!("expected a permission error, got {other:?}"),
-    }
-}
-
-fn denied_ordo<T: std::fmt::Debug>(result: ordo::Result<T>) -> bool {
-    match result {
-        Err(Error::Database(error)) => denied::<()>(Err(error)),
-        other => panic!("expected a permission error, got {other:?}"),
-    }
-}
-
-async fn head(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT last_value FROM ordo.events_sequence")
-        .fetch_one(pool)
-        .await
-        .expect("head")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_cannot_forge_sequence_or_commit_xid_and_fills_only_drawn_holes() {

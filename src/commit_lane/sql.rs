@@ -57,34 +57,31 @@ LEFT JOIN ordo.events AS e ON e.sequence = l.sequence
 ORDER BY l.commit_seq
 "#;
 
-/// Appends whole groups under a compare-and-set on the state row.
+/// Appends whole groups under a compare-and-set on the state row, through
+/// `ordo.append_commit_log` (migration `20261206000100_least_privilege.sql`): the function runs
+/// as the schema's owner and appends only what it verifies against `ordo.events`, so a role
+/// that folds holds no direct write on the log or its state (issue 29).
 ///
 /// `$1` the cursor this process expects, `$2` the new cursor, `$3`/`$4` the groups in log order
-/// as (commit_xid, the first sequence the fold met). Members are looked up here, on the server,
-/// so a group of any size is never materialised by the client; they are stored as chunks of at
-/// most 1,024 entries (the table's CHECK). Each returned entry names its group (`ord`, 1-based
-/// in the plan).
+/// as (commit_xid, the first sequence the fold met). The function takes the groups from the
+/// table (the transactions whose lowest event lies in `($1, $2]`) and refuses a plan that
+/// differs (SQLSTATE `OR001`), or a range with a sequence that has no row yet. Members are
+/// looked up on the server, so a group of any size is never materialised by the client; they
+/// are stored as chunks of at most 1,024 entries (the table's CHECK). Each returned entry names
+/// its group (`ord`, 1-based in the plan).
 ///
 /// The first member the fold meets is the group's lowest sequence, so a planned group whose
 /// transaction has a row *below* it was logged before: the row met is foreign to the schema
 /// contract (a `commit_xid` written by hand). Such a group is left out (no entry comes back for
-/// its `ord`) rather than logged twice; the lookup by `commit_xid` costs the same either way.
-/// The lookup is one `commit_xid = ANY(...)` index scan per partition for the whole plan, not
-/// a probe per group: per group, a nested loop's rescan of the partitions cost more than the
-/// index descent itself (cold fold of single-event transactions, 66,000 groups/s before). The
-/// scan is a CTE of its own (`found`), joined to the plan afterwards: written as one join, the
-/// *generic* plan a prepared statement switches to after five executions estimates the
-/// `unnest` at 10 rows and probes the index once per group with the whole array as a second
-/// key, each probe sorting and walking the array again: quadratic, 2.3 s for one append of
-/// 5,000 groups on this machine where the split form takes 19 ms (`EXPLAIN ANALYZE` under
-/// `plan_cache_mode = force_generic_plan`; `tests/plans.rs` checks it).
+/// its `ord`) rather than logged twice.
 ///
-/// A group's first and last members come from one window sorted by (`ord`, `sequence`), the
-/// order `members` numbers them in, so that sort finds its input in order (PostgreSQL's sort
-/// checks for that first): one full sort of the plan's members instead of two, and one window
-/// pass fewer. An append of 2,000 single-event groups took 20.0 to 22.9 ms instead of 23.7 to
-/// 24.8 (`EXPLAIN ANALYZE`, five and four runs alternated); one of 30, 0.4 to 0.9 ms either way
-/// (`PERFORMANCE.md`, session 10).
+/// Inside, the statement keeps the shape measured before it moved into the function: the
+/// lookup of members is one `commit_xid = ANY(...)` index scan per partition for the whole
+/// plan, a CTE of its own (joined to the plan, the *generic* plan a prepared statement switches
+/// to after five executions probed the index once per group with the whole array: quadratic,
+/// 2.3 s for one append of 5,000 groups where the split form takes 19 ms), and a group's last
+/// member comes from one window sorted by (group, sequence), the order the entries are
+/// numbered in (`PERFORMANCE.md`, session 10).
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
@@ -92,50 +89,8 @@ ORDER BY l.commit_seq
 /// plan). A guard on another table (`NOT EXISTS` in the log) would read this statement's older
 /// snapshot and append the group twice.
 pub(crate) const APPEND: &str = r#"
-WITH plan AS (
-    SELECT g.xid, g.low, g.ord
-    FROM unnest($3::bigint[], $4::bigint[]) WITH ORDINALITY AS g(xid, low, ord)
-),
-found AS MATERIALIZED (
-    SELECT e.sequence, e.commit_xid
-    FROM ordo.events AS e
-    WHERE e.commit_xid = ANY ($3::bigint[])
-),
-candidates AS MATERIALIZED (
-    SELECT p.ord, p.low, f.sequence,
-           first_value(f.sequence) OVER w AS first,
-           last_value(f.sequence) OVER w AS last
-    FROM found AS f
-    JOIN plan AS p ON p.xid = f.commit_xid
-    WINDOW w AS (PARTITION BY p.ord ORDER BY f.sequence
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-),
-members AS MATERIALIZED (
-    SELECT c.sequence, c.ord,
-           row_number() OVER (ORDER BY c.ord, c.sequence) AS rn,
-           c.sequence = c.last AS group_last
-    FROM candidates AS c
-    WHERE c.first = c.low
-),
-state AS (
-    UPDATE ordo.sequencer_state
-    SET last_commit_seq = last_commit_seq + (SELECT count(*) FROM members),
-        logged_through_sequence = $2,
-        updated_at = now()
-    WHERE singleton AND logged_through_sequence = $1
-    RETURNING last_commit_seq - (SELECT count(*) FROM members) AS base
-),
-chunks AS (
-    INSERT INTO ordo.commit_chunks
-        (first_commit_seq, last_commit_seq, min_sequence, max_sequence, sequences, group_last)
-    SELECT state.base + min(m.rn), state.base + max(m.rn), min(m.sequence), max(m.sequence),
-           array_agg(m.sequence ORDER BY m.rn), array_agg(m.group_last ORDER BY m.rn)
-    FROM state, members AS m
-    GROUP BY state.base, (m.rn - 1) / 1024
-)
-SELECT state.base + m.rn AS commit_seq, m.sequence, m.group_last, m.ord
-FROM state LEFT JOIN members AS m ON TRUE
-ORDER BY m.rn
+SELECT a.commit_seq, a.sequence, a.group_last, a.ord
+FROM ordo.append_commit_log($1, $2, $3, $4) AS a
 "#;
 
 /// The log head, for processes that do not run a sequencer.

@@ -151,10 +151,16 @@ const HOT_PATH: &[HotStatement] = &[
     s(
         "subscription: create",
         sub::CREATE,
-        "text, text, bigint",
-        "'s', 'commit', 0",
+        "text, text, bigint, text",
+        "'s', 'commit', 0, 'subscription'",
     ),
-    s("subscription: lane", sub::LANE, "text", "'s'"),
+    s(
+        "subscription: adopt",
+        sub::ADOPT,
+        "text, text",
+        "'s', 'subscription'",
+    ),
+    s("subscription: identity", sub::IDENTITY, "text", "'s'"),
     s(
         "subscription: claim",
         sub::CLAIM,

@@ -135,7 +135,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let start_at = start_position(&shared, config);
-    ensure_row(&shared.pool, config, start_at).await?;
+    ensure_row(&shared.pool, config, start_at, kind).await?;
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -189,11 +189,32 @@ where
     })
 }
 
-/// Creates the subscription's row at `start_at` if it is new; refuses a row of the other lane.
-async fn ensure_row(pool: &PgPool, config: &JobConfig, start_at: Position) -> Result<()> {
-    sql::create(pool, &config.name, start_at).await?;
-    let stored = sql::lane(pool, &config.name).await?;
-    match Ordering::parse(&stored) {
+/// Creates the row at `start_at` if it is new, as a `kind` (`subscription` or `relay`) run by
+/// the connected role; refuses a row of the other kind, of a role this one does not act as, or
+/// of the other lane.
+async fn ensure_row(
+    pool: &PgPool,
+    config: &JobConfig,
+    start_at: Position,
+    kind: &'static str,
+) -> Result<()> {
+    sql::create(pool, &config.name, start_at, kind).await?;
+    let stored = sql::identity(pool, &config.name).await?;
+    if let Some(stored_kind) = stored.kind.filter(|stored| stored != kind) {
+        return Err(Error::KindMismatch {
+            subscription: config.name.clone(),
+            stored: stored_kind,
+            requested: kind,
+        });
+    }
+    if !stored.writable {
+        return Err(Error::NotOwnRow {
+            subscription: config.name.clone(),
+            owner: stored.role.unwrap_or_default(),
+            connected: stored.connected,
+        });
+    }
+    match Ordering::parse(&stored.lane) {
         Some(stored) if stored == config.ordering => Ok(()),
         // The table's CHECK admits only the two lanes: the stored one is the other.
         stored => Err(Error::LaneMismatch {

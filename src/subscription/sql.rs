@@ -12,13 +12,38 @@ use super::handle::Position;
 use super::status::RunStatus;
 use crate::position::EventSequence;
 
-/// Creates the row if it is new; existing rows are left alone.
+/// Creates the row if it is new, of kind `$4` (`subscription` or `relay`), run by the
+/// connected role (the column's default); existing rows are left alone.
 pub(crate) const CREATE: &str = r#"
-INSERT INTO ordo.subscriptions (name, lane, position) VALUES ($1, $2, $3)
+INSERT INTO ordo.subscriptions (name, lane, position, kind) VALUES ($1, $2, $3, $4)
 ON CONFLICT (name) DO NOTHING
 "#;
 
-pub(crate) const LANE: &str = "SELECT lane FROM ordo.subscriptions WHERE name = $1";
+/// A row created before ordo recorded kinds and roles takes the starting runner's (row
+/// security lets any role adopt it, once). Rows that have both are not touched, so this takes
+/// no lock on them.
+pub(crate) const ADOPT: &str = r#"
+UPDATE ordo.subscriptions
+SET kind = coalesce(kind, $2), role = coalesce(role, current_user::text)
+WHERE name = $1 AND (kind IS NULL OR role IS NULL)
+"#;
+
+/// The row's lane, kind and role, the connected role, and whether it may write the row: it is
+/// the row's role or inherits its privileges, or bypasses row security (a superuser, a role
+/// with BYPASSRLS, the table's owner or a member of it).
+pub(crate) const IDENTITY: &str = r#"
+SELECT s.lane, s.kind, s.role, current_user::text AS connected,
+       s.role IS NULL OR s.role = current_user::text
+       OR EXISTS (SELECT 1 FROM pg_roles AS r
+                  WHERE r.rolname::text = s.role AND pg_has_role(current_user, r.oid, 'USAGE'))
+       OR EXISTS (SELECT 1 FROM pg_roles AS r
+                  WHERE r.rolname = current_user AND (r.rolsuper OR r.rolbypassrls))
+       OR pg_has_role(current_user, (SELECT c.relowner FROM pg_class AS c
+                                     WHERE c.oid = 'ordo.subscriptions'::regclass), 'USAGE')
+           AS writable
+FROM ordo.subscriptions AS s
+WHERE s.name = $1
+"#;
 
 /// Takes the lease if it is free, expired, already ours, or handed over from us by an
 /// operator's reset (`md5(owner || ':handover')`, see `admin::RESET`: its runner claims again
@@ -198,20 +223,49 @@ fn lease_ms(lease: Duration) -> f64 {
     lease.as_secs_f64() * 1000.0
 }
 
-/// [`CREATE`]: the row for a new subscription starting after `start` (on `start`'s lane).
-pub(crate) async fn create(pool: &PgPool, name: &str, start: Position) -> Result<(), sqlx::Error> {
+/// [`CREATE`]: the row for a new subscription or relay (`kind`) starting after `start` (on
+/// `start`'s lane), then [`ADOPT`] for a row from before kinds and roles were recorded.
+pub(crate) async fn create(
+    pool: &PgPool,
+    name: &str,
+    start: Position,
+    kind: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query(CREATE)
         .bind(name)
         .bind(start.lane().as_str())
         .bind(start)
+        .bind(kind)
+        .execute(pool)
+        .await?;
+    sqlx::query(ADOPT)
+        .bind(name)
+        .bind(kind)
         .execute(pool)
         .await?;
     Ok(())
 }
 
-/// [`LANE`]: the stored lane, as text (a value ordo does not know is reported, not parsed).
-pub(crate) async fn lane(pool: &PgPool, name: &str) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(LANE).bind(name).fetch_one(pool).await
+/// A row's identity as [`IDENTITY`] reads it.
+pub(crate) struct Identity {
+    /// The stored lane, as text (a value ordo does not know is reported, not parsed).
+    pub(crate) lane: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) role: Option<String>,
+    pub(crate) connected: String,
+    pub(crate) writable: bool,
+}
+
+/// [`IDENTITY`] of the row `name`.
+pub(crate) async fn identity(pool: &PgPool, name: &str) -> Result<Identity, sqlx::Error> {
+    let row = sqlx::query(IDENTITY).bind(name).fetch_one(pool).await?;
+    Ok(Identity {
+        lane: row.try_get("lane")?,
+        kind: row.try_get("kind")?,
+        role: row.try_get("role")?,
+        connected: row.try_get("connected")?,
+        writable: row.try_get::<Option<bool>, _>("writable")?.unwrap_or(false),
+    })
 }
 
 /// [`CLAIM`]: the row if `owner` now holds the lease, `None` if another runner does.

@@ -238,5 +238,6 @@ pub mod keyed;
 pub mod proxy;
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]
 pub mod relays;
+pub mod roles;
 pub mod subscribers;
 pub mod tcp_fault;
