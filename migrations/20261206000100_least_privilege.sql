@@ -267,6 +267,29 @@ CREATE POLICY relay_attempts_own ON ordo.relay_attempts FOR ALL
 
 -- 3. Roles --------------------------------------------------------------------------------------
 
+-- Every role reads every table, now with ordo's migration history too (`ordo status` warns on a
+-- schema migrated by a newer ordo).
+CREATE OR REPLACE FUNCTION ordo.grant_reader(grantee TEXT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ordo.check_grantee(grantee, 'reader');
+    EXECUTE format('GRANT USAGE ON SCHEMA ordo TO %I', grantee);
+    EXECUTE format('GRANT SELECT ON ordo.events, ordo.commit_log, ordo.commit_chunks, '
+                   'ordo.sequencer_state, ordo.subscriptions, ordo.dead_letters, '
+                   'ordo.partitioning, ordo.subscription_progress, ordo.latest_values, '
+                   'ordo.inbox, ordo.inbox_watermarks, ordo.secret_keys, ordo.secret_scrub, '
+                   'ordo.relay_attempts TO %I',
+                   grantee);
+    EXECUTE format('GRANT SELECT ON SEQUENCE ordo.events_sequence TO %I', grantee);
+    IF to_regclass('ordo._sqlx_migrations') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON ordo._sqlx_migrations TO %I', grantee);
+    END IF;
+END
+$$;
+
 -- Publishes (and reads, as every role does): INSERT of the columns a publisher sets, the
 -- sequence its default draws from, latest values through their function.
 CREATE FUNCTION ordo.grant_publisher(grantee TEXT)

@@ -581,3 +581,83 @@ async fn each_role_does_its_part_of_a_deployment() {
         pool.close().await;
     }
 }
+
+/// `url` with `role` as its user (the test roles log in without a password).
+#[cfg(all(feature = "cli", feature = "nats"))]
+fn url_as(url: &str, role: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{role}@{host}")
+}
+
+#[cfg(all(feature = "cli", feature = "nats"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordo_relay_run_refuses_a_subscriptions_row_and_says_so() {
+    use std::process::{Command, Stdio};
+
+    let roles = Roles::new(1_000_000).await;
+    let writer = roles.pool_as(&roles.writer, 4).await;
+    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
+        .await
+        .expect("a writer's outbox");
+    let app = outbox
+        .subscribe(JobConfig::new("orders"), Seen::default())
+        .await
+        .expect("a subscription");
+    publish(&outbox, 1, 5).await;
+    let (state, done) = app.wait_for(PATIENCE, |s| s.position.get() >= 5).await;
+    assert!(done, "{state:?}");
+    app.shutdown().await;
+    outbox.shutdown().await;
+
+    // The same role, so only the kind stands in the way.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args([
+            "relay",
+            "run",
+            "orders",
+            "--sink",
+            "nats",
+            "--url",
+            "nats://127.0.0.1:4222",
+            "--subject-prefix",
+            "ordo-test-least-privilege",
+            "--key-from",
+            "none",
+            "--batch-size",
+            "20",
+            "--lease",
+            "2s",
+            "--batch-deadline",
+            "600ms",
+            "--per-event-budget",
+            "25ms",
+            "--backoff-initial",
+            "5ms",
+            "--backoff-max",
+            "50ms",
+        ])
+        .env("DATABASE_URL", url_as(&roles.url, &roles.writer))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ordo relay run");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("poll ordo").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ordo relay run took the subscription's row over, and runs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("ordo's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("\"orders\" in ordo.subscriptions is a subscription, and a relay may not run it"),
+        "{stderr}"
+    );
+    assert_eq!(stored_position(&roles.admin, "orders").await, 5);
+    writer.close().await;
+}
