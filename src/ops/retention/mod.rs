@@ -44,6 +44,11 @@ pub(crate) use steps::{INSUFFICIENT_PRIVILEGE, sqlstate};
 /// a few partitions of a sensible size cover hours of writes.
 pub const MAX_AHEAD: u32 = 100;
 
+/// The longest [`RetentionConfig::retry_for`]: 1 hour. A step that could not have its locks in
+/// an hour waits on a transaction an operator must end (`ordo status` names long ones); a run
+/// that kept trying longer would only hide it.
+pub const MAX_RETRY_FOR: Duration = Duration::from_secs(3600);
+
 /// Retention settings, with documented defaults.
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
@@ -98,7 +103,8 @@ impl RetentionConfig {
     /// How long a run keeps trying a step (one partition pair created, folded or dropped) whose
     /// locks it could not have within the step's 100 ms lock timeout (a busy table, a long
     /// transaction), pausing between tries. Past it, the run ends with the lock error; what was
-    /// done stays done. Default 30 s.
+    /// done stays done. Default 30 s; at most [`MAX_RETRY_FOR`] (1 hour; zero tries each step
+    /// once).
     pub fn retry_for(mut self, deadline: Duration) -> Self {
         self.retry_for = deadline;
         self
@@ -121,6 +127,16 @@ impl RetentionConfig {
                     "{} partitions ahead is more than the {MAX_AHEAD} allowed: every partition costs \
                      planning time on ordo.events; use larger partitions (ordo.partitioning.partition_size) instead",
                     self.ahead
+                ),
+            });
+        }
+        if self.retry_for > MAX_RETRY_FOR {
+            return Err(Error::InvalidConfig {
+                setting: "retention retry_for",
+                reason: format!(
+                    "{:?} is longer than the {MAX_RETRY_FOR:?} allowed: a step whose locks stay \
+                     busy that long waits on a transaction to end by hand",
+                    self.retry_for
                 ),
             });
         }
@@ -184,7 +200,8 @@ pub struct RetentionReport {
 /// What a retention run would do, without doing it. Changes nothing.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`]; [`Error::Database`] if the
+/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
+/// [`MAX_RETRY_FOR`]; [`Error::Database`] if the
 /// catalog or the tables cannot be read.
 pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
@@ -198,7 +215,8 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 /// processes at once: steps are serialised by an advisory lock and re-checked under it.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`]. [`Error::Database`] if a statement
+/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
+/// [`MAX_RETRY_FOR`]. [`Error::Database`] if a statement
 /// fails: SQLSTATE `55P03` when a step could not have its locks (a long transaction holds the
 /// table) until [`RetentionConfig::retry_for`] passed, `42501` when the role may not create or
 /// drop tables (run it as the owner of `ordo.events`). Steps already done stay done; the next
