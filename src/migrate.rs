@@ -58,8 +58,10 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
     sqlx::query(QUIET).execute(&mut *conn).await?;
     let ran = migrator().run(&mut *conn).await;
     // The connection goes back to the pool: it must not keep the quieter setting. If it
-    // cannot be reset, it is not reused.
-    if sqlx::query(UNQUIET).execute(&mut *conn).await.is_err() {
+    // cannot be reset, it is not reused. Nor after a failed run: sqlx returns its error without
+    // releasing the migrator's session advisory lock, which a pooled connection would hold for
+    // ever, and every later `migrate`, in any process, would wait for it.
+    if ran.is_err() || sqlx::query(UNQUIET).execute(&mut *conn).await.is_err() {
         conn.close_on_drop();
     }
     ran?;
