@@ -270,6 +270,17 @@ pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<Re
     Ok(report)
 }
 
+/// The events in the default partition of `ordo.events` and, when there are any, what an
+/// operator should do about them, for `ordo status`. Read through the parent table, as a role
+/// with no right on the partitions may; an index range read beyond the range partitions, so
+/// free while the default is empty.
+pub(crate) async fn default_partition(pool: &PgPool) -> Result<(u64, Option<String>)> {
+    let mut conn = pool.acquire().await?;
+    let bounds = plan::partitions(&mut conn).await?;
+    let default = plan::default_rows(&mut conn, &bounds).await?;
+    Ok((default.rows, plan::default_warning(default)))
+}
+
 /// What [`look`] does besides reading.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Look {
