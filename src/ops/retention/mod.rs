@@ -201,8 +201,7 @@ pub struct RetentionReport {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
-/// [`MAX_RETRY_FOR`]; [`Error::Database`] if the
-/// catalog or the tables cannot be read.
+/// [`MAX_RETRY_FOR`]; [`Error::Database`] if the catalog or the tables cannot be read.
 pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
     let mut conn = pool.acquire().await?;
@@ -216,11 +215,11 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
-/// [`MAX_RETRY_FOR`]. [`Error::Database`] if a statement
-/// fails: SQLSTATE `55P03` when a step could not have its locks (a long transaction holds the
-/// table) until [`RetentionConfig::retry_for`] passed, `42501` when the role may not create or
-/// drop tables (run it as the owner of `ordo.events`). Steps already done stay done; the next
-/// run goes on from there.
+/// [`MAX_RETRY_FOR`]. [`Error::Database`] if a statement fails: SQLSTATE `55P03` when a step
+/// could not have its locks (a long transaction holds the table) until
+/// [`RetentionConfig::retry_for`] passed, `42501` when the role may not create or drop tables
+/// (run it as the owner of `ordo.events`). Steps already done stay done; the next run goes on
+/// from there.
 pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
     // The plan, on one connection that is released before any step.
