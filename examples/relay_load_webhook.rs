@@ -46,7 +46,7 @@ use relay_bench::{Item, env};
 const IN_FLIGHT: usize = 16;
 
 fn sink(responder: &Responder) -> ordo::Result<WebhookSink> {
-    WebhookSink::builder(responder.url("/events"), b"ordo-load".to_vec())
+    WebhookSink::builder(responder.url("/events"), b"ordo-load-secret".to_vec())
         .concurrency(IN_FLIGHT)
         .build()
 }

@@ -17,6 +17,27 @@ pub const MIN_POOL_CONNECTIONS: u32 = 2;
 /// bytes.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
+/// The longest [`OutboxConfig::resync_interval`]: 60 s. The idle resync is what finds events
+/// written by plain SQL, by crashed processes or behind a lost wake-up; a longer interval leaves
+/// them undelivered that long, and the lane's look at an open hole backs off up to it.
+pub const MAX_RESYNC_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The longest [`OutboxConfig::gap_fill_timeout`] (and so [`OutboxConfig::gap_grace`], which
+/// must be shorter): 24 hours. A hole held longer than that is an incident to end by hand
+/// (`ordo status` names its transaction), not something to wait out; past some years the
+/// lane's deadline would overflow the clock's arithmetic.
+pub const MAX_GAP_FILL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest [`OutboxConfig::maintenance_interval`]: 24 hours. A maintainer that runs less
+/// often lets the partitions made ahead run out under a steady stream of writes (and secret
+/// keys stay in stored events that long).
+pub const MAX_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest [`OutboxConfig::notify_debounce`]: 1 s. A wake-up held longer than the idle
+/// resync ([`OutboxConfig::resync_interval`], 100 ms by default) wakes nobody who has not
+/// already looked.
+const MAX_NOTIFY_DEBOUNCE: Duration = Duration::from_secs(1);
+
 /// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
 /// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
 #[derive(Debug, Clone)]
@@ -98,14 +119,15 @@ impl OutboxConfig {
     /// How long a hole in the sequence may stay open before the lane starts proving it
     /// abandoned. Holes are normal (transactions commit out of order) and nearly all close by
     /// themselves within a commit's latency. Never a skip: after the grace the lane still waits
-    /// for proof. Default 25 ms.
+    /// for proof. Default 25 ms; shorter than [`gap_fill_timeout`](Self::gap_fill_timeout).
     pub fn gap_grace(mut self, grace: Duration) -> Self {
         self.gap_grace = grace;
         self
     }
 
     /// How often the lane looks again at an open hole (the first look; it backs off up to the
-    /// resync interval). Default 2 ms.
+    /// resync interval). Default 2 ms; more than zero (zero would poll in a busy loop), at most
+    /// [`resync_interval`](Self::resync_interval).
     pub fn gap_poll(mut self, interval: Duration) -> Self {
         self.gap_poll = interval;
         self
@@ -113,7 +135,8 @@ impl OutboxConfig {
 
     /// How long the abandonment proof may be held up before the lane resolves the hole by
     /// writing a placeholder anyway, which waits for the hole's writer if it is still alive.
-    /// Default 5 s.
+    /// Default 5 s; longer than [`gap_grace`](Self::gap_grace), at most
+    /// [`MAX_GAP_FILL_TIMEOUT`] (24 hours).
     ///
     /// The proof waits only for the transactions that had drawn an event sequence (published,
     /// or were publishing) when the hole was seen, in this database: a long transaction that
@@ -126,14 +149,16 @@ impl OutboxConfig {
     }
 
     /// How often an idle lane polls the sequence head, so that events from plain-SQL writers,
-    /// from crashed processes or behind a lost notification are found. Default 100 ms.
+    /// from crashed processes or behind a lost notification are found. Default 100 ms; more
+    /// than zero (zero would poll in a busy loop), at most [`MAX_RESYNC_INTERVAL`] (60 s).
     pub fn resync_interval(mut self, interval: Duration) -> Self {
         self.resync_interval = interval;
         self
     }
 
     /// The least time between two cross-process wake-ups (`pg_notify`) sent by this process.
-    /// The first commit after a quiet spell notifies at once. Default 2 ms.
+    /// The first commit after a quiet spell notifies at once. Default 2 ms; at most 1 s (a
+    /// longer wait wakes listeners after their idle resync has already found the events).
     pub fn notify_debounce(mut self, interval: Duration) -> Self {
         self.notify_debounce = interval;
         self
@@ -198,7 +223,7 @@ impl OutboxConfig {
     /// How often the maintainer runs (also once at start): partitions (see
     /// [`retention`](Self::retention)), and the removal of
     /// [secret payload keys](crate::admin::add_secret_keys) from the events every reader has
-    /// passed. Default 60 s.
+    /// passed. Default 60 s; 100 ms to [`MAX_MAINTENANCE_INTERVAL`] (24 hours).
     pub fn maintenance_interval(mut self, interval: Duration) -> Self {
         self.maintenance_interval = interval;
         self
@@ -244,11 +269,31 @@ impl OutboxConfig {
                 "must be at most 1 s (it delays the commit lane)",
             );
         }
-        if self.maintenance_interval < Duration::from_millis(100) {
-            return invalid("maintenance_interval", "must be at least 100 ms");
+        if self.maintenance_interval < Duration::from_millis(100)
+            || self.maintenance_interval > MAX_MAINTENANCE_INTERVAL
+        {
+            return invalid(
+                "maintenance_interval",
+                "must be 100 ms to 24 hours: the partitions made ahead run out if it runs less often",
+            );
         }
         if self.gap_poll.is_zero() || self.resync_interval.is_zero() {
-            return invalid("gap_poll/resync_interval", "must be greater than zero");
+            return invalid(
+                "gap_poll/resync_interval",
+                "must be greater than zero: zero polls the database in a busy loop",
+            );
+        }
+        if self.resync_interval > MAX_RESYNC_INTERVAL {
+            return invalid(
+                "resync_interval",
+                "must be at most 60 s: events from plain-SQL writers and behind a lost wake-up wait for it",
+            );
+        }
+        if self.notify_debounce > MAX_NOTIFY_DEBOUNCE {
+            return invalid(
+                "notify_debounce",
+                "must be at most 1 s: a later wake-up comes after the listeners' idle resync",
+            );
         }
         if self.gap_poll > self.resync_interval {
             return invalid(
@@ -260,6 +305,12 @@ impl OutboxConfig {
             return invalid(
                 "gap_fill_timeout/gap_grace",
                 "gap_fill_timeout must exceed gap_grace: the proof starts after the grace",
+            );
+        }
+        if self.gap_fill_timeout > MAX_GAP_FILL_TIMEOUT {
+            return invalid(
+                "gap_fill_timeout",
+                "must be at most 24 hours: a hole held longer is an incident to end by hand (`ordo status` names its transaction)",
             );
         }
         let channel_ok = !self.notify_channel.is_empty()

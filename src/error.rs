@@ -16,7 +16,7 @@ pub enum Error {
     Database(#[source] sqlx::Error),
 
     /// Running ordo's migrations failed.
-    #[error("migrating the ordo schema failed: {0}")]
+    #[error("migrating the ordo schema failed: {}", migrate_reason(.0))]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
     /// A payload or header map could not be serialised to JSON at publish time.
@@ -413,6 +413,21 @@ fn describe(error: &sqlx::Error) -> String {
         text.push(']');
     }
     text
+}
+
+/// A migration error in words that name ordo's history table. sqlx's own message for a dirty
+/// migration says to remove its row from `_sqlx_migrations`, which is the application's table
+/// (if it has one), not `ordo._sqlx_migrations` where ordo records its migrations.
+fn migrate_reason(error: &sqlx::migrate::MigrateError) -> String {
+    match error {
+        sqlx::migrate::MigrateError::Dirty(version) => format!(
+            "migration {version} is partially applied (its row in {table} says success = false): \
+             repair by hand what it left half done, then delete that row (DELETE FROM {table} \
+             WHERE version = {version}) and migrate again (`ordo migrate`)",
+            table = crate::migrate::MIGRATIONS_TABLE
+        ),
+        other => other.to_string(),
+    }
 }
 
 impl Error {

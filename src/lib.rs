@@ -181,7 +181,10 @@ mod task;
 mod write;
 
 pub use commit_lane::listener::CommitStream;
-pub use config::{MIN_POOL_CONNECTIONS, OutboxConfig};
+pub use config::{
+    MAX_GAP_FILL_TIMEOUT, MAX_MAINTENANCE_INTERVAL, MAX_RESYNC_INTERVAL, MIN_POOL_CONNECTIONS,
+    OutboxConfig,
+};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
@@ -192,7 +195,9 @@ pub use ops::grants::{Grants, RoleKind};
 pub use ops::metrics;
 #[doc(hidden)]
 pub use ops::plans::{HotStatement, hot_path_statements};
-pub use ops::retention::{MAX_AHEAD, PartitionInfo, RetentionConfig, RetentionReport};
+pub use ops::retention::{
+    MAX_AHEAD, MAX_RETRY_FOR, PartitionInfo, RetentionConfig, RetentionReport,
+};
 pub use ops::secrets::{ScrubReport, SecretKey};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
 pub use ops::trace::TRACEPARENT;

@@ -15,6 +15,9 @@ const HISTORY_EXISTS: &str = "SELECT to_regclass('ordo._sqlx_migrations') IS NOT
 /// The newest migration applied to this database.
 const NEWEST_APPLIED: &str = "SELECT max(version) FROM ordo._sqlx_migrations";
 
+/// Every migration recorded in this database, oldest first.
+const APPLIED: &str = "SELECT version FROM ordo._sqlx_migrations ORDER BY version";
+
 /// `CREATE SCHEMA IF NOT EXISTS` and `CREATE TABLE IF NOT EXISTS` send a NOTICE on every run
 /// after the first, which sqlx logs at INFO: the migrating session asks for warnings only.
 const QUIET: &str = "SET client_min_messages = warning";
@@ -58,8 +61,10 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
     sqlx::query(QUIET).execute(&mut *conn).await?;
     let ran = migrator().run(&mut *conn).await;
     // The connection goes back to the pool: it must not keep the quieter setting. If it
-    // cannot be reset, it is not reused.
-    if sqlx::query(UNQUIET).execute(&mut *conn).await.is_err() {
+    // cannot be reset, it is not reused. Nor after a failed run: sqlx returns its error without
+    // releasing the migrator's session advisory lock, which a pooled connection would hold for
+    // ever, and every later `migrate`, in any process, would wait for it.
+    if ran.is_err() || sqlx::query(UNQUIET).execute(&mut *conn).await.is_err() {
         conn.close_on_drop();
     }
     ran?;
@@ -72,12 +77,44 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
 }
 
 /// The newest migration this build embeds.
-fn newest_known() -> i64 {
+pub(crate) fn newest_known() -> i64 {
     migrator()
         .iter()
         .map(|migration| migration.version)
         .max()
         .unwrap_or(0)
+}
+
+/// The migrations recorded in [`MIGRATIONS_TABLE`] that this build does not embed, oldest
+/// first: a newer ordo migrated the database (the migrator passes over them, as it must to
+/// coexist with other migration sets, so nothing else says so). Empty when the database was
+/// never migrated, and when this role may not read the history (the reader role has no grant
+/// on it).
+pub(crate) async fn unknown_migrations(pool: &PgPool) -> Result<Vec<i64>> {
+    let exists: bool = sqlx::query_scalar(HISTORY_EXISTS).fetch_one(pool).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let applied: Vec<i64> = match sqlx::query_scalar(APPLIED).fetch_all(pool).await {
+        Ok(applied) => applied,
+        Err(error) if insufficient_privilege(&error) => return Ok(Vec::new()),
+        Err(error) => return Err(error.into()),
+    };
+    let known: std::collections::HashSet<i64> = migrator()
+        .iter()
+        .map(|migration| migration.version)
+        .collect();
+    Ok(applied
+        .into_iter()
+        .filter(|version| !known.contains(version))
+        .collect())
+}
+
+fn insufficient_privilege(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == INSUFFICIENT_PRIVILEGE)
 }
 
 /// Refuses a database whose ordo schema was migrated by a newer ordo: this version would read
@@ -91,14 +128,7 @@ pub(crate) async fn check_schema_version(pool: &PgPool) -> Result<()> {
     }
     let newest: Option<i64> = match sqlx::query_scalar(NEWEST_APPLIED).fetch_one(pool).await {
         Ok(newest) => newest,
-        Err(error)
-            if error
-                .as_database_error()
-                .and_then(|db| db.code())
-                .is_some_and(|code| code == INSUFFICIENT_PRIVILEGE) =>
-        {
-            return Ok(());
-        }
+        Err(error) if insufficient_privilege(&error) => return Ok(()),
         Err(error) => return Err(error.into()),
     };
     let known = newest_known();

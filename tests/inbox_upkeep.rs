@@ -78,7 +78,9 @@ async fn purge_removes_old_completed_rows_only() {
         .execute(&db.pool)
         .await
         .expect("age");
-    let purger = inbox.spawn_purge(Duration::from_millis(20));
+    let purger = inbox
+        .spawn_purge(Duration::from_millis(20))
+        .expect("a purge interval above zero");
     let purged = eventually(PATIENCE, || async {
         status(&db.pool, "billing", "new-1").await.is_none()
             && status(&db.pool, "billing", "old-1").await.is_none()

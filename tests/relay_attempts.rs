@@ -170,11 +170,11 @@ async fn a_standalone_relay_logs_a_parked_head_once_not_nothing_delivered_every_
             "--backoff-max",
             "50ms",
             "--progress",
-            "100ms",
+            "1s",
         ])
         .env("DATABASE_URL", &db.url)
         .env("ORDO_RELAY_URL", &url)
-        .env("ORDO_WEBHOOK_SECRET", "a secret")
+        .env("ORDO_WEBHOOK_SECRET", "an attempts test secret")
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -201,8 +201,9 @@ async fn a_standalone_relay_logs_a_parked_head_once_not_nothing_delivered_every_
             Err(_) => break,
         }
     }
-    // Twenty progress periods more: the head is not logged again, nor is "nothing delivered".
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Four progress periods more (1 s, the shortest `--progress`): the head is not logged
+    // again, nor is "nothing delivered".
+    std::thread::sleep(std::time::Duration::from_secs(4));
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

@@ -59,9 +59,12 @@ async fn a_sink_that_is_down_shows_in_status_and_subscriptions_and_clears_by_its
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("address").port()
     };
-    let sink = WebhookSink::builder(format!("http://127.0.0.1:{port}/in"), b"secret".to_vec())
-        .build()
-        .expect("sink");
+    let sink = WebhookSink::builder(
+        format!("http://127.0.0.1:{port}/in"),
+        b"a sink-down secret".to_vec(),
+    )
+    .build()
+    .expect("sink");
     // One attempt parks: an outage that counted one would show as a parked event.
     let relay = outbox
         .relay(config(RELAY).max_attempts(1), sink, keys)
@@ -172,7 +175,7 @@ async fn a_claim_clears_the_stored_sink_state() {
         .await
         .expect("outbox");
     let server = Responder::start(Vec::new()).await;
-    let sink = WebhookSink::builder(server.url("/in"), b"secret".to_vec())
+    let sink = WebhookSink::builder(server.url("/in"), b"a sink-down secret".to_vec())
         .build()
         .expect("sink");
     // A row left by an owner that died while its sink was down.

@@ -742,7 +742,7 @@ async fn a_writer_stores_its_relays_sink_state_and_a_reader_sees_it() {
     };
     let sink = ordo::relay::http::WebhookSink::builder(
         format!("http://127.0.0.1:{port}/in"),
-        b"secret".to_vec(),
+        b"a-webhook-secret-of-32-bytes-len".to_vec(),
     )
     .build()
     .expect("sink");

@@ -314,8 +314,9 @@ struct TailArgs {
 
 #[derive(clap::Args)]
 struct FoldArgs {
-    /// Seconds between progress lines on stderr (0: none).
-    #[arg(long, default_value_t = 10)]
+    /// Seconds between progress lines on stderr: 1 to 86400 (a day), or 0 for none. Whole
+    /// seconds, so no period floods the log as a sub-second one would.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     progress: u64,
 }
 

@@ -40,6 +40,12 @@ pub struct InboxConfig {
     pub(crate) retention: Duration,
 }
 
+/// The longest [`InboxConfig::retention`]: 100 years (of 365 days). The purge deletes rows that
+/// completed before `now() - retention`, computed by PostgreSQL, whose timestamps end in
+/// 4713 BC; a retention past a century means "never", which is not calling
+/// [`Inbox::purge`](crate::Inbox::purge) at all.
+pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The longest consumer name, message id and source accepted (bytes).
 pub(crate) const MAX_NAME: usize = 200;
 
@@ -72,7 +78,7 @@ impl InboxConfig {
     /// How long completed rows are kept (row-per-message mode): a message redelivered later
     /// than this after it completed runs again. Pick it longer than the longest redelivery
     /// the sender can make (a broker's message retention, a relay's replay window). Default
-    /// 7 days; at least 1 second.
+    /// 7 days; 1 second to [`MAX_RETENTION`] (100 years).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
@@ -98,6 +104,12 @@ impl InboxConfig {
             return invalid(
                 "InboxConfig::retention",
                 "must be at least 1 second: a shorter one forgets a message before its redelivery",
+            );
+        }
+        if self.retention > MAX_RETENTION {
+            return invalid(
+                "InboxConfig::retention",
+                "must be at most 100 years: to keep completed rows for ever, never purge",
             );
         }
         Ok(())

@@ -82,12 +82,12 @@ use sqlx::{PgPool, Row};
 pub use admin::{
     FailedMessage, Watermark, list_failed, list_watermarks, replay, replay_all, set_watermark,
 };
-pub use config::{InboxConfig, InboxMode};
+pub use config::{InboxConfig, InboxMode, MAX_RETENTION};
 pub use handler::InboxHandler;
 pub use message::{InboxMessage, Receipt};
 pub use purge::InboxPurger;
 pub(crate) use sql::HOT_PATH;
-pub use transport::Redelivery;
+pub use transport::{MAX_REDELIVERY_DELAY, Redelivery};
 
 #[cfg(feature = "nats")]
 pub use nats::{NatsInbox, NatsInboxBuilder};
@@ -249,12 +249,22 @@ impl Inbox {
 
     /// Starts a background task that runs [`purge`](Self::purge) now and then every `every`,
     /// until the returned handle is shut down or dropped. Needs a tokio runtime.
-    pub fn spawn_purge(&self, every: Duration) -> InboxPurger {
-        InboxPurger::spawn(
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a zero `every`, which would
+    /// send deletes to the database in a busy loop.
+    pub fn spawn_purge(&self, every: Duration) -> Result<InboxPurger> {
+        if every.is_zero() {
+            return crate::Error::invalid_config(
+                "Inbox::spawn_purge",
+                "the interval must be more than zero: zero purges in a busy loop",
+            );
+        }
+        Ok(InboxPurger::spawn(
             self.pool.clone(),
             self.config.consumer.clone(),
             self.config.retention,
             every,
-        )
+        ))
     }
 }

@@ -83,7 +83,9 @@ impl NatsInboxBuilder {
 
     /// How long JetStream waits for an ack before it delivers a message again (to this adapter
     /// or another). Longer than the slowest handler, or a slow message is redelivered while it
-    /// runs (the inbox answers that redelivery `Busy`). Default 30 s; at least 1 s.
+    /// runs (the inbox answers that redelivery `Busy`). Default 30 s; 1 s to
+    /// [`MAX_LEASE`](crate::MAX_LEASE) (24 hours: after a crash, JetStream holds the message
+    /// from every receiver for the whole `ack_wait`).
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
         self.ack_wait = ack_wait;
         self
@@ -114,7 +116,7 @@ impl NatsInboxBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the setting: an empty URL, a stream or durable name
-    /// JetStream does not accept, an `ack_wait` under 1 s, a zero `max_ack_pending` or
+    /// JetStream does not accept, an `ack_wait` under 1 s or over 24 hours, a zero `max_ack_pending` or
     /// `connect_timeout`, a zero redelivery delay.
     pub fn build(self) -> Result<NatsInbox> {
         if self.url.trim().is_empty() {
@@ -140,8 +142,11 @@ impl NatsInboxBuilder {
                 });
             }
         }
-        if self.ack_wait < Duration::from_secs(1) {
-            return Error::invalid_config("NatsInbox ack_wait", "must be at least 1 second");
+        if self.ack_wait < Duration::from_secs(1) || self.ack_wait > crate::MAX_LEASE {
+            return Error::invalid_config(
+                "NatsInbox ack_wait",
+                "must be 1 second to 24 hours: after a crash, JetStream holds the message from every receiver that long",
+            );
         }
         if self.max_ack_pending < 1 {
             return Error::invalid_config("NatsInbox max_ack_pending", "must be at least 1");

@@ -20,6 +20,12 @@ use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::position::Ordering;
 
+/// The longest delay [`Redelivery`] takes, each of its settings: 24 hours. Until its delay
+/// is over a message holds its place at the broker (a RabbitMQ prefetch slot, a JetStream
+/// ack-pending slot); a longer wait is a message parked by mistake, and JetStream takes the
+/// delay in nanoseconds, which overflow past 292 years.
+pub const MAX_REDELIVERY_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 /// When an adapter has a message it did not settle delivered again: by a delayed NATS `NAK`,
 /// or a RabbitMQ `nack` with requeue after the delay.
 ///
@@ -53,7 +59,8 @@ impl Default for Redelivery {
 
 impl Redelivery {
     /// The delay for a message another receiver is handling now (and for one the inbox could
-    /// not answer because the database failed). Default 1 s.
+    /// not answer because the database failed). Default 1 s; more than zero, at most
+    /// [`MAX_REDELIVERY_DELAY`] (24 hours), as every delay here.
     pub fn busy(mut self, delay: Duration) -> Self {
         self.busy = delay;
         self
@@ -94,6 +101,21 @@ impl Redelivery {
                 setting: adapter,
                 reason: format!(
                     "Redelivery::{setting} must be more than zero: a zero delay redelivers in a busy loop"
+                ),
+            });
+        }
+        let long = [
+            ("busy", self.busy),
+            ("gap", self.gap),
+            ("retry_backoff", self.retry_max),
+        ]
+        .into_iter()
+        .find(|(_, delay)| *delay > MAX_REDELIVERY_DELAY);
+        if let Some((setting, _)) = long {
+            return Err(Error::InvalidConfig {
+                setting: adapter,
+                reason: format!(
+                    "Redelivery::{setting} must be at most 24 hours (MAX_REDELIVERY_DELAY): the message holds its place at the broker until then"
                 ),
             });
         }

@@ -20,7 +20,8 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         .into_iter()
         .chain(lanes(status))
         .chain(subscriptions(status))
-        .chain([stalls(status)]);
+        .chain([stalls(status)])
+        .chain(schema(status));
     for (name, help, samples) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} gauge");
@@ -58,6 +59,21 @@ fn positions(status: &OutboxStatus) -> [Gauge; 5] {
             "ordo_logged_through_sequence",
             "Every real event at or below it is logged.",
             plain(status.logged_through_sequence.get()),
+        ),
+    ]
+}
+
+fn schema(status: &OutboxStatus) -> [Gauge; 2] {
+    [
+        (
+            "ordo_default_partition_events",
+            "Events in the default partition: the partitions made ahead ran out.",
+            vec![(String::new(), status.default_partition_events as f64)],
+        ),
+        (
+            "ordo_unknown_migrations",
+            "Migrations in ordo._sqlx_migrations this ordo does not know (a newer ordo migrated).",
+            vec![(String::new(), status.unknown_migrations.len() as f64)],
         ),
     ]
 }

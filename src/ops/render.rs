@@ -97,6 +97,9 @@ pub fn status_table(status: &OutboxStatus) -> String {
             status.rows_above_head.len()
         );
     }
+    for warning in &status.warnings {
+        let _ = writeln!(out, "\nwarning: {warning}");
+    }
     let _ = writeln!(out);
     if status.stalls.is_empty() {
         let _ = writeln!(out, "no stalls");

@@ -123,6 +123,19 @@ pub struct OutboxStatus {
     /// to them, and a publish that draws one of their sequences fails with a duplicate key.
     /// Delete them, or move `ordo.events_sequence` past them with `setval`. Normally empty.
     pub rows_above_head: Vec<EventSequence>,
+    /// Events in the default partition `ordo.events_default`: the partitions made ahead ran out
+    /// (no maintainer ran, or its role may not create tables). Writes still succeed; `ordo
+    /// retention --apply`, as a role that owns `ordo.events`, folds them into a range
+    /// partition. Normally 0.
+    pub default_partition_events: u64,
+    /// Migrations recorded in `ordo._sqlx_migrations` that this build of ordo does not know,
+    /// oldest first: a newer ordo migrated the database, and this one reads a schema it was
+    /// not written for. Empty too when this role may not read that table. Normally empty.
+    pub unknown_migrations: Vec<i64>,
+    /// What an operator should act on that is not a stall, one sentence each (the default
+    /// partition holding events, a schema migrated by a newer ordo); `ordo status` prints each
+    /// as a `warning:` line. Normally empty.
+    pub warnings: Vec<String>,
 }
 
 /// Below this, a wait is a transaction committing out of order, not a stall worth naming.
@@ -159,6 +172,13 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         .sequencer_idle
         .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
     let rows_above_head = rows_above_head(pool, at.sequence_head, at.committed_head).await?;
+    let (default_partition_events, default_warning) =
+        crate::ops::retention::default_partition(pool).await?;
+    let unknown_migrations = crate::migrate::unknown_migrations(pool).await?;
+    let warnings = schema_warning(&unknown_migrations)
+        .into_iter()
+        .chain(default_warning)
+        .collect();
     let mut stalls = Vec::new();
     let stuck_for = insert_lane.seconds.unwrap_or(0.0);
     if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
@@ -203,7 +223,28 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         subscriptions,
         stalls,
         rows_above_head,
+        default_partition_events,
+        unknown_migrations,
+        warnings,
     })
+}
+
+/// The warning for migrations this build does not know, if there are any.
+fn schema_warning(unknown: &[i64]) -> Option<String> {
+    let newest = unknown.last()?;
+    let known = crate::migrate::newest_known();
+    let listed: Vec<String> = unknown.iter().map(i64::to_string).collect();
+    Some(format!(
+        "ordo._sqlx_migrations holds {} migration(s) this ordo does not know ({}; the newest it knows is {known}): \
+         a newer ordo migrated this database{}. Run that version (or newer) of ordo and its CLI against it",
+        unknown.len(),
+        listed.join(", "),
+        if *newest > known {
+            ""
+        } else {
+            " (or one from another branch)"
+        }
+    ))
 }
 
 /// Rows above the sequence head, which no legitimate writer leaves (it draws its sequence

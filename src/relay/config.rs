@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::event_type::TypeFilter;
 use crate::position::Ordering;
-use crate::subscription::config::{DEFAULT_KEYED_WINDOW, StartFrom};
+use crate::subscription::config::{DEFAULT_KEYED_WINDOW, MAX_LEASE, MIN_LEASE, StartFrom};
 
 /// The default bound on what a relay's window weighs ([`RelayConfig::window`]): 64 MiB.
 pub const DEFAULT_WINDOW_BYTES: usize = 64 * 1024 * 1024;
@@ -228,7 +228,9 @@ impl RelayConfig {
         self
     }
 
-    /// The relay's claim on its work. Default 30 s.
+    /// The relay's claim on its work. Default 30 s; [`MIN_LEASE`](crate::MIN_LEASE) (100 ms) to
+    /// [`MAX_LEASE`](crate::MAX_LEASE) (24 hours), as for a subscription: a relay that stops
+    /// keeps its standbys out for a whole lease, and the timing above must fit in it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -242,7 +244,9 @@ impl RelayConfig {
     }
 
     /// Backoff after a failed delivery: from `initial` doubling to `max`, with full jitter; a
-    /// receiver's `Retry-After` is honoured when longer. Default 200 ms to 10 s.
+    /// receiver's `Retry-After` is honoured when longer. Default 200 ms to 10 s; `initial` not
+    /// zero (every attempt would follow the last at once and park the event within
+    /// milliseconds), `max` at most half the lease.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_backoff = initial;
         self.max_backoff = max;
@@ -268,11 +272,23 @@ impl RelayConfig {
         if self.window_bytes < 1024 {
             return invalid("window", "must allow at least 1 KiB");
         }
+        if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
+            return invalid(
+                "lease",
+                "must be 100 ms to 24 hours: a relay that stops keeps its standbys out for a whole lease",
+            );
+        }
         if self.per_event_budget.is_zero() {
             return invalid("per_event_budget", "must be more than zero");
         }
         if self.max_attempts == 0 {
             return invalid("max_attempts", "must be at least 1");
+        }
+        if self.initial_backoff.is_zero() {
+            return invalid(
+                "backoff",
+                "the initial backoff must be more than zero: each attempt would follow the last at once",
+            );
         }
         if self.initial_backoff > self.max_backoff {
             return invalid("backoff", "the initial backoff must not exceed the maximum");

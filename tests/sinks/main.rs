@@ -118,9 +118,23 @@ fn sink_builders_refuse_bad_settings_naming_them() {
         webhook(WebhookSink::builder("http://h/x", Vec::new())),
         "webhook secret"
     );
-    let zero = WebhookSink::builder("http://h/x", b"k".to_vec()).timeout(Duration::ZERO);
+    // A key under 128 bits is guessed from one signed request: 15 bytes are refused, 16 taken.
+    let short = WebhookSink::builder("http://h/x", b"fifteen bytes!!".to_vec()).build();
+    assert!(
+        matches!(&short, Err(ordo::Error::InvalidConfig { setting: "webhook secret", reason })
+            if reason.contains("is 15 bytes") && reason.contains("at least 16")),
+        "{short:?}"
+    );
+    assert_eq!(ordo::relay::http::MIN_SECRET_BYTES, 16);
+    assert!(
+        WebhookSink::builder("http://h/x", b"sixteen bytes!!!".to_vec())
+            .build()
+            .is_ok()
+    );
+    let key = || b"a webhook secret".to_vec();
+    let zero = WebhookSink::builder("http://h/x", key()).timeout(Duration::ZERO);
     assert_eq!(webhook(zero), "webhook timeout");
-    let none = WebhookSink::builder("http://h/x", b"k".to_vec()).concurrency(0);
+    let none = WebhookSink::builder("http://h/x", key()).concurrency(0);
     assert_eq!(webhook(none), "webhook concurrency");
 }
 

@@ -8,7 +8,7 @@ use ordo::relay::{Message, Outcomes, SendError, Sink};
 use super::common::http_responder::{Reply, Responder};
 use super::{all_transient, batch, delivered, send};
 
-const SECRET: &[u8] = b"whsec_ordo_test";
+const SECRET: &[u8] = b"whsec_ordo_test_secret";
 
 fn sink(url: String) -> WebhookSink {
     WebhookSink::builder(url, SECRET.to_vec())

@@ -28,6 +28,11 @@ pub(crate) const URL_ENV: &str = "ORDO_RELAY_URL";
 /// `RelayConfig`'s default backoff, for a command line that sets only one end of it.
 const DEFAULT_BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
 const DEFAULT_PROGRESS: Duration = Duration::from_secs(10);
+/// The shortest `--progress` period. A line a second is already more than anyone reads as it
+/// scrolls; shorter periods only flood the log (`--progress 1ns` wrote 2,243 lines in 3 s).
+const MIN_PROGRESS: Duration = Duration::from_secs(1);
+/// The longest: a rarer line says nothing while it is needed, and `0` already means never.
+const MAX_PROGRESS: Duration = Duration::from_secs(24 * 3600);
 /// More batches in flight than this is a mistake, not a throughput setting.
 const MAX_SINKS: usize = 64;
 
@@ -117,9 +122,22 @@ impl RunArgs {
             keys,
             sinks,
             count,
-            progress: s.progress.unwrap_or(DEFAULT_PROGRESS),
+            progress: progress(s.progress)?,
         })
     }
+}
+
+/// The period of the progress lines: `0` (none), or [`MIN_PROGRESS`] to [`MAX_PROGRESS`].
+fn progress(given: Option<Duration>) -> Result<Duration, String> {
+    let every = given.unwrap_or(DEFAULT_PROGRESS);
+    if every.is_zero() || (MIN_PROGRESS..=MAX_PROGRESS).contains(&every) {
+        return Ok(every);
+    }
+    Err(format!(
+        "--progress {} is out of range: 1s to 24h between progress lines, or 0 for none (a \
+         shorter period floods the log)",
+        humantime::format_duration(every)
+    ))
 }
 
 fn relay_config(name: &str, lane: Ordering, s: &Settings) -> RelayConfig {

@@ -93,7 +93,7 @@ pub(crate) struct Settings {
     /// delivered, as payload and header bytes), e.g. 64MiB [default: 64MiB].
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub(crate) window_bytes: Option<usize>,
-    /// How often to log the relay's progress (0: never) [default: 10s].
+    /// How often to log the relay's progress: 1s to 24h, or 0 for never [default: 10s].
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) progress: Option<Duration>,
 

@@ -122,7 +122,7 @@ mod rabbitmq {
 
 #[cfg(feature = "http")]
 mod webhook {
-    use ordo::relay::http::{WebhookSink, WebhookSinkBuilder as B};
+    use ordo::relay::http::{MIN_SECRET_BYTES, WebhookSink, WebhookSinkBuilder as B};
 
     use super::{DEFAULT_SECRET_ENV, Settings, Sinks, many, set};
 
@@ -138,11 +138,18 @@ mod webhook {
     }
 
     /// The signing secret, from the environment variable `--secret-env` names: never a flag,
-    /// which `ps` and shell history would show.
+    /// which `ps` and shell history would show. At least [`MIN_SECRET_BYTES`], as the sink's
+    /// builder requires; said here in the variable's name.
     fn secret(s: &Settings) -> Result<Vec<u8>, String> {
         let variable = s.secret_env.as_deref().unwrap_or(DEFAULT_SECRET_ENV);
         match std::env::var_os(variable) {
-            Some(secret) if !secret.is_empty() => Ok(secret.into_encoded_bytes()),
+            Some(secret) if secret.len() >= MIN_SECRET_BYTES => Ok(secret.into_encoded_bytes()),
+            Some(secret) if !secret.is_empty() => Err(format!(
+                "--sink webhook: the signing secret in {variable} is {} bytes, and at least \
+                 {MIN_SECRET_BYTES} are needed (a shorter one is guessed from one signed \
+                 request); use 32 random bytes, e.g. `openssl rand -hex 32`",
+                secret.len()
+            )),
             _ => Err(format!(
                 "--sink webhook signs with a secret read from the environment variable \
                  {variable} (--secret-env names another), which is not set or is empty"

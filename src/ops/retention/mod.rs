@@ -44,6 +44,11 @@ pub(crate) use steps::{INSUFFICIENT_PRIVILEGE, sqlstate};
 /// a few partitions of a sensible size cover hours of writes.
 pub const MAX_AHEAD: u32 = 100;
 
+/// The longest [`RetentionConfig::retry_for`]: 1 hour. A step that could not have its locks in
+/// an hour waits on a transaction an operator must end (`ordo status` names long ones); a run
+/// that kept trying longer would only hide it.
+pub const MAX_RETRY_FOR: Duration = Duration::from_secs(3600);
+
 /// Retention settings, with documented defaults.
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
@@ -98,7 +103,8 @@ impl RetentionConfig {
     /// How long a run keeps trying a step (one partition pair created, folded or dropped) whose
     /// locks it could not have within the step's 100 ms lock timeout (a busy table, a long
     /// transaction), pausing between tries. Past it, the run ends with the lock error; what was
-    /// done stays done. Default 30 s.
+    /// done stays done. Default 30 s; at most [`MAX_RETRY_FOR`] (1 hour; zero tries each step
+    /// once).
     pub fn retry_for(mut self, deadline: Duration) -> Self {
         self.retry_for = deadline;
         self
@@ -121,6 +127,16 @@ impl RetentionConfig {
                     "{} partitions ahead is more than the {MAX_AHEAD} allowed: every partition costs \
                      planning time on ordo.events; use larger partitions (ordo.partitioning.partition_size) instead",
                     self.ahead
+                ),
+            });
+        }
+        if self.retry_for > MAX_RETRY_FOR {
+            return Err(Error::InvalidConfig {
+                setting: "retention retry_for",
+                reason: format!(
+                    "{:?} is longer than the {MAX_RETRY_FOR:?} allowed: a step whose locks stay \
+                     busy that long waits on a transaction to end by hand",
+                    self.retry_for
                 ),
             });
         }
@@ -184,8 +200,8 @@ pub struct RetentionReport {
 /// What a retention run would do, without doing it. Changes nothing.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`]; [`Error::Database`] if the
-/// catalog or the tables cannot be read.
+/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
+/// [`MAX_RETRY_FOR`]; [`Error::Database`] if the catalog or the tables cannot be read.
 pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
     let mut conn = pool.acquire().await?;
@@ -198,11 +214,12 @@ pub async fn plan_retention(pool: &PgPool, config: &RetentionConfig) -> Result<R
 /// processes at once: steps are serialised by an advisory lock and re-checked under it.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`]. [`Error::Database`] if a statement
-/// fails: SQLSTATE `55P03` when a step could not have its locks (a long transaction holds the
-/// table) until [`RetentionConfig::retry_for`] passed, `42501` when the role may not create or
-/// drop tables (run it as the owner of `ordo.events`). Steps already done stay done; the next
-/// run goes on from there.
+/// [`Error::InvalidConfig`] for `ahead` above [`MAX_AHEAD`] or `retry_for` above
+/// [`MAX_RETRY_FOR`]. [`Error::Database`] if a statement fails: SQLSTATE `55P03` when a step
+/// could not have its locks (a long transaction holds the table) until
+/// [`RetentionConfig::retry_for`] passed, `42501` when the role may not create or drop tables
+/// (run it as the owner of `ordo.events`). Steps already done stay done; the next run goes on
+/// from there.
 pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<RetentionReport> {
     config.validate()?;
     // The plan, on one connection that is released before any step.
@@ -250,6 +267,17 @@ pub async fn run_retention(pool: &PgPool, config: &RetentionConfig) -> Result<Re
         report.warning = Some(warning.collect::<Vec<_>>().join("; "));
     }
     Ok(report)
+}
+
+/// The events in the default partition of `ordo.events` and, when there are any, what an
+/// operator should do about them, for `ordo status`. Read through the parent table, as a role
+/// with no right on the partitions may; an index range read beyond the range partitions, so
+/// free while the default is empty.
+pub(crate) async fn default_partition(pool: &PgPool) -> Result<(u64, Option<String>)> {
+    let mut conn = pool.acquire().await?;
+    let bounds = plan::partitions(&mut conn).await?;
+    let default = plan::default_rows(&mut conn, &bounds).await?;
+    Ok((default.rows, plan::default_warning(default)))
 }
 
 /// What [`look`] does besides reading.

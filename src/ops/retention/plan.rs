@@ -245,6 +245,20 @@ pub(super) fn partitions_ahead(bounds: &[Bound], head: u64) -> u64 {
         .count() as u64
 }
 
+/// What an operator must hear about rows in the default partition, when it holds some.
+pub(super) fn default_warning(default: DefaultRows) -> Option<String> {
+    (default.rows > 0).then(|| {
+        format!(
+            "ordo.events_default holds {} events (sequences {} to {}): the partitions made ahead ran out. \
+             Writes still succeed; run `ordo retention --apply` as a role that owns ordo.events to fold \
+             them into a range partition",
+            default.rows,
+            default.low.unwrap_or(0),
+            default.high.unwrap_or(0)
+        )
+    })
+}
+
 /// What an operator must hear about: rows in the default partition, or too few partitions
 /// ahead of the head.
 pub(super) fn warning(
@@ -254,15 +268,8 @@ pub(super) fn warning(
     covered_until: u64,
     default: DefaultRows,
 ) -> Option<String> {
-    if default.rows > 0 {
-        return Some(format!(
-            "ordo.events_default holds {} events (sequences {} to {}): the partitions made ahead ran out. \
-             Writes still succeed; run `ordo retention --apply` as a role that owns ordo.events to fold \
-             them into a range partition",
-            default.rows,
-            default.low.unwrap_or(0),
-            default.high.unwrap_or(0)
-        ));
+    if let Some(warning) = default_warning(default) {
+        return Some(warning);
     }
     (ahead < u64::from(config.warn_below)).then(|| {
         format!(

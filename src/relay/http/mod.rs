@@ -90,6 +90,13 @@ pub struct WebhookSinkBuilder {
 /// [`WebhookSinkBuilder::max_response_bytes`]).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
+/// The shortest signing secret [`WebhookSinkBuilder::build`] accepts: 16 bytes (128 bits).
+/// The signature is an HMAC-SHA256 that anyone who sees one signed request can test guesses
+/// of the secret against offline, as fast as their hardware hashes; a key of fewer than about
+/// 128 bits of entropy (a short word, a 6-byte token) is found that way, and with it every
+/// request can be forged. 16 random bytes (32 hex digits) is the least; 32 matches SHA-256.
+pub const MIN_SECRET_BYTES: usize = 16;
+
 /// A request's timeout when none is set and no relay derived one.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -152,8 +159,8 @@ impl WebhookSinkBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] naming the setting: a URL that is empty or not `http(s)`, an
-    /// empty secret, a zero timeout or concurrency.
+    /// [`Error::InvalidConfig`] naming the setting: a URL that is empty or not `http(s)`, a
+    /// secret shorter than [`MIN_SECRET_BYTES`] (16 bytes), a zero timeout or concurrency.
     pub fn build(self) -> Result<WebhookSink> {
         if self.route.is_none() {
             check_url(&self.url)?;
@@ -163,6 +170,17 @@ impl WebhookSinkBuilder {
                 "webhook secret",
                 "is empty; receivers could not tell your requests from anyone's",
             );
+        }
+        if self.secret.len() < MIN_SECRET_BYTES {
+            return Err(Error::InvalidConfig {
+                setting: "webhook secret",
+                reason: format!(
+                    "is {} bytes; at least {MIN_SECRET_BYTES} are needed (a shorter key is found by \
+                     testing guesses against one signed request, and then every request can be \
+                     forged): use 32 random bytes, e.g. `openssl rand -hex 32`",
+                    self.secret.len()
+                ),
+            });
         }
         if self.timeout.is_some_and(|timeout| timeout.is_zero()) {
             return Error::invalid_config("webhook timeout", "must be more than zero");
@@ -227,7 +245,7 @@ fn client(timeout: Duration, connect_timeout: Duration) -> Result<Client> {
 /// use std::time::Duration;
 /// use ordo::relay::{Message, Outcomes, Sink, http::WebhookSink};
 ///
-/// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_example".to_vec())
+/// let mut sink = WebhookSink::builder("https://hooks.example.com/orders", b"whsec_0123456789abcdef".to_vec())
 ///     .timeout(Duration::from_secs(5))
 ///     .build()?;
 /// let batch = [Message::new(br#"{"order_id": 7}"#.as_slice())];
@@ -259,8 +277,8 @@ impl fmt::Debug for WebhookSink {
 }
 
 impl WebhookSink {
-    /// Settings for a sink posting to `url`, signing with `secret` (any bytes, not empty; share
-    /// it with the receivers), with the defaults above.
+    /// Settings for a sink posting to `url`, signing with `secret` (any bytes, at least
+    /// [`MIN_SECRET_BYTES`]: 16; share it with the receivers), with the defaults above.
     pub fn builder(url: impl Into<String>, secret: impl Into<Vec<u8>>) -> WebhookSinkBuilder {
         WebhookSinkBuilder {
             url: url.into(),
