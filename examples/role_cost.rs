@@ -163,17 +163,23 @@ async fn publish(scratch: &Scratch, role: &str, seconds: u64) -> Result<f64> {
 /// transaction, as the superuser), then an outbox of the writer role folds them all.
 async fn fold(scratch: &Scratch, role: &str, events: u64) -> Result<f64> {
     let admin = scratch.pool(1).await?;
+    let mut conn = admin.acquire().await?;
+    sqlx::raw_sql("SET synchronous_commit = off")
+        .execute(&mut *conn)
+        .await?;
+    // One statement on its own: a DO block may COMMIT only outside a transaction block, and
+    // several statements in one query are one implicit transaction.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET synchronous_commit = off;
-         DO $$ BEGIN
+        "DO $$ BEGIN
              FOR i IN 1..{events} LOOP
                  INSERT INTO ordo.events (payload) VALUES (jsonb_build_object('n', i));
                  COMMIT;
              END LOOP;
-         END $$;"
+         END $$"
     )))
-    .execute(&admin)
+    .execute(&mut *conn)
     .await?;
+    drop(conn);
     admin.close().await;
     let pool = pool_as(scratch, role, 4).await?;
     let started = Instant::now();

@@ -88,8 +88,8 @@ pub(crate) fn newest_known() -> i64 {
 /// The migrations recorded in [`MIGRATIONS_TABLE`] that this build does not embed, oldest
 /// first: a newer ordo migrated the database (the migrator passes over them, as it must to
 /// coexist with other migration sets, so nothing else says so). Empty when the database was
-/// never migrated, and when this role may not read the history (the reader role has no grant
-/// on it).
+/// never migrated, and when this role may not read the history (every role `ordo grant` makes
+/// may, since migration `20261206000100`).
 pub(crate) async fn unknown_migrations(pool: &PgPool) -> Result<Vec<i64>> {
     let exists: bool = sqlx::query_scalar(HISTORY_EXISTS).fetch_one(pool).await?;
     if !exists {

@@ -59,38 +59,35 @@ ORDER BY l.commit_seq
 
 /// Appends whole groups under a compare-and-set on the state row, through
 /// `ordo.append_commit_log` (migration `20261206000100_least_privilege.sql`): the function runs
-/// as the schema's owner and appends only what it verifies against `ordo.events`, so a role
-/// that folds holds no direct write on the log or its state (issue 29).
+/// as the schema's owner and takes the groups from `ordo.events` itself, so a role that folds
+/// holds no direct write on the log or its state and cannot choose what is appended (issue 29).
 ///
-/// `$1` the cursor this process expects, `$2` the new cursor, `$3`/`$4` the groups in log order
-/// as (commit_xid, the first sequence the fold met). The function takes the groups from the
-/// table (the transactions whose lowest event lies in `($1, $2]`) and refuses a plan that
-/// differs (SQLSTATE `OR001`), or a range with a sequence that has no row yet. Members are
-/// looked up on the server, so a group of any size is never materialised by the client; they
-/// are stored as chunks of at most 1,024 entries (the table's CHECK). Each returned entry names
-/// its group (`ord`, 1-based in the plan).
+/// `$1` the cursor this process expects, `$2` the new cursor. The groups appended are the
+/// transactions whose lowest event lies in `($1, $2]`, in the order of those lowest events:
+/// exactly the groups the fold planned, in its order, since the first member the fold meets is
+/// the group's lowest sequence. Each returned entry names its transaction (`commit_xid`); the
+/// caller maps it to its plan. A planned group whose transaction has a row *below* the one
+/// the fold met was logged before (the row met carries a `commit_xid` written by hand, foreign
+/// to the schema contract): no entry comes back for it, rather than it being logged twice. A
+/// range with a sequence that has no row yet, or above the sequence head, is refused with
+/// SQLSTATE `OR001`. Members are looked up on the server, so a group of any size is never
+/// materialised by the client; they are stored as chunks of at most 1,024 entries (the table's
+/// CHECK).
 ///
-/// The first member the fold meets is the group's lowest sequence, so a planned group whose
-/// transaction has a row *below* it was logged before: the row met is foreign to the schema
-/// contract (a `commit_xid` written by hand). Such a group is left out (no entry comes back for
-/// its `ord`) rather than logged twice.
-///
-/// Inside, the statement keeps the shape measured before it moved into the function: the
-/// lookup of members is one `commit_xid = ANY(...)` index scan per partition for the whole
-/// plan, a CTE of its own (joined to the plan, the *generic* plan a prepared statement switches
-/// to after five executions probed the index once per group with the whole array: quadratic,
-/// 2.3 s for one append of 5,000 groups where the split form takes 19 ms), and a group's last
-/// member comes from one window sorted by (group, sequence), the order the entries are
-/// numbered in (`PERFORMANCE.md`, session 10).
+/// Inside, the lookup of members is one `commit_xid = ANY(...)` index scan per partition for
+/// the whole range, a CTE of its own: joined to the groups, the *generic* plan a prepared
+/// statement switches to after five executions probed the index once per group with the whole
+/// array (quadratic: 2.3 s for one append of 5,000 groups where the split form takes 19 ms,
+/// `PERFORMANCE.md`, session 10).
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
 /// nothing (no row comes back; a CAS that succeeds returns at least one, NULLs for an empty
-/// plan). A guard on another table (`NOT EXISTS` in the log) would read this statement's older
+/// range). A guard on another table (`NOT EXISTS` in the log) would read this statement's older
 /// snapshot and append the group twice.
 pub(crate) const APPEND: &str = r#"
-SELECT a.commit_seq, a.sequence, a.group_last, a.ord
-FROM ordo.append_commit_log($1, $2, $3, $4) AS a
+SELECT a.commit_seq, a.sequence, a.group_last, a.commit_xid
+FROM ordo.append_commit_log($1, $2) AS a
 "#;
 
 /// The log head, for processes that do not run a sequencer.

@@ -32,7 +32,7 @@ pub(crate) struct Planned {
     pub(crate) own: bool,
 }
 
-/// One entry an append wrote, with the plan group (1-based) it belongs to.
+/// One entry an append wrote, with the plan group (1-based) it belongs to (0: none).
 pub(crate) struct AppendedEntry {
     pub(crate) entry: LogEntry,
     pub(crate) ord: usize,
@@ -70,35 +70,36 @@ pub(crate) async fn restart(pool: &PgPool) -> Result<Restart> {
     })
 }
 
-/// Appends `plan` (groups in log order) if the cursor is still `expected`, moving it to
-/// `covered`.
+/// Appends the groups first met in `(expected, covered]` if the cursor is still `expected`,
+/// moving it to `covered`; each entry is matched to its group of `plan` (the same groups, in
+/// log order, as the fold planned them).
 pub(crate) async fn append(
     pool: &PgPool,
     expected: u64,
     covered: u64,
     plan: &[Planned],
 ) -> Result<Appended> {
-    let xids: Vec<i64> = plan.iter().map(|group| group.xid).collect();
-    let lows: Vec<EventSequence> = plan
-        .iter()
-        .map(|group| EventSequence::new(group.low))
-        .collect();
     let rows = sqlx::query(APPEND)
         .bind(EventSequence::new(expected))
         .bind(EventSequence::new(covered))
-        .bind(xids)
-        .bind(lows)
         .fetch_all(pool)
         .await?;
     if rows.is_empty() {
         return Ok(Appended::Refused);
     }
+    // 1-based, as `record_appended` reads it; 0 for a transaction the plan does not name.
+    let ords: HashMap<i64, usize> = plan
+        .iter()
+        .enumerate()
+        .map(|(index, group)| (group.xid, index + 1))
+        .collect();
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
-        if let (Some(entry), Some(ord)) = (log_entry(row)?, row.try_get::<Option<i64>, _>("ord")?) {
+        let xid: Option<i64> = row.try_get("commit_xid")?;
+        if let (Some(entry), Some(xid)) = (log_entry(row)?, xid) {
             entries.push(AppendedEntry {
                 entry,
-                ord: usize::try_from(ord).unwrap_or(0),
+                ord: ords.get(&xid).copied().unwrap_or(0),
             });
         }
     }
