@@ -95,6 +95,28 @@ async fn publish(outbox: &Outbox<Note>, writer: u32, count: u32) {
     }
 }
 
+/// A writer's outbox whose subscription `name` has handled five events and stopped (its lease
+/// released), the writer's pool, and what the subscription saw.
+async fn writer_with_a_subscription_at_five(
+    roles: &Roles,
+    name: &str,
+) -> (PgPool, Outbox<Note>, Seen) {
+    let writer = roles.pool_as(&roles.writer, 6).await;
+    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
+        .await
+        .expect("a writer's outbox");
+    let seen = Seen::default();
+    let handle = outbox
+        .subscribe(JobConfig::new(name), seen.clone())
+        .await
+        .expect("a writer subscribes");
+    publish(&outbox, 1, 5).await;
+    let (state, done) = handle.wait_for(PATIENCE, |s| s.position.get() >= 5).await;
+    assert!(done, "{state:?}");
+    handle.shutdown().await;
+    (writer, outbox, seen)
+}
+
 /// (last_commit_seq, logged_through_sequence).
 async fn fold_state(pool: &PgPool) -> (i64, i64) {
     sqlx::query_as("SELECT last_commit_seq, logged_through_sequence FROM ordo.sequencer_state")
@@ -276,19 +298,7 @@ async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verif
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_cannot_move_claim_or_adopt_another_roles_subscription() {
     let roles = Roles::new(1_000_000).await;
-    let writer = roles.pool_as(&roles.writer, 6).await;
-    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
-        .await
-        .expect("a writer's outbox");
-    let seen = Seen::default();
-    let app = outbox
-        .subscribe(JobConfig::new("app"), seen.clone())
-        .await
-        .expect("a writer subscribes");
-    publish(&outbox, 1, 5).await;
-    let (state, done) = app.wait_for(PATIENCE, |s| s.position.get() >= 5).await;
-    assert!(done, "{state:?}");
-    app.shutdown().await;
+    let (writer, outbox, seen) = writer_with_a_subscription_at_five(&roles, "app").await;
 
     for role in [&roles.other, &roles.consumer] {
         let pool = roles.pool_as(role, 2).await;
@@ -407,19 +417,7 @@ async fn a_role_cannot_move_claim_or_adopt_another_roles_subscription() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_never_runs_a_subscriptions_row_nor_the_reverse() {
     let roles = Roles::new(1_000_000).await;
-    let writer = roles.pool_as(&roles.writer, 6).await;
-    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
-        .await
-        .expect("a writer's outbox");
-    let seen = Seen::default();
-    let shared = outbox
-        .subscribe(JobConfig::new("shared"), seen.clone())
-        .await
-        .expect("a subscription");
-    publish(&outbox, 1, 5).await;
-    let (state, done) = shared.wait_for(PATIENCE, |s| s.position.get() >= 5).await;
-    assert!(done, "{state:?}");
-    shared.shutdown().await;
+    let (writer, outbox, seen) = writer_with_a_subscription_at_five(&roles, "shared").await;
 
     // `ordo relay run shared` used to take the row over and move it to the head.
     match outbox
@@ -584,18 +582,7 @@ async fn ordo_relay_run_refuses_a_subscriptions_row_and_says_so() {
     use std::process::{Command, Stdio};
 
     let roles = Roles::new(1_000_000).await;
-    let writer = roles.pool_as(&roles.writer, 4).await;
-    let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
-        .await
-        .expect("a writer's outbox");
-    let app = outbox
-        .subscribe(JobConfig::new("orders"), Seen::default())
-        .await
-        .expect("a subscription");
-    publish(&outbox, 1, 5).await;
-    let (state, done) = app.wait_for(PATIENCE, |s| s.position.get() >= 5).await;
-    assert!(done, "{state:?}");
-    app.shutdown().await;
+    let (writer, outbox, _) = writer_with_a_subscription_at_five(&roles, "orders").await;
     outbox.shutdown().await;
 
     // The same role, so only the kind stands in the way.
