@@ -55,24 +55,28 @@ async fn main() -> Result<()> {
     let phases = std::env::var("ORDO_PHASES").unwrap_or_else(|_| "publish,fold,checkpoint".into());
     if phases.contains("publish") {
         let (scratch, role) = as_writer(&server).await?;
-        let rate = publish(&scratch, &role, seconds).await?;
-        println!("publish: 8 writers, single-event transactions, {seconds} s: {rate:.0} tx/s");
+        // The role is dropped whether the phase succeeded or not (the database too).
+        let rate = publish(&scratch, &role, seconds).await;
         finish(scratch, &server, &role).await?;
+        let rate = rate?;
+        println!("publish: 8 writers, single-event transactions, {seconds} s: {rate:.0} tx/s");
     }
     if phases.contains("fold") {
         let (scratch, role) = as_writer(&server).await?;
-        let rate = fold(&scratch, &role, fold_events).await?;
-        println!("fold: {fold_events} single-event transactions, cold: {rate:.0} events/s");
+        let rate = fold(&scratch, &role, fold_events).await;
         finish(scratch, &server, &role).await?;
+        let rate = rate?;
+        println!("fold: {fold_events} single-event transactions, cold: {rate:.0} events/s");
     }
     if phases.contains("checkpoint") {
         let (scratch, role) = as_writer(&server).await?;
-        let rate = checkpoint(&scratch, &role, checkpoints).await?;
+        let rate = checkpoint(&scratch, &role, checkpoints).await;
+        finish(scratch, &server, &role).await?;
+        let rate = rate?;
         println!(
             "checkpoint: {checkpoints} events, no-op handler, one checkpoint each (synchronous_commit off): {rate:.0} events/s ({:.0} us per event)",
             1e6 / rate
         );
-        finish(scratch, &server, &role).await?;
     }
     Ok(())
 }
