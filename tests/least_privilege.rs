@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log};
+use common::recording_sink::Recording;
 use common::roles::{Roles, denied};
 use common::{Note, eventually};
 use futures::StreamExt;
-use ordo::relay::{Message, Outcomes, RelayConfig, SendError, Sink};
+use ordo::relay::RelayConfig;
 use ordo::{
     Delivery, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox, OutboxConfig,
     Start, Subscriber,
@@ -47,28 +48,6 @@ impl Subscriber<Note> for Seen {
             seen.push(event.sequence.get());
         }
         Ok(())
-    }
-}
-
-/// Delivers everything, recording each message's position.
-#[derive(Clone, Default)]
-struct Recording(Arc<Mutex<Vec<u64>>>);
-
-impl Sink for Recording {
-    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
-        if let Ok(mut received) = self.0.lock() {
-            received.extend(batch.iter().map(|message| message.position));
-        }
-        (0..batch.len()).for_each(|index| outcomes.delivered(index));
-        Ok(())
-    }
-
-    async fn reset(&mut self) -> Result<(), SendError> {
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        "recording (test)".to_owned()
     }
 }
 
@@ -291,6 +270,86 @@ async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verif
     drop(committed);
     watcher.shutdown().await;
     for pool in [writer, sequencer, reader] {
+        pool.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_folding_roles_race_through_the_function_under_rollbacks_and_savepoints() {
+    let roles = Roles::new(1_000_000).await;
+    let writer = roles.pool_as(&roles.writer, 6).await;
+    let web = Outbox::<Note>::new(writer.clone(), OutboxConfig::default().sequencer(false))
+        .await
+        .expect("a writer's outbox without a sequencer");
+    // Two folding processes of two roles: their appends race on the compare-and-set, each
+    // through the function.
+    let (a, b) = (
+        roles.pool_as(&roles.sequencer, 3).await,
+        roles.pool_as(&roles.consumer, 3).await,
+    );
+    let fold_a = Outbox::<Note>::new(a.clone(), OutboxConfig::default())
+        .await
+        .expect("the sequencer role folds");
+    let fold_b = Outbox::<Note>::new(b.clone(), OutboxConfig::default())
+        .await
+        .expect("the consumer role folds");
+    let mut writers = Vec::new();
+    for w in 0..4u32 {
+        let (web, pool) = (web.clone(), writer.clone());
+        writers.push(tokio::spawn(async move {
+            let mut committed = 0u64;
+            for n in 0..25u32 {
+                let mut tx = pool.begin().await.expect("begin");
+                web.publish_in(&mut tx, [Note { writer: w, n }])
+                    .await
+                    .expect("publish");
+                // Every fifth: a second event in a savepoint that is rolled back.
+                if n % 5 == 0 {
+                    sqlx::query("SAVEPOINT s")
+                        .execute(&mut *tx)
+                        .await
+                        .expect("savepoint");
+                    web.publish_in(
+                        &mut tx,
+                        [Note {
+                            writer: w,
+                            n: 1000 + n,
+                        }],
+                    )
+                    .await
+                    .expect("publish in the savepoint");
+                    sqlx::query("ROLLBACK TO SAVEPOINT s")
+                        .execute(&mut *tx)
+                        .await
+                        .expect("roll the savepoint back");
+                }
+                // Every third: the whole transaction rolled back.
+                if n % 3 == 0 {
+                    tx.rollback().await.expect("rollback");
+                } else {
+                    tx.commit().await.expect("commit");
+                    committed += 1;
+                }
+            }
+            committed
+        }));
+    }
+    let mut committed = 0;
+    for writer in writers {
+        committed += writer.await.expect("a writer task");
+    }
+    assert!(
+        commit_head_reaches(&roles.admin, committed as i64).await,
+        "the two folds logged {committed} events"
+    );
+    fold_a.shutdown().await;
+    fold_b.shutdown().await;
+    web.shutdown().await;
+    check_log(&roles.admin, &ORDO)
+        .await
+        .expect("the commit log");
+    assert_eq!(fold_state(&roles.admin).await.0, committed as i64);
+    for pool in [writer, a, b] {
         pool.close().await;
     }
 }
@@ -536,7 +595,7 @@ async fn each_role_does_its_part_of_a_deployment() {
     let (state, done) = relay.wait_for(PATIENCE, |s| s.position.get() >= 10).await;
     assert!(done, "{state:?}");
     assert_eq!(seen.sequences(), (1..=10).collect::<Vec<u64>>());
-    let mut relayed = delivered.0.lock().map(|d| d.clone()).unwrap_or_default();
+    let mut relayed = delivered.positions();
     relayed.sort_unstable();
     assert_eq!(relayed, (1..=10).collect::<Vec<u64>>());
 

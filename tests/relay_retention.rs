@@ -14,34 +14,14 @@ use std::time::Duration;
 
 use common::TestDb;
 use common::keyed::{Parcel, publish};
+use common::recording_sink::Recording;
 use common::subscribers::PATIENCE;
 use ordo::admin::run_retention;
-use ordo::relay::{Message, Outcomes, RelayConfig, SendError, Sink};
+use ordo::relay::RelayConfig;
 use ordo::{
     Envelope, Keys, Outbox, OutboxConfig, RetentionConfig, RunStatus, SubscriptionHandle,
     SubscriptionState, SubscriptionStatus,
 };
-
-/// Records the position of every message it is handed, and delivers it.
-struct Recording(Arc<Mutex<Vec<u64>>>);
-
-impl Sink for Recording {
-    async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
-        if let Ok(mut received) = self.0.lock() {
-            received.extend(batch.iter().map(|message| message.position));
-        }
-        (0..batch.len()).for_each(|index| outcomes.delivered(index));
-        Ok(())
-    }
-
-    async fn reset(&mut self) -> Result<(), SendError> {
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        "recording (test)".to_owned()
-    }
-}
 
 fn keys(event: &Envelope<Parcel>) -> Keys {
     event.payload.keys.iter().cloned().collect()
