@@ -121,7 +121,9 @@ pub enum Error {
     },
 
     /// No subscription of that name exists in `ordo.subscriptions`.
-    #[error("no subscription named {name:?} in ordo.subscriptions")]
+    #[error(
+        "no subscription or relay named {name:?} in ordo.subscriptions (`ordo subscriptions` lists them)"
+    )]
     UnknownSubscription {
         /// The name asked for.
         name: String,
@@ -346,6 +348,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// No row of `ordo.inbox` or `ordo.inbox_watermarks` is of that consumer: a typo, the
+    /// wrong database, or a consumer that has not received a message yet.
+    #[error(
+        "no inbox consumer {consumer:?}: neither ordo.inbox nor ordo.inbox_watermarks has a row of it (`ordo inbox` lists the consumers)"
+    )]
+    UnknownConsumer {
+        /// The consumer asked for.
+        consumer: String,
+    },
+
     /// No failed message with that id in `ordo.inbox` (of that consumer, when one was named).
     #[error(
         "no failed message {id:?} in ordo.inbox{}: `ordo inbox failed` lists them",
@@ -413,6 +425,38 @@ fn describe(error: &sqlx::Error) -> String {
         text.push(']');
     }
     text
+}
+
+/// A failure's text as ordo stores and logs it (a handler's error in `last_error`, a dead
+/// letter, a stalled key, an inbox row, a log line): its `Display`, except that a PostgreSQL
+/// error anywhere in its chain loses the source position sqlx appends to it (`… at line 2650`,
+/// a line of PostgreSQL's C code that users read as a line of their SQL) and shows its SQLSTATE
+/// instead. Nothing else of the text changes.
+pub(crate) fn failure_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let chain = std::iter::successors(Some(error), |error| error.source());
+    for pg in chain.filter_map(postgres_error) {
+        let Some(line) = pg.line() else { continue };
+        let shown = format!("{} at line {line}", pg.message());
+        let meant = format!("{} [SQLSTATE {}]", pg.message(), pg.code());
+        if let Some(at) = text.find(&shown) {
+            text.replace_range(at..at + shown.len(), &meant);
+        }
+    }
+    text
+}
+
+/// The PostgreSQL error `error` is, or wraps directly as a `sqlx::Error`.
+fn postgres_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a sqlx::postgres::PgDatabaseError> {
+    if let Some(pg) = error.downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return Some(pg);
+    }
+    error
+        .downcast_ref::<sqlx::Error>()?
+        .as_database_error()?
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
 }
 
 /// A migration error in words that name ordo's history table. sqlx's own message for a dirty

@@ -204,8 +204,8 @@ pub use ops::trace::TRACEPARENT;
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
-    Batch, DEFAULT_KEYED_WINDOW, DeadLetter, Delivery, HandlerError, JobConfig, Keys,
-    MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion, Ordering, Position, RetryPolicy,
+    Batch, DEFAULT_KEYED_WINDOW, DeadLetter, DeadLetterCount, Delivery, HandlerError, JobConfig,
+    Keys, MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion, Ordering, Position, RetryPolicy,
     RunStatus, SERIAL_KEY, SinkDown, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
     SubscriptionState, SubscriptionStatus,
 };

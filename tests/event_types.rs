@@ -90,6 +90,7 @@ fn fast_halting(name: &str) -> JobConfig {
             max_backoff: Duration::from_millis(10),
         })
         .on_exhaustion(OnExhaustion::Halt)
+        .on_undecodable(OnExhaustion::Halt)
 }
 
 /// Waits until the subscription's position reaches `position` while running, and says why not.
@@ -176,7 +177,7 @@ async fn skip_untyped_passes_over_the_readmes_untyped_row() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_untyped_row_that_does_not_decode_still_follows_the_exhaustion_policy() {
+async fn an_untyped_row_that_does_not_decode_still_reaches_the_handler_path_and_its_policy() {
     let (db, outbox) = setup().await;
     publish(&outbox, Orders::Placed { id: 1 }).await;
     foreign_row(&db.pool, None).await;

@@ -6,19 +6,26 @@
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
 //! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
 //! ordo retention [--keep 30d] [--ahead N] [--apply] [--force]  partitions, and dropping old ones
-//! ordo subscriptions [--json]                    list durable subscriptions
+//! ordo subscriptions [list] [--json]             list subscriptions and relays
 //! ordo subscriptions resume|pause NAME
 //! ordo subscriptions reset NAME --to POSITION [--force]
+//! ordo subscriptions stalled NAME [--json]
+//! ordo subscriptions retry-keys NAME (KEY | --all)
 //! ordo subscriptions delete NAME [--force]
-//! ordo dead-letters list [--subscription NAME] [--json]
+//! ordo dead-letters [list] [--subscription NAME] [--json]
 //! ordo dead-letters retry (ID | --subscription NAME)
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
-//! ordo grant [--writer R]... [--reader R]... [--operator R]...   least-privilege roles
-//! ordo inbox failed|replay|watermarks            the consumer inbox (see cli/inbox.rs)
+//! ordo grant [--writer R]... [--publisher R]... [--sequencer R]... [--consumer R]...
+//!            [--reader R]... [--operator R]...      least-privilege roles
+//! ordo inbox [failed|replay|watermarks|set-watermark]  the consumer inbox (see cli/inbox.rs)
+//! ordo relay [list]                              list relays
 //! ordo relay run NAME --sink S --key-from K ...   a relay until SIGINT/SIGTERM (cli/relay_run.rs)
-//! ordo relay parked|requeue|replay|attempts       relays' parked events (see cli/relay.rs)
-//! ordo secrets list|add|remove|scrub             secret payload keys (see cli/secrets.rs)
+//! ordo relay parked|requeue|replay|resume|attempts   relays' parked events (see cli/relay.rs)
+//! ordo secrets [list|add|remove|scrub]           secret payload keys (see cli/secrets.rs)
 //! ```
+//!
+//! Every list command lists when given no subcommand; every name, id and consumer that matches
+//! nothing is an error that names it.
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 
 use std::io::{self, Write};
@@ -69,19 +76,20 @@ enum Command {
     Tail(TailArgs),
     /// Run a commit-lane sequencer until SIGINT or SIGTERM. Any number may run at once.
     Fold(FoldArgs),
-    /// List durable subscriptions, or pause, resume or reset one.
+    /// List subscriptions and relays; pause, resume, reset or delete one; its stalled keys.
     Subscriptions(SubscriptionsArgs),
     /// Show positions, lag of each lane and subscription, and stalls with who holds them.
     Status(StatusArgs),
     /// Show the partitions and what retention would do; `--apply` does it.
     Retention(RetentionArgs),
-    /// Grant roles what an ordo writer, reader or operator needs (idempotent).
+    /// Grant roles what an ordo writer, publisher, sequencer, consumer, reader or operator
+    /// needs (idempotent).
     Grant(GrantArgs),
-    /// List or purge the events subscriptions gave up on.
+    /// List, retry or purge the events subscriptions gave up on.
     DeadLetters(DeadLettersArgs),
-    /// The consumer inbox: failed messages, replays, watermarks.
+    /// The consumer inbox: failed messages, replays, watermarks and moving one.
     Inbox(inbox::InboxArgs),
-    /// Relays: run one standalone; parked events, requeue, replay.
+    /// Relays: list them, run one standalone; parked events, requeue, replay, resume, attempts.
     Relay(relay::RelayArgs),
     /// Secret payload keys: removed from stored events once every reader passed them.
     Secrets(secrets::SecretsArgs),
@@ -233,10 +241,10 @@ enum SubscriptionAction {
     },
     /// Ask a keyed subscription's runner to retry the stalled event holding KEY (or every
     /// stalled event with --all); the events waiting behind it follow in order.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
     RetryKeys {
         name: String,
         /// The stalled key (`ordo subscriptions stalled NAME`).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
         key: Option<String>,
         /// Every stalled key of the subscription.
         #[arg(long)]
@@ -254,12 +262,12 @@ enum SubscriptionAction {
 #[derive(clap::Args)]
 struct DeadLettersArgs {
     #[command(subcommand)]
-    action: DeadLetterAction,
+    action: Option<DeadLetterAction>,
 }
 
 #[derive(Subcommand)]
 enum DeadLetterAction {
-    /// List dead letters, oldest first.
+    /// List dead letters, oldest first (the default).
     List {
         /// Only this subscription's.
         #[arg(long)]
@@ -270,24 +278,22 @@ enum DeadLetterAction {
     },
     /// Ask the subscription's running runner to hand the event to its handler again, once;
     /// the dead letter goes when that succeeds, and stays with the new error when not.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["id", "subscription"]))]
     Retry {
         /// The dead letter's id (`ordo dead-letters list`).
-        #[arg(
-            required_unless_present = "subscription",
-            conflicts_with = "subscription"
-        )]
         id: Option<i64>,
         /// Every dead letter of this subscription.
         #[arg(long)]
         subscription: Option<String>,
     },
     /// Delete dead letters (the events stay in ordo.events).
+    #[command(group = clap::ArgGroup::new("age").required(true).args(["older_than", "all"]))]
     Purge {
         /// Only this subscription's.
         #[arg(long)]
         subscription: Option<String>,
         /// Only those at least this old (e.g. 30d, 12h, 45m, 90s).
-        #[arg(long, value_parser = parse_duration, required_unless_present = "all", conflicts_with = "all")]
+        #[arg(long, value_parser = parse_duration)]
         older_than: Option<Duration>,
         /// Every one, whatever its age.
         #[arg(long)]
@@ -718,7 +724,11 @@ async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
 }
 
 async fn dead_letters(pool: PgPool, args: DeadLettersArgs) -> CliResult {
-    match args.action {
+    let action = args.action.unwrap_or(DeadLetterAction::List {
+        subscription: None,
+        json: false,
+    });
+    match action {
         DeadLetterAction::List { subscription, json } => {
             let rows = admin::list_dead_letters(&pool, subscription.as_deref()).await?;
             let mut out = io::stdout().lock();

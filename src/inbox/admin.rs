@@ -74,16 +74,21 @@ impl FailedMessage {
 /// ```
 ///
 /// # Errors
+/// [`Error::UnknownConsumer`] if `consumer` has no row in the inbox (in either mode);
 /// [`Error::Database`] if `ordo.inbox` cannot be read.
 pub async fn list_failed(pool: &PgPool, consumer: Option<&str>) -> Result<Vec<FailedMessage>> {
     let rows = sqlx::query(sql::LIST_FAILED)
         .bind(consumer)
         .fetch_all(pool)
         .await?;
-    Ok(rows
+    let failed: Vec<FailedMessage> = rows
         .iter()
         .map(FailedMessage::read)
-        .collect::<Result<_, _>>()?)
+        .collect::<Result<_, _>>()?;
+    if failed.is_empty() {
+        refuse_unknown_consumer(pool, consumer).await?;
+    }
+    Ok(failed)
 }
 
 /// Replays the failed message `id` (of `consumer`, or of every consumer that failed it when
@@ -112,6 +117,7 @@ pub async fn replay(pool: &PgPool, consumer: Option<&str>, id: &str) -> Result<u
 /// many.
 ///
 /// # Errors
+/// [`Error::UnknownConsumer`] if `consumer` has no row in the inbox (in either mode);
 /// [`Error::Database`] if the update fails.
 pub async fn replay_all(pool: &PgPool, consumer: Option<&str>) -> Result<u64> {
     let replayed = sqlx::query(sql::REPLAY)
@@ -120,6 +126,9 @@ pub async fn replay_all(pool: &PgPool, consumer: Option<&str>) -> Result<u64> {
         .execute(pool)
         .await?
         .rows_affected();
+    if replayed == 0 {
+        refuse_unknown_consumer(pool, consumer).await?;
+    }
     Ok(replayed)
 }
 
@@ -141,11 +150,33 @@ pub struct Watermark {
     pub last_error: Option<String>,
     /// When the row last changed.
     pub updated_at: DateTime<Utc>,
+    /// The consumer waits on a gap: a message from beyond the next position came and was
+    /// refused ([`Receipt::Gap`](super::Receipt::Gap)) since the mark last moved. `None` while
+    /// messages come in order.
+    pub gap: Option<WatermarkGap>,
+}
+
+/// A watermark consumer waiting on a position that has not arrived: see [`Watermark::gap`].
+///
+/// A sender that delivers in order fills a gap by itself once the missing message is
+/// redelivered. One that never will (a relay moved past a parked event with `ordo
+/// subscriptions reset`, the event dropped by retention) leaves the consumer waiting for ever;
+/// [`set_watermark`] to the last position skipped ends the wait.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct WatermarkGap {
+    /// The position the consumer waits for (the mark + 1).
+    pub expected: u64,
+    /// The highest position refused meanwhile.
+    pub received: u64,
+    /// When the first of those refusals was made.
+    pub since: DateTime<Utc>,
 }
 
 /// The watermarks of one consumer, or of all when `consumer` is `None`.
 ///
 /// # Errors
+/// [`Error::UnknownConsumer`] if `consumer` has no row in the inbox (in either mode);
 /// [`Error::Database`] if `ordo.inbox_watermarks` cannot be read.
 pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Vec<Watermark>> {
     let rows = sqlx::query(sql::LIST_MARKS)
@@ -161,9 +192,44 @@ pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Ve
             attempts: count(row.try_get("attempts")?),
             last_error: row.try_get("last_error")?,
             updated_at: row.try_get("updated_at")?,
+            gap: read_gap(row)?,
         })
     };
-    Ok(rows.iter().map(read).collect::<Result<_, _>>()?)
+    let marks: Vec<Watermark> = rows.iter().map(read).collect::<Result<_, _>>()?;
+    if marks.is_empty() {
+        refuse_unknown_consumer(pool, consumer).await?;
+    }
+    Ok(marks)
+}
+
+/// A mark's gap columns, if it waits on one.
+fn read_gap(row: &PgRow) -> Result<Option<WatermarkGap>, sqlx::Error> {
+    let position: i64 = row.try_get("position")?;
+    let received: Option<i64> = row.try_get("gap_position")?;
+    let since: Option<DateTime<Utc>> = row.try_get("gap_since")?;
+    Ok(received.zip(since).map(|(received, since)| WatermarkGap {
+        expected: u64::try_from(position).unwrap_or(0) + 1,
+        received: u64::try_from(received).unwrap_or(0),
+        since,
+    }))
+}
+
+/// Refuses a consumer name no row of either inbox table has: nothing could be listed or
+/// replayed under it, so it is a typo or the wrong database.
+async fn refuse_unknown_consumer(pool: &PgPool, consumer: Option<&str>) -> Result<()> {
+    let Some(consumer) = consumer else {
+        return Ok(());
+    };
+    let known: bool = sqlx::query_scalar(sql::KNOWN_CONSUMER)
+        .bind(consumer)
+        .fetch_one(pool)
+        .await?;
+    if known {
+        return Ok(());
+    }
+    Err(Error::UnknownConsumer {
+        consumer: consumer.to_owned(),
+    })
 }
 
 /// Sets `consumer`'s mark for `source` to `position`: the next message it handles from there

@@ -175,7 +175,7 @@ async fn run<H: InboxHandler>(
                 )));
             }
         },
-        Ok(Err(error)) => error.to_string(),
+        Ok(Err(error)) => crate::error::failure_text(&*error),
         Err(_) => "the handler panicked".to_owned(),
     };
     // A failed rollback means a broken connection, which rolls back as well.

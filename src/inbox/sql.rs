@@ -144,8 +144,23 @@ INSERT INTO ordo.inbox_watermarks (consumer, source) VALUES ($1, $2) ON CONFLICT
 /// In the handler's transaction, before the handler runs (the row is locked by [`MARK`]).
 pub(crate) const ADVANCE: &str = r#"
 UPDATE ordo.inbox_watermarks
-SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL, updated_at = now()
+SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL,
+    gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
 WHERE consumer = $1 AND source = $2
+"#;
+
+/// A message from beyond the next position, refused as a gap, in the transaction holding the
+/// mark's row (locked by [`MARK`]): the highest position refused and since when the inbox
+/// waits. `warn`: this receiver logs the wait (its first refusal, then at most once a minute
+/// across every receiver).
+pub(crate) const NOTE_GAP: &str = r#"
+UPDATE ordo.inbox_watermarks AS w
+SET gap_position = GREATEST(w.gap_position, $3),
+    gap_since = coalesce(w.gap_since, now()),
+    gap_warned_at = CASE WHEN w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute'
+                         THEN now() ELSE w.gap_warned_at END
+WHERE consumer = $1 AND source = $2
+RETURNING gap_since, gap_warned_at = now() AS warn
 "#;
 
 /// A failed attempt at mark + 1, after the rollback. No row: the mark moved meanwhile (another
@@ -164,7 +179,7 @@ pub(crate) const DEAD_LETTER: &str = r#"
 WITH moved AS (
     UPDATE ordo.inbox_watermarks
     SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL,
-        updated_at = now()
+        gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
     WHERE consumer = $1 AND source = $2 AND position = $3 - 1
     RETURNING consumer
 )
@@ -180,7 +195,8 @@ RETURNING 1
 
 /// `$1` NULL: every consumer.
 pub(crate) const LIST_MARKS: &str = r#"
-SELECT consumer, source, position, failing_position, attempts, last_error, updated_at
+SELECT consumer, source, position, failing_position, attempts, last_error, updated_at,
+       gap_position, gap_since
 FROM ordo.inbox_watermarks
 WHERE $1::text IS NULL OR consumer = $1
 ORDER BY consumer, source
@@ -191,7 +207,13 @@ pub(crate) const SET_MARK: &str = r#"
 INSERT INTO ordo.inbox_watermarks (consumer, source, position) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, source) DO UPDATE
 SET position = EXCLUDED.position, failing_position = NULL, attempts = 0, last_error = NULL,
-    updated_at = now()
+    gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
+"#;
+
+/// Whether `consumer` has any row in the inbox, in either mode.
+pub(crate) const KNOWN_CONSUMER: &str = r#"
+SELECT EXISTS (SELECT 1 FROM ordo.inbox WHERE consumer = $1)
+    OR EXISTS (SELECT 1 FROM ordo.inbox_watermarks WHERE consumer = $1)
 "#;
 
 const fn hot(
@@ -244,5 +266,11 @@ pub(crate) const HOT_PATH: &[HotStatement] = &[
         MARK_FAILED,
         "text, text, bigint, text",
         "'c', 's', 1, 'error'",
+    ),
+    hot(
+        "inbox: watermark gap",
+        NOTE_GAP,
+        "text, text, bigint",
+        "'c', 's', 5",
     ),
 ];

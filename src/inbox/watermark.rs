@@ -21,6 +21,7 @@ use super::message::{InboxMessage, Receipt};
 use super::rows::{count, position_column};
 use super::sql;
 use crate::error::{Error, Result};
+use crate::ops::render::printable;
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -50,7 +51,7 @@ pub(crate) async fn receive<H: InboxHandler>(
         return Ok(Receipt::Duplicate);
     }
     if position > mark + 1 {
-        tx.rollback().await?;
+        note_gap(tx, consumer, source, mark + 1, position).await?;
         return Ok(Receipt::Gap { expected: mark + 1 });
     }
     sqlx::query(sql::ADVANCE)
@@ -73,12 +74,45 @@ pub(crate) async fn receive<H: InboxHandler>(
                 return record_failure(pool, config, message, source, position, error).await;
             }
         },
-        Ok(Err(error)) => error.to_string(),
+        Ok(Err(error)) => crate::error::failure_text(&*error),
         Err(_) => "the handler panicked".to_owned(),
     };
     let _ = tx.rollback().await;
     tracing::warn!(consumer, source, position, %error, "inbox handler failed");
     record_failure(pool, config, message, source, position, error).await
+}
+
+/// Records on the mark's row (locked in `tx`) that `position` was refused as a gap, and logs
+/// the wait: when it starts, then at most once a minute across every receiver. A position
+/// that never comes (a relay moved past it, its event dropped) leaves the inbox waiting for
+/// ever: the log and `ordo inbox watermarks` say so, and `ordo inbox set-watermark` ends it.
+async fn note_gap(
+    mut tx: Transaction<'static, Postgres>,
+    consumer: &str,
+    source: &str,
+    expected: u64,
+    position: u64,
+) -> Result<()> {
+    let noted: Option<(chrono::DateTime<chrono::Utc>, bool)> = sqlx::query_as(sql::NOTE_GAP)
+        .bind(consumer)
+        .bind(source)
+        .bind(position_column(position))
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    if let Some((since, true)) = noted {
+        tracing::warn!(
+            consumer = %printable(consumer),
+            source = %printable(source),
+            expected,
+            received = position,
+            since = %since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "inbox waits on a gap: position {expected} from this source has not arrived, later \
+             ones are refused (Gap) until it does; if it never will (the sender skipped it), \
+             move the mark past it: ordo inbox set-watermark CONSUMER SOURCE POSITION"
+        );
+    }
+    Ok(())
 }
 
 /// A transaction holding `source`'s mark locked, and the mark; `None` when another receiver

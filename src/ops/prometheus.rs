@@ -20,6 +20,7 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         .into_iter()
         .chain(lanes(status))
         .chain(subscriptions(status))
+        .chain(dead_letters(status))
         .chain([stalls(status)])
         .chain(schema(status));
     for (name, help, samples) in gauges {
@@ -110,7 +111,7 @@ fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
     ]
 }
 
-fn subscriptions(status: &OutboxStatus) -> [Gauge; 7] {
+fn subscriptions(status: &OutboxStatus) -> [Gauge; 9] {
     let samples = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
         status
             .subscriptions
@@ -159,13 +160,48 @@ fn subscriptions(status: &OutboxStatus) -> [Gauge; 7] {
         (
             "ordo_subscription_sink_down_seconds",
             "Seconds since a relay's owner found its sink down; absent while it answers.",
+            samples(&|s| s.sink_down.as_ref().map(|down| age(status, down.since))),
+        ),
+        (
+            "ordo_subscription_dead_letters",
+            "Dead letters of a subscription: events it gave up on, waiting for an operator.",
+            samples(&|s| s.dead_letters.map(|dead| dead.count as f64)),
+        ),
+        (
+            "ordo_subscription_oldest_dead_letter_seconds",
+            "Age of a subscription's oldest dead letter; absent when it has none.",
             samples(&|s| {
-                s.sink_down.as_ref().map(|down| {
-                    ((status.measured_at - down.since).num_milliseconds() as f64 / 1e3).max(0.0)
-                })
+                s.dead_letters
+                    .and_then(|dead| dead.oldest_at)
+                    .map(|oldest| age(status, oldest))
             }),
         ),
     ]
+}
+
+/// Every dead letter, of every subscription (a deleted one's too).
+fn dead_letters(status: &OutboxStatus) -> [Gauge; 2] {
+    let oldest = status.dead_letters.oldest_at;
+    [
+        (
+            "ordo_dead_letters",
+            "Dead letters of every subscription, deleted ones' included.",
+            vec![(String::new(), status.dead_letters.count as f64)],
+        ),
+        (
+            "ordo_oldest_dead_letter_seconds",
+            "Age of the oldest dead letter; absent when there is none.",
+            oldest
+                .map(|oldest| (String::new(), age(status, oldest)))
+                .into_iter()
+                .collect(),
+        ),
+    ]
+}
+
+/// Seconds from `then` to the status's reading, never negative.
+fn age(status: &OutboxStatus, then: chrono::DateTime<chrono::Utc>) -> f64 {
+    ((status.measured_at - then).num_milliseconds() as f64 / 1e3).max(0.0)
 }
 
 fn stalls(status: &OutboxStatus) -> Gauge {

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall};
 use crate::position::Ordering;
-use crate::subscription::{DeadLetter, StalledKey, SubscriptionStatus};
+use crate::subscription::{DeadLetter, DeadLetterCount, StalledKey, SubscriptionStatus};
 
 /// `text` made safe for a terminal: control characters (C0, DEL, C1, so ESC and CSI too) and
 /// the bidirectional overrides that reorder what a line appears to say are shown as escapes
@@ -89,6 +89,15 @@ pub fn status_table(status: &OutboxStatus) -> String {
     );
     let _ = writeln!(out);
     write_subscriptions(&mut out, &status.subscriptions, status.measured_at);
+    if let Some(oldest) = status.dead_letters.oldest_at {
+        let _ = writeln!(
+            out,
+            "\ndead letters: {}, the oldest written {} ago ({}); `ordo dead-letters` lists them",
+            status.dead_letters.count,
+            age(seconds_since(oldest, status.measured_at)),
+            oldest.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
     if let Some(first) = status.rows_above_head.first() {
         let _ = writeln!(
             out,
@@ -132,6 +141,7 @@ fn subscription_rows(
 ) {
     let columns = [
         Column("SUBSCRIPTION", 24, Left),
+        Column("KIND", 5, Left),
         Column("LANE", 6, Left),
         Column("POSITION", 10, Right),
         Column("LAG", 8, Right),
@@ -139,6 +149,7 @@ fn subscription_rows(
         Column("STATUS", 7, Left),
         Column("ATTEMPTS", 8, Right),
         Column("STALLED", 7, Right),
+        Column("DEAD", 5, Right),
         Column("RUN BY", 22, Left),
     ];
     let rows = subscriptions.iter().map(|sub| {
@@ -152,10 +163,23 @@ fn subscription_rows(
                 stalled.position,
                 printable(&stalled.error)
             ),
-            (None, None) => last_error(sub.last_error.as_deref()),
+            (None, None) => match (&sub.last_error, sub.dead_letters) {
+                (None, Some(DeadLetterCount { count, oldest_at: Some(oldest) })) => format!(
+                    "{count} dead letter(s), the oldest {} old: ordo dead-letters list --subscription {}",
+                    age(seconds_since(oldest, now)),
+                    printable(&sub.name)
+                ),
+                (error, _) => last_error(error.as_deref()),
+            },
+        };
+        let kind = match sub.kind.as_deref() {
+            Some("subscription") => "sub",
+            Some("relay") => "relay",
+            _ => "-",
         };
         let cells = [
             printable(&sub.name).into_owned(),
+            kind.to_owned(),
             sub.lane.to_string(),
             sub.position.to_string(),
             sub.lag.to_string(),
@@ -163,6 +187,8 @@ fn subscription_rows(
             sub.status.as_str().to_owned(),
             sub.attempts.to_string(),
             sub.stalled.len().to_string(),
+            sub.dead_letters
+                .map_or("-".to_owned(), |dead| dead.count.to_string()),
             run_by(sub.lease_owner, lease_remaining(sub, now)),
         ];
         (cells, error)
@@ -384,6 +410,15 @@ fn line<const N: usize>(out: &mut String, columns: &[Column; N], cells: &[String
         };
     }
     let _ = writeln!(out, " {last}");
+}
+
+/// Seconds from `then` to `now`, never negative (the clocks may be a database's and this
+/// machine's).
+fn seconds_since(
+    then: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<f64> {
+    Some(((now - then).num_milliseconds() as f64 / 1e3).max(0.0))
 }
 
 /// A handler's last error for a table cell: `-` when there is none.

@@ -98,7 +98,8 @@ fn count(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
-/// Each subscription with its lag and the age of the first event it has not handled.
+/// Each subscription with its lag, the age of the first event it has not handled, and its dead
+/// letters (counted through `dead_letters_subscription_idx`).
 pub(crate) const SUBSCRIPTIONS: &str = r#"
 SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
        GREATEST(CASE s.lane WHEN 'commit' THEN $1 ELSE $2 END - s.position, 0) AS lag,
@@ -116,8 +117,12 @@ SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error,
            END)) AS oldest_unprocessed,
        s.lease_owner,
        date_part('epoch', s.lease_expires_at - now()) AS lease_remaining,
-       s.sink_down_since, s.sink_down_reason
+       s.sink_down_since, s.sink_down_reason, s.kind, s.role,
+       d.dead_letters, d.oldest_dead_letter
 FROM ordo.subscriptions AS s
+CROSS JOIN LATERAL (
+    SELECT count(*) AS dead_letters, min(created_at) AS oldest_dead_letter
+    FROM ordo.dead_letters WHERE subscription = s.name) AS d
 ORDER BY s.name
 "#;
 
@@ -160,11 +165,26 @@ pub(super) async fn subscriptions(
                 oldest_unprocessed_seconds: row.try_get("oldest_unprocessed")?,
                 stalled: Vec::new(),
                 sink_down: crate::subscription::SinkDown::read(row)?,
+                dead_letters: Some(crate::subscription::DeadLetterCount::read(row)?),
+                kind: row.try_get("kind")?,
+                role: row.try_get("role")?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     crate::subscription::keyed::admin::attach_stalled(pool, &mut listed).await?;
     Ok(listed)
+}
+
+/// Every dead letter, of every subscription: how many, and the oldest's time.
+pub(crate) const DEAD_LETTERS: &str = r#"
+SELECT count(*) AS dead_letters, min(created_at) AS oldest_dead_letter FROM ordo.dead_letters
+"#;
+
+pub(super) async fn dead_letters(
+    pool: &PgPool,
+) -> Result<crate::subscription::DeadLetterCount, sqlx::Error> {
+    let row = sqlx::query(DEAD_LETTERS).fetch_one(pool).await?;
+    crate::subscription::DeadLetterCount::read(&row)
 }
 
 /// What operators need to know about a backend. A role without `pg_read_all_stats` sees

@@ -132,6 +132,11 @@ pub struct OutboxStatus {
     /// oldest first: a newer ordo migrated the database, and this one reads a schema it was
     /// not written for. Empty too when this role may not read that table. Normally empty.
     pub unknown_migrations: Vec<i64>,
+    /// Every dead letter in `ordo.dead_letters`, of every subscription (also of one whose row
+    /// was deleted since): how many, and when the oldest was written. Each subscription's own
+    /// are in its [`SubscriptionStatus::dead_letters`]. Normally 0: each is an event a handler
+    /// gave up on, waiting for an operator (`ordo dead-letters list`, `retry`, `purge`).
+    pub dead_letters: crate::subscription::DeadLetterCount,
     /// What an operator should act on that is not a stall, one sentence each (the default
     /// partition holding events, a schema migrated by a newer ordo); `ordo status` prints each
     /// as a `warning:` line. Normally empty.
@@ -172,6 +177,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         .sequencer_idle
         .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
     let rows_above_head = rows_above_head(pool, at.sequence_head, at.committed_head).await?;
+    let dead_letters = sql::dead_letters(pool).await?;
     let (default_partition_events, default_warning) =
         crate::ops::retention::default_partition(pool).await?;
     let unknown_migrations = crate::migrate::unknown_migrations(pool).await?;
@@ -225,8 +231,24 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         rows_above_head,
         default_partition_events,
         unknown_migrations,
+        dead_letters,
         warnings,
     })
+}
+
+/// Every subscription and relay as [`status`] reports them (lag, oldest unhandled event,
+/// dead letters, stalled keys), without the rest of the report: what `ordo subscriptions`
+/// lists.
+pub(crate) async fn subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
+    let at = sql::positions(pool).await?;
+    Ok(sql::subscriptions(
+        pool,
+        at.last_commit_seq,
+        at.committed_head,
+        at.commit_timestamps,
+        at.measured_at,
+    )
+    .await?)
 }
 
 /// The warning for migrations this build does not know, if there are any.

@@ -2,27 +2,13 @@
 //! `ordo subscriptions` is a thin layer over these.
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::handle::{Position, read_lane};
-use super::sql::attempts_read;
-use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
+use super::handle::Position;
+use super::status::{RunStatus, SubscriptionStatus};
 use crate::error::{Error, Result};
-
-/// `leased`: whether the lease is live, by the database's clock (the reader's may differ).
-const LIST: &str = r#"
-SELECT s.name, s.lane, s.position, s.status, s.attempts, s.last_error, s.lease_owner,
-       s.lease_expires_at, s.updated_at, s.sink_down_since, s.sink_down_reason, coalesce(s.lease_expires_at > now(), false) AS leased,
-       GREATEST(CASE s.lane
-           WHEN 'commit' THEN (SELECT last_commit_seq FROM ordo.sequencer_state)
-           ELSE coalesce((SELECT max(sequence) FROM ordo.events), 0)
-       END - s.position, 0) AS lag
-FROM ordo.subscriptions AS s
-ORDER BY s.name
-"#;
 
 const SET_STATUS: &str = r#"
 UPDATE ordo.subscriptions
@@ -78,42 +64,6 @@ WITH target AS (
 )
 SELECT free, lease_owner, lease_expires_at FROM target
 "#;
-
-/// [`LIST`], decoded. A row's state is told from its status and its lease, by the database's
-/// clock at the time of reading.
-async fn list(pool: &PgPool) -> Result<Vec<SubscriptionStatus>, sqlx::Error> {
-    let rows = sqlx::query(LIST).fetch_all(pool).await?;
-    let mut listed = rows
-        .iter()
-        .map(read_listed)
-        .collect::<Result<Vec<_>, _>>()?;
-    super::keyed::admin::attach_stalled(pool, &mut listed).await?;
-    Ok(listed)
-}
-
-fn read_listed(row: &PgRow) -> Result<SubscriptionStatus, sqlx::Error> {
-    let lane = read_lane(row, "lane")?;
-    let status = row.try_get("status")?;
-    let lease_owner: Option<Uuid> = row.try_get("lease_owner")?;
-    let lease_expires_at = row.try_get("lease_expires_at")?;
-    let leased = lease_owner.is_some() && row.try_get::<bool, _>("leased")?;
-    Ok(SubscriptionStatus {
-        name: row.try_get("name")?,
-        lane,
-        position: Position::read(row, "position", lane)?,
-        // A count, not a position; never negative (`GREATEST(.., 0)`).
-        lag: u64::try_from(row.try_get::<i64, _>("lag")?).unwrap_or(0),
-        state: SubscriptionState::stored(status, leased),
-        status,
-        attempts: attempts_read(row.try_get("attempts")?),
-        last_error: row.try_get("last_error")?,
-        lease_owner,
-        lease_expires_at,
-        oldest_unprocessed_seconds: None,
-        stalled: Vec::new(),
-        sink_down: super::status::SinkDown::read(row)?,
-    })
-}
 
 /// [`SET_STATUS`]; false if there is no such subscription.
 async fn store_status(pool: &PgPool, name: &str, status: RunStatus) -> Result<bool, sqlx::Error> {
@@ -171,14 +121,15 @@ async fn delete(
         .await
 }
 
-/// Every subscription, by name, as the database stores it: each one's `state` says whether some
-/// runner holds a live lease (see [`SubscriptionStatus`]); `oldest_unprocessed_seconds` is
-/// `None` here ([`status`](crate::admin::status) measures it).
+/// Every subscription and relay, by name, as [`status`](crate::admin::status) reports them:
+/// each one's `state` says whether some runner holds a live lease (see
+/// [`SubscriptionStatus`]), with its lag, the age of its oldest unhandled event, its dead
+/// letters and its stalled keys.
 ///
 /// # Errors
 /// [`Error::Database`] if the table cannot be read.
 pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
-    Ok(list(pool).await?)
+    crate::ops::status::subscriptions(pool).await
 }
 
 /// Pauses a subscription: its runner stops after the event in hand and waits.

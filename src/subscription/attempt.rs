@@ -38,9 +38,17 @@ struct Failure {
 }
 
 impl Failure {
-    fn retryable(error: impl ToString) -> Self {
+    fn retryable(error: &(dyn std::error::Error + 'static)) -> Self {
         Self {
-            message: error.to_string(),
+            message: crate::error::failure_text(error),
+            retryable: true,
+        }
+    }
+
+    /// The handler panicked: tried again, like an error.
+    fn panicked() -> Self {
+        Self {
+            message: "the handler panicked".to_owned(),
             retryable: true,
         }
     }
@@ -73,10 +81,18 @@ where
                 subscription = %self.config.name, attempt, error = %failure.message,
                 "handler failed"
             );
-            let exhausted = !failure.retryable || attempt >= self.config.retry.max_attempts;
-            if exhausted {
+            // An event that does not decode fails the same way every time: not retried, and
+            // sent where `on_undecodable` says.
+            if !failure.retryable {
+                let policy = self.config.on_undecodable;
                 return self
-                    .exhaust(unit, position, attempt, &failure.message)
+                    .exhaust(policy, unit, position, attempt, &failure.message)
+                    .await;
+            }
+            if attempt >= self.config.retry.max_attempts {
+                let policy = self.config.on_exhaustion;
+                return self
+                    .exhaust(policy, unit, position, attempt, &failure.message)
                     .await;
             }
             metrics::counter!(m::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
@@ -116,7 +132,7 @@ where
             .pool
             .begin_with(sql::begin_bounded(self.config.lease))
             .await
-            .map_err(Failure::retryable)?;
+            .map_err(|error| Failure::retryable(&error))?;
         if let Err(failure) = self.call_handler(&mut tx, &events).await {
             sql::roll_back(tx).await;
             return Err(failure);
@@ -125,7 +141,7 @@ where
             Ok(fenced) => fenced,
             Err(error) => {
                 sql::roll_back(tx).await;
-                return Err(Failure::retryable(error));
+                return Err(Failure::retryable(&error));
             }
         };
         if !fenced {
@@ -192,8 +208,8 @@ where
         .await;
         match handled {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(Failure::retryable(error)),
-            Err(_) => Err(Failure::retryable("the handler panicked")),
+            Ok(Err(error)) => Err(Failure::retryable(&*error)),
+            Err(_) => Err(Failure::panicked()),
         }
     }
 
@@ -239,12 +255,13 @@ where
 
     async fn exhaust(
         &mut self,
+        policy: OnExhaustion,
         unit: &[Item<P>],
         position: Position,
         attempts: u32,
         message: &str,
     ) -> Outcome {
-        match self.config.on_exhaustion {
+        match policy {
             OnExhaustion::Halt => {
                 let name = &self.config.name;
                 let halted =

@@ -100,6 +100,7 @@ pub struct JobConfig {
     pub(crate) ordering: Ordering,
     pub(crate) retry: RetryPolicy,
     pub(crate) on_exhaustion: OnExhaustion,
+    pub(crate) on_undecodable: OnExhaustion,
     pub(crate) start: StartFrom,
     pub(crate) batch: Batch,
     pub(crate) lease: Duration,
@@ -140,6 +141,7 @@ impl JobConfig {
             ordering: Ordering::Insert,
             retry: RetryPolicy::default(),
             on_exhaustion: OnExhaustion::Halt,
+            on_undecodable: OnExhaustion::DeadLetter,
             start: StartFrom::Beginning,
             batch: Batch::PerEvent,
             lease: Duration::from_secs(30),
@@ -164,6 +166,21 @@ impl JobConfig {
     /// What happens after the last attempt. Default [`OnExhaustion::Halt`].
     pub fn on_exhaustion(mut self, policy: OnExhaustion) -> Self {
         self.on_exhaustion = policy;
+        self
+    }
+
+    /// What happens to an event whose payload does not decode as the outbox's payload type
+    /// (a row of one of its types written by hand, or by another version of the code). It
+    /// fails the same way every time, so it is not retried. Default
+    /// [`OnExhaustion::DeadLetter`]: it is copied to `ordo.dead_letters` with the decoding
+    /// error and the subscription goes on (a keyed one's other keys too); `ordo status`,
+    /// `ordo subscriptions` and `--prometheus` count it, and `ordo dead-letters retry` hands
+    /// it to the handler again once the code decodes it. [`OnExhaustion::Halt`] stops the
+    /// subscription there instead (a keyed one stalls it, and an event whose keys cannot be
+    /// known holds every key). Rows of other event types never get here: they are skipped
+    /// before decoding (see [`event_types`](Self::event_types)).
+    pub fn on_undecodable(mut self, policy: OnExhaustion) -> Self {
+        self.on_undecodable = policy;
         self
     }
 
@@ -245,7 +262,7 @@ impl JobConfig {
 
     /// Skips untyped events (NULL `event_type`) instead of handing them to the handler, for a
     /// subscription that trusts only typed rows. Default false: an untyped event is handled,
-    /// and one that does not decode follows [`on_exhaustion`](Self::on_exhaustion).
+    /// and one that does not decode follows [`on_undecodable`](Self::on_undecodable).
     pub fn skip_untyped(mut self, skip: bool) -> Self {
         self.types.set_skip_untyped(skip);
         self

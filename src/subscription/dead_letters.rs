@@ -49,6 +49,12 @@ WHERE ($1::text IS NULL OR subscription = $1)
   AND created_at <= now() - make_interval(secs => $2::float8 / 1000)
 "#;
 
+/// Whether a name is a subscription's, or at least that of some dead letter (its row deleted).
+const KNOWN: &str = r#"
+SELECT EXISTS (SELECT 1 FROM ordo.subscriptions WHERE name = $1)
+    OR EXISTS (SELECT 1 FROM ordo.dead_letters WHERE subscription = $1)
+"#;
+
 /// [`LIST`], decoded.
 async fn list(pool: &PgPool, subscription: Option<&str>) -> Result<Vec<DeadLetter>, sqlx::Error> {
     let rows = sqlx::query(LIST).bind(subscription).fetch_all(pool).await?;
@@ -134,12 +140,33 @@ pub struct DeadLetter {
 /// Dead letters, oldest first: of one subscription, or of all when `subscription` is `None`.
 ///
 /// # Errors
+/// [`Error::UnknownSubscription`] if `subscription` names neither a subscription nor the
+/// subscription of any dead letter (a typo lists nothing, silently, otherwise);
 /// [`Error::Database`](crate::Error::Database) if the table cannot be read.
 pub async fn list_dead_letters(
     pool: &PgPool,
     subscription: Option<&str>,
 ) -> Result<Vec<DeadLetter>> {
-    Ok(list(pool, subscription).await?)
+    let letters = list(pool, subscription).await?;
+    if letters.is_empty() {
+        refuse_unknown(pool, subscription).await?;
+    }
+    Ok(letters)
+}
+
+/// Refuses a subscription name that has no row and no dead letter: nothing could ever be
+/// listed, retried or purged under it, so it is a typo or the wrong database.
+async fn refuse_unknown(pool: &PgPool, subscription: Option<&str>) -> Result<()> {
+    let Some(name) = subscription else {
+        return Ok(());
+    };
+    let known: bool = sqlx::query_scalar(KNOWN).bind(name).fetch_one(pool).await?;
+    if known {
+        return Ok(());
+    }
+    Err(Error::UnknownSubscription {
+        name: name.to_owned(),
+    })
 }
 
 /// Deletes dead letters at least `older_than` old (`Duration::ZERO`: all of them), of one
@@ -147,13 +174,19 @@ pub async fn list_dead_letters(
 /// themselves stay in `ordo.events`.
 ///
 /// # Errors
-/// [`Error::Database`](crate::Error::Database) if the delete fails.
+/// [`Error::UnknownSubscription`] if `subscription` names neither a subscription nor the
+/// subscription of any dead letter; [`Error::Database`](crate::Error::Database) if the
+/// delete fails.
 pub async fn purge_dead_letters(
     pool: &PgPool,
     subscription: Option<&str>,
     older_than: Duration,
 ) -> Result<u64> {
-    Ok(purge(pool, subscription, older_than).await?)
+    let purged = purge(pool, subscription, older_than).await?;
+    if purged == 0 {
+        refuse_unknown(pool, subscription).await?;
+    }
+    Ok(purged)
 }
 
 /// Asks the subscription's runner to hand dead letter `id`'s event to its handler again (see
@@ -172,9 +205,14 @@ pub async fn retry_dead_letter(pool: &PgPool, id: i64) -> Result<()> {
 /// Asks for a retry of every dead letter of `subscription`; returns how many were marked.
 ///
 /// # Errors
-/// [`Error::Database`] if the update fails.
+/// [`Error::UnknownSubscription`] if `subscription` names neither a subscription nor the
+/// subscription of any dead letter; [`Error::Database`] if the update fails.
 pub async fn retry_dead_letters(pool: &PgPool, subscription: &str) -> Result<u64> {
-    Ok(request_retries(pool, subscription).await?)
+    let marked = request_retries(pool, subscription).await?;
+    if marked == 0 {
+        refuse_unknown(pool, Some(subscription)).await?;
+    }
+    Ok(marked)
 }
 
 /// The runner's side: makes every requested retry of `config.name`'s dead letters, one try
@@ -282,7 +320,7 @@ where
     .await;
     let message = match handled {
         Ok(Ok(())) => None,
-        Ok(Err(error)) => Some(error.to_string()),
+        Ok(Err(error)) => Some(crate::error::failure_text(&*error)),
         Err(_) => Some("the handler panicked".to_owned()),
     };
     if let Some(message) = message {

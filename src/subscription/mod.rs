@@ -43,7 +43,9 @@ pub use dead_letters::{
 pub use delivery::Delivery;
 pub use handle::{Position, SubscriptionHandle};
 pub use keyed::{Keys, SERIAL_KEY, list_stalled_keys, retry_stalled_keys};
-pub use status::{RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus};
+pub use status::{
+    DeadLetterCount, RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus,
+};
 pub use subscriber::{HandlerError, Subscriber};
 
 use handle::Heads;
@@ -135,7 +137,7 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let start_at = start_position(&shared, config);
-    ensure_row(&shared.pool, config, start_at, kind).await?;
+    let role = ensure_row(&shared.pool, config, start_at, kind).await?;
     let initial = SubscriptionStatus {
         name: config.name.clone(),
         lane: config.ordering,
@@ -150,6 +152,9 @@ where
         oldest_unprocessed_seconds: None,
         stalled: Vec::new(),
         sink_down: None,
+        dead_letters: None,
+        kind: Some(kind.to_owned()),
+        role,
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {
@@ -191,13 +196,14 @@ where
 
 /// Creates the row at `start_at` if it is new, as a `kind` (`subscription` or `relay`) run by
 /// the connected role; refuses a row of the other kind, of a role this one does not act as, or
-/// of the other lane.
+/// of the other lane. Returns the role the row is run by (`None`: a row an older ordo wrote,
+/// which its first claim adopts).
 async fn ensure_row(
     pool: &PgPool,
     config: &JobConfig,
     start_at: Position,
     kind: &'static str,
-) -> Result<()> {
+) -> Result<Option<String>> {
     sql::create(pool, &config.name, start_at, kind).await?;
     let stored = sql::identity(pool, &config.name).await?;
     if let Some(stored_kind) = stored.kind.filter(|stored| stored != kind) {
@@ -215,7 +221,7 @@ async fn ensure_row(
         });
     }
     match Ordering::parse(&stored.lane) {
-        Some(stored) if stored == config.ordering => Ok(()),
+        Some(lane) if lane == config.ordering => Ok(stored.role),
         // The table's CHECK admits only the two lanes: the stored one is the other.
         stored => Err(Error::LaneMismatch {
             subscription: config.name.clone(),

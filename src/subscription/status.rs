@@ -138,10 +138,10 @@ impl SubscriptionState {
 /// - [`SubscriptionHandle::status`](crate::SubscriptionHandle::status): this process's runner,
 ///   live and free (no query); its lag is against this process's view of the lane head, its
 ///   [`state`](Self::state) is what that runner does.
-/// - [`list_subscriptions`](crate::admin::list_subscriptions) (`ordo subscriptions`): every
-///   subscription, from the database; the state says whether some runner holds a live lease.
-/// - [`status`](crate::admin::status) (`ordo status`): the same, with
-///   [`oldest_unprocessed_seconds`](Self::oldest_unprocessed_seconds).
+/// - [`list_subscriptions`](crate::admin::list_subscriptions) (`ordo subscriptions`) and
+///   [`status`](crate::admin::status) (`ordo status`): every subscription, from the database;
+///   the state says whether some runner holds a live lease, and they add what only the
+///   database knows (the oldest unhandled event's age, dead letters).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct SubscriptionStatus {
@@ -169,9 +169,8 @@ pub struct SubscriptionStatus {
     /// When that lease runs out (past once expired). From a handle, as its runner last
     /// extended it, by this machine's clock.
     pub lease_expires_at: Option<DateTime<Utc>>,
-    /// Seconds since the first event it has not handled was committed (or recorded). Only
-    /// [`status`](crate::admin::status) measures it; `None` from the other readers, and when every
-    /// event is handled.
+    /// Seconds since the first event it has not handled was committed (or recorded). The
+    /// database readers measure it; `None` from a handle, and when every event is handled.
     pub oldest_unprocessed_seconds: Option<f64>,
     /// A keyed subscription's stalled keys (empty for any other): each waits on an event whose
     /// attempts ran out under [`OnExhaustion::Halt`](crate::OnExhaustion::Halt), until an
@@ -184,6 +183,41 @@ pub struct SubscriptionStatus {
     /// and `sink_down_reason`), as the owning relay last stored it; a relay that stopped leaves
     /// its last state there until its row is claimed again. From a relay's handle, live.
     pub sink_down: Option<SinkDown>,
+    /// Its dead letters: events it gave up on (its exhaustion policy was
+    /// [`OnExhaustion::DeadLetter`](crate::OnExhaustion::DeadLetter)), how many and since
+    /// when; `ordo dead-letters list --subscription NAME` shows them. From the database
+    /// readers ([`status`](crate::admin::status),
+    /// [`list_subscriptions`](crate::admin::list_subscriptions)); `None` from a handle, which
+    /// reads nothing.
+    pub dead_letters: Option<DeadLetterCount>,
+    /// What the row is, `subscription` or `relay`, as stored in `ordo.subscriptions.kind`.
+    /// `None` for a row an older ordo wrote, until a runner adopts it.
+    pub kind: Option<String>,
+    /// The database role that created the row and runs it (`ordo.subscriptions.role`); only
+    /// roles that act as it may write the row. `None` for a row an older ordo wrote, until a
+    /// runner adopts it.
+    pub role: Option<String>,
+}
+
+/// A subscription's dead letters: see [`SubscriptionStatus::dead_letters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DeadLetterCount {
+    /// How many there are (0: none).
+    pub count: u64,
+    /// When the oldest was written; `None` when there is none.
+    pub oldest_at: Option<DateTime<Utc>>,
+}
+
+impl DeadLetterCount {
+    /// Read from a row's `dead_letters` (a count) and `oldest_dead_letter`.
+    pub(crate) fn read(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Self {
+            count: u64::try_from(row.try_get::<i64, _>("dead_letters")?).unwrap_or(0),
+            oldest_at: row.try_get("oldest_dead_letter")?,
+        })
+    }
 }
 
 /// A relay's sink found down: see [`SubscriptionStatus::sink_down`].

@@ -235,6 +235,7 @@ pub mod http_responder;
 pub mod inbox;
 pub mod invariants;
 pub mod keyed;
+pub mod logs;
 pub mod proxy;
 pub mod recording_sink;
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]

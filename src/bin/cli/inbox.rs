@@ -1,10 +1,14 @@
 //! `ordo inbox`: the consumer inbox's failed messages, replays and watermarks.
 //!
 //! ```text
+//! ordo inbox                                     the watermarks, then the failed messages
 //! ordo inbox failed [--consumer C] [--json]      messages a consumer gave up on
 //! ordo inbox replay ID [--consumer C]            run a failed message again
 //! ordo inbox replay --all [--consumer C]         every failed message (of C)
-//! ordo inbox watermarks [--consumer C] [--json]  watermark mode: how far each source is handled
+//! ordo inbox watermarks [--consumer C] [--json]  watermark mode: how far each source is handled,
+//!                                                and a gap it waits on
+//! ordo inbox set-watermark CONSUMER SOURCE POSITION [--create]
+//!                                                move a mark (past a position that never comes)
 //! ```
 
 use std::fmt::Write as _;
@@ -20,7 +24,7 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 #[derive(clap::Args)]
 pub(crate) struct InboxArgs {
     #[command(subcommand)]
-    action: InboxAction,
+    action: Option<InboxAction>,
 }
 
 #[derive(Subcommand)]
@@ -37,9 +41,9 @@ enum InboxAction {
     /// Set failed messages back to pending, attempts at zero. Each runs once, on the
     /// consumer's next `Inbox::run_pending` or on a redelivery of its id, whichever comes
     /// first.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["id", "all"]))]
     Replay {
         /// The message id (`ordo inbox failed`).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
         id: Option<String>,
         /// Every failed message (of --consumer, or of every consumer).
         #[arg(long)]
@@ -48,7 +52,7 @@ enum InboxAction {
         #[arg(long)]
         consumer: Option<String>,
     },
-    /// List watermark-mode consumers' marks, one per source.
+    /// List watermark-mode consumers' marks, one per source, with the gap each waits on.
     Watermarks {
         /// Only this consumer's.
         #[arg(long)]
@@ -57,11 +61,35 @@ enum InboxAction {
         #[arg(long)]
         json: bool,
     },
+    /// Set a watermark consumer's mark for a source: the next message it handles is
+    /// POSITION + 1. Ends a wait on a gap that will never fill (the sender skipped those
+    /// positions); moving it back handles the messages above again as they are redelivered.
+    SetWatermark {
+        consumer: String,
+        /// The sending ordo, as `ordo inbox watermarks` shows it.
+        source: String,
+        /// The last position to count as handled.
+        #[arg(value_parser = crate::parse_position)]
+        position: u64,
+        /// Create the mark if the consumer has none for SOURCE yet (a consumer joining a
+        /// source whose history it does not need); without it, an unknown pair is refused.
+        #[arg(long)]
+        create: bool,
+    },
 }
 
 pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
     let mut out = io::stdout().lock();
-    match args.action {
+    let Some(action) = args.action else {
+        let marks = inbox::list_watermarks(&pool, None).await?;
+        let failed = inbox::list_failed(&pool, None).await?;
+        writeln!(out, "watermarks (ordo inbox watermarks):")?;
+        write!(out, "{}", watermarks_table(&marks))?;
+        writeln!(out, "\nfailed messages (ordo inbox failed):")?;
+        write!(out, "{}", failed_table(&failed))?;
+        return Ok(());
+    };
+    match action {
         InboxAction::Failed { consumer, json } => {
             let failed = inbox::list_failed(&pool, consumer.as_deref()).await?;
             if json {
@@ -73,7 +101,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
             let replayed = match (id, all) {
                 (Some(id), false) => inbox::replay(&pool, consumer.as_deref(), &id).await?,
                 (None, true) => inbox::replay_all(&pool, consumer.as_deref()).await?,
-                _ => return Err("give a message id or --all".into()),
+                _ => return Err("give a message id or --all, not both".into()),
             };
             eprintln!(
                 "ordo: {replayed} message(s) set to pending; each runs on its consumer's next run_pending or redelivery"
@@ -86,7 +114,56 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
             }
             write!(out, "{}", watermarks_table(&marks))?;
         }
+        InboxAction::SetWatermark {
+            consumer,
+            source,
+            position,
+            create,
+        } => {
+            set_watermark(&pool, &consumer, &source, position, create).await?;
+            eprintln!(
+                "ordo: the mark of consumer {:?} for source {:?} is {position}; it handles {} next",
+                printable(&consumer),
+                printable(&source),
+                position.saturating_add(1)
+            );
+        }
     }
+    Ok(())
+}
+
+/// Moves a mark, refusing a (consumer, source) pair that has none unless `create`: a typo
+/// would otherwise make a mark nobody reads, and the real one would stay where it was.
+async fn set_watermark(
+    pool: &PgPool,
+    consumer: &str,
+    source: &str,
+    position: u64,
+    create: bool,
+) -> CliResult {
+    if !create {
+        let marks = match inbox::list_watermarks(pool, Some(consumer)).await {
+            Ok(marks) => marks,
+            Err(ordo::Error::UnknownConsumer { .. }) => Vec::new(),
+            Err(error) => return Err(error.into()),
+        };
+        if !marks.iter().any(|mark| mark.source == source) {
+            let known: Vec<String> = marks
+                .iter()
+                .map(|mark| format!("{:?}", printable(&mark.source)))
+                .collect();
+            let known = if known.is_empty() {
+                "it has no mark of any source".to_owned()
+            } else {
+                format!("its sources: {}", known.join(", "))
+            };
+            return Err(format!(
+                "consumer {consumer:?} has no mark for source {source:?} ({known}); pass --create to make one"
+            )
+            .into());
+        }
+    }
+    inbox::set_watermark(pool, consumer, source, position).await?;
     Ok(())
 }
 
@@ -117,12 +194,23 @@ fn failed_table(failed: &[FailedMessage]) -> String {
     out
 }
 
+/// One line per mark, safe for a terminal; a mark waiting on a gap says which position, since
+/// when, and what ends it.
 fn watermarks_table(marks: &[Watermark]) -> String {
     let mut out = format!(
         "{:<24} {:<24} {:>12} {:>8} LAST ERROR\n",
         "CONSUMER", "SOURCE", "POSITION", "ATTEMPTS"
     );
     for mark in marks {
+        let note = match (&mark.gap, &mark.last_error) {
+            (Some(gap), _) => format!(
+                "waiting on a gap since {}: position {} has not arrived, {} was refused; if it never will, ordo inbox set-watermark",
+                gap.since.format("%Y-%m-%d %H:%M:%S UTC"),
+                gap.expected,
+                gap.received
+            ),
+            (None, error) => printable(error.as_deref().unwrap_or("-")).into_owned(),
+        };
         let _ = writeln!(
             out,
             "{:<24} {:<24} {:>12} {:>8} {}",
@@ -130,7 +218,7 @@ fn watermarks_table(marks: &[Watermark]) -> String {
             printable(&mark.source),
             mark.position,
             mark.attempts,
-            printable(mark.last_error.as_deref().unwrap_or("-")),
+            note,
         );
     }
     out

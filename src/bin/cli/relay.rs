@@ -4,6 +4,7 @@
 //! operator of a relay looks for.
 //!
 //! ```text
+//! ordo relay [list] [--json]                  the relays (rows of kind relay), as `ordo subscriptions`
 //! ordo relay run NAME --sink nats|rabbitmq|webhook --key-from SOURCE [...] [--config FILE]
 //!                                             a relay until SIGINT/SIGTERM (see relay_run.rs)
 //! ordo relay parked NAME [--json]             parked events, by key, with their errors
@@ -37,18 +38,24 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 #[derive(clap::Args)]
 pub(crate) struct RelayArgs {
     #[command(subcommand)]
-    action: RelayAction,
+    action: Option<RelayAction>,
 }
 
 impl RelayArgs {
     /// Whether this is `ordo relay run`, which logs its progress by default.
     pub(crate) fn runs_a_relay(&self) -> bool {
-        matches!(self.action, RelayAction::Run(_))
+        matches!(self.action, Some(RelayAction::Run(_)))
     }
 }
 
 #[derive(Subcommand)]
 enum RelayAction {
+    /// List the relays (the default), as `ordo subscriptions` shows them.
+    List {
+        /// Print JSON (one object per relay) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a relay until SIGINT or SIGTERM: deliver every event of `ordo.events` (however it
     /// was written, plain SQL included) to NATS JetStream, RabbitMQ or a webhook, at least
     /// once, the event id as the message id, in order per key. Settings by flags or
@@ -64,10 +71,10 @@ enum RelayAction {
     },
     /// Ask the relay to deliver the parked event holding KEY again (or every parked event with
     /// --all), its attempts counted from zero; the events waiting behind it follow in order.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
     Requeue {
         name: String,
         /// The key (`ordo relay parked NAME`).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
         key: Option<String>,
         /// Every parked event of the relay.
         #[arg(long)]
@@ -104,14 +111,33 @@ pub(crate) async fn run<D>(database: D, args: RelayArgs) -> CliResult
 where
     D: Future<Output = Result<PgPool, Box<dyn std::error::Error>>>,
 {
-    if let RelayAction::Run(run) = args.action {
+    let action = args.action.unwrap_or(RelayAction::List { json: false });
+    if let RelayAction::Run(run) = action {
         let plan = run.plan()?;
         return run::serve(database.await?, plan).await;
     }
     let pool = database.await?;
-    match args.action {
+    let relays = admin::list_subscriptions(&pool).await?;
+    let named = |name: &str| relay_named(&relays, name);
+    match action {
         RelayAction::Run(_) => Ok(()),
+        RelayAction::List { json } => {
+            let relays: Vec<_> = relays
+                .into_iter()
+                .filter(|row| row.kind.as_deref() != Some("subscription"))
+                .collect();
+            let mut out = io::stdout().lock();
+            if json {
+                for relay in &relays {
+                    writeln!(out, "{}", serde_json::to_string(relay)?)?;
+                }
+                return Ok(());
+            }
+            write!(out, "{}", admin::subscriptions_table(&relays))?;
+            Ok(())
+        }
         RelayAction::Parked { name, json } => {
+            named(&name)?;
             let parked = admin::list_stalled_keys(&pool, &name).await?;
             let mut out = io::stdout().lock();
             if json {
@@ -124,15 +150,13 @@ where
             Ok(())
         }
         RelayAction::Requeue { name, key, all: _ } => {
+            named(&name)?;
             let asked = admin::retry_stalled_keys(&pool, &name, key.as_deref()).await?;
             eprintln!("ordo: {asked} parked events of relay {name:?} requeued");
             Ok(())
         }
         RelayAction::Replay { name, from } => {
-            let rows = admin::list_subscriptions(&pool).await?;
-            let Some(row) = rows.iter().find(|row| row.name == name) else {
-                return Err(ordo::Error::UnknownSubscription { name }.into());
-            };
+            let row = named(&name)?;
             let to = from - 1;
             let position = match row.lane {
                 Ordering::Commit => Position::Commit(CommitSequence::new(to)),
@@ -152,12 +176,39 @@ where
             Ok(())
         }
         RelayAction::Resume { name } => {
+            named(&name)?;
             admin::resume_subscription(&pool, &name).await?;
             eprintln!("ordo: relay {name:?} resumed");
             Ok(())
         }
-        RelayAction::Attempts { name, event, json } => attempts(&pool, &name, &event, json).await,
+        RelayAction::Attempts { name, event, json } => {
+            named(&name)?;
+            attempts(&pool, &name, &event, json).await
+        }
     }
+}
+
+/// The relay `name` among the rows, or why not: no such row, or a subscription's (which the
+/// relay commands would move as if it were a relay's).
+fn relay_named<'a>(
+    rows: &'a [ordo::SubscriptionStatus],
+    name: &str,
+) -> Result<&'a ordo::SubscriptionStatus, Box<dyn std::error::Error>> {
+    let Some(row) = rows.iter().find(|row| row.name == name) else {
+        return Err(format!(
+            "no relay named {:?} in ordo.subscriptions (`ordo relay` lists them)",
+            admin::printable(name)
+        )
+        .into());
+    };
+    if row.kind.as_deref() == Some("subscription") {
+        return Err(format!(
+            "{:?} is a subscription, not a relay: use `ordo subscriptions` (stalled, retry-keys, reset, resume)",
+            admin::printable(name)
+        )
+        .into());
+    }
+    Ok(row)
 }
 
 /// `ordo relay attempts`: the event by position or id, where it stands, its attempts.

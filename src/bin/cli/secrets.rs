@@ -2,7 +2,7 @@
 //! relay has passed them (`ordo.secret_keys`).
 //!
 //! ```text
-//! ordo secrets list [--json]                      the secret keys, every-type ones first
+//! ordo secrets [list] [--json]                    the secret keys, every-type ones first
 //! ordo secrets add KEY... [--type TYPE]           name keys secret (for TYPE, or every type)
 //! ordo secrets remove KEY... [--type TYPE]        stop treating them as secret
 //! ordo secrets scrub                              remove them from passed events now
@@ -19,12 +19,12 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 #[derive(clap::Args)]
 pub(crate) struct SecretsArgs {
     #[command(subcommand)]
-    action: SecretsAction,
+    action: Option<SecretsAction>,
 }
 
 #[derive(Subcommand)]
 enum SecretsAction {
-    /// List the secret payload keys.
+    /// List the secret payload keys (the default).
     List {
         /// Print JSON (one object per key) instead of a table.
         #[arg(long)]
@@ -53,7 +53,7 @@ enum SecretsAction {
 }
 
 pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
-    match args.action {
+    match args.action.unwrap_or(SecretsAction::List { json: false }) {
         SecretsAction::List { json } => {
             let secrets = admin::list_secret_keys(&pool).await?;
             let mut out = io::stdout().lock();

@@ -206,7 +206,10 @@ where
                 }
                 Err(message) => {
                     let attempts = entry.attempts + 1;
-                    let flow = self.exhaust_keyed(work, slot, attempts, message).await;
+                    let policy = self.config.on_undecodable;
+                    let flow = self
+                        .exhaust_keyed(policy, work, slot, attempts, message)
+                        .await;
                     if flow.is_some() {
                         return flow;
                     }
@@ -228,8 +231,17 @@ where
             Outcome::Failed { message, retryable } => {
                 let attempts = work.lanes.entry(slot).map_or(1, |entry| entry.attempts + 1);
                 tracing::warn!(subscription = %self.config.name, attempt = attempts, error = %message, "handler failed");
-                if !retryable || attempts >= self.config.retry.max_attempts {
-                    return self.exhaust_keyed(work, slot, attempts, message).await;
+                if !retryable {
+                    let policy = self.config.on_undecodable;
+                    return self
+                        .exhaust_keyed(policy, work, slot, attempts, message)
+                        .await;
+                }
+                if attempts >= self.config.retry.max_attempts {
+                    let policy = self.config.on_exhaustion;
+                    return self
+                        .exhaust_keyed(policy, work, slot, attempts, message)
+                        .await;
                 }
                 metrics::counter!(crate::ops::metrics::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
                     .increment(1);
@@ -246,12 +258,13 @@ where
     /// Applies the exhaustion policy to the event at `slot`.
     async fn exhaust_keyed(
         &mut self,
+        policy: OnExhaustion,
         work: &mut Work<P>,
         slot: Slot,
         attempts: u32,
         message: String,
     ) -> Option<Flow> {
-        match self.config.on_exhaustion {
+        match policy {
             OnExhaustion::Halt => {
                 if let Some(flow) = self.record(work, slot, attempts, &message, true).await {
                     return Some(flow);

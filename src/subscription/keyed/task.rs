@@ -86,8 +86,8 @@ impl<S> Context<S> {
         P: DeserializeOwned + Send + Sync + 'static,
         S: Subscriber<P>,
     {
-        let failed = |error: &dyn std::fmt::Display| Outcome::Failed {
-            message: error.to_string(),
+        let failed = |error: &(dyn std::error::Error + 'static)| Outcome::Failed {
+            message: crate::error::failure_text(error),
             retryable: true,
         };
         let mut tx = match self.pool.begin_with(sql::begin_bounded(self.lease)).await {
@@ -103,8 +103,11 @@ impl<S> Context<S> {
         // retry at once, on another connection (see `sql::roll_back`).
         let failure = match handled {
             Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(failed(&error)),
-            Err(_) => Some(failed(&"the handler panicked")),
+            Ok(Err(error)) => Some(failed(&*error)),
+            Err(_) => Some(Outcome::Failed {
+                message: "the handler panicked".to_owned(),
+                retryable: true,
+            }),
         };
         if let Some(failure) = failure {
             sql::roll_back(tx).await;
