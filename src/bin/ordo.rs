@@ -214,7 +214,7 @@ struct SubscriptionsArgs {
 
 #[derive(Subcommand)]
 enum SubscriptionAction {
-    /// List every subscription (the default).
+    /// List every subscription and relay (the default).
     List,
     /// Let a paused or halted subscription run again (a halted one retries its event).
     Resume { name: String },
@@ -231,16 +231,19 @@ enum SubscriptionAction {
         #[arg(long)]
         force: bool,
     },
-    /// List a keyed subscription's stalled keys: each waits on an event whose attempts ran
-    /// out, while every other key goes on.
+    /// List a keyed subscription's stalled keys.
+    ///
+    /// Each waits on an event whose attempts ran out, while every other key goes on.
     Stalled {
         name: String,
         /// Print JSON (one object per key) instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Ask a keyed subscription's runner to retry the stalled event holding KEY (or every
-    /// stalled event with --all); the events waiting behind it follow in order.
+    /// Retry the stalled event holding KEY (or every one, with --all).
+    ///
+    /// The subscription's runner takes the request; the events waiting behind the stalled one
+    /// follow in order.
     #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
     RetryKeys {
         name: String,
@@ -276,8 +279,10 @@ enum DeadLetterAction {
         #[arg(long)]
         json: bool,
     },
-    /// Ask the subscription's running runner to hand the event to its handler again, once;
-    /// the dead letter goes when that succeeds, and stays with the new error when not.
+    /// Hand a dead letter's event (or each of a subscription's) to its handler again, once.
+    ///
+    /// The subscription's running runner takes the request; the dead letter goes when the
+    /// handler succeeds, and stays with the new error when not.
     #[command(group = clap::ArgGroup::new("which").required(true).args(["id", "subscription"]))]
     Retry {
         /// The dead letter's id (`ordo dead-letters list`).

@@ -38,9 +38,10 @@ enum InboxAction {
         #[arg(long)]
         json: bool,
     },
-    /// Set failed messages back to pending, attempts at zero. Each runs once, on the
-    /// consumer's next `Inbox::run_pending` or on a redelivery of its id, whichever comes
-    /// first.
+    /// Set a failed message (or every one, with --all) back to pending, attempts at zero.
+    ///
+    /// Each runs once, on the consumer's next `Inbox::run_pending` or on a redelivery of its
+    /// id, whichever comes first.
     #[command(group = clap::ArgGroup::new("which").required(true).args(["id", "all"]))]
     Replay {
         /// The message id (`ordo inbox failed`).
@@ -61,9 +62,10 @@ enum InboxAction {
         #[arg(long)]
         json: bool,
     },
-    /// Set a watermark consumer's mark for a source: the next message it handles is
-    /// POSITION + 1. Ends a wait on a gap that will never fill (the sender skipped those
-    /// positions); moving it back handles the messages above again as they are redelivered.
+    /// Move a watermark consumer's mark for a source: it handles POSITION + 1 next.
+    ///
+    /// Ends a wait on a gap that will never fill (the sender skipped those positions); moving
+    /// it back handles the messages above again as they are redelivered.
     SetWatermark {
         consumer: String,
         /// The sending ordo, as `ordo inbox watermarks` shows it.

@@ -56,11 +56,13 @@ enum RelayAction {
         #[arg(long)]
         json: bool,
     },
-    /// Run a relay until SIGINT or SIGTERM: deliver every event of `ordo.events` (however it
-    /// was written, plain SQL included) to NATS JetStream, RabbitMQ or a webhook, at least
-    /// once, the event id as the message id, in order per key. Settings by flags or
-    /// --config FILE (flags win); secrets only from the environment. Any number of processes
-    /// may run the same relay: one delivers, the others stand by.
+    /// Run a relay until SIGINT or SIGTERM.
+    ///
+    /// It delivers every event of `ordo.events` (however it was written, plain SQL included)
+    /// to NATS JetStream, RabbitMQ or a webhook, at least once, the event id as the message
+    /// id, in order per key. Settings by flags or --config FILE (flags win); secrets only from
+    /// the environment. Any number of processes may run the same relay: one delivers, the
+    /// others stand by.
     Run(Box<run::RunArgs>),
     /// List a relay's parked events (one line per key they hold), oldest first.
     Parked {
@@ -69,8 +71,9 @@ enum RelayAction {
         #[arg(long)]
         json: bool,
     },
-    /// Ask the relay to deliver the parked event holding KEY again (or every parked event with
-    /// --all), its attempts counted from zero; the events waiting behind it follow in order.
+    /// Deliver the parked event holding KEY again (or every parked event, with --all).
+    ///
+    /// Its attempts count from zero; the events waiting behind it follow in order.
     #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
     Requeue {
         name: String,
@@ -80,21 +83,25 @@ enum RelayAction {
         #[arg(long)]
         all: bool,
     },
-    /// Deliver again every event from POSITION (on the relay's lane) on: receivers deduplicate
-    /// by message id, so only what they lost takes effect.
+    /// Deliver again every event from POSITION (on the relay's lane) on.
+    ///
+    /// Receivers deduplicate by message id, so only what they lost takes effect.
     Replay {
         name: String,
         /// The first position to deliver again (at least 1).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         from: u64,
     },
-    /// Run a halted (or paused) relay again, clearing its last error. A relay halts when its
-    /// position is below the retention floor (retention dropped the events it needs): first
-    /// `replay --from` the floor its error names, then resume.
+    /// Run a halted (or paused) relay again, clearing its last error.
+    ///
+    /// A relay halts when its position is below the retention floor (retention dropped the
+    /// events it needs): first `replay --from` the floor its error names, then resume.
     Resume { name: String },
-    /// Was an event delivered, and if not, why: where it stands now (delivered, parked,
-    /// failing, waiting) and its failed attempts (the newest 20), each with its time, error,
-    /// and the host and pid of the process that sent it.
+    /// Was an event delivered, and if not, why.
+    ///
+    /// Where it stands now (delivered, parked, failing, waiting) and its failed attempts (the
+    /// newest 20), each with its time, error, and the host and pid of the process that sent
+    /// it.
     Attempts {
         name: String,
         /// The event's position on the relay's lane (`ordo relay parked NAME`), or its id.

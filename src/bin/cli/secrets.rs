@@ -30,8 +30,10 @@ enum SecretsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Name top-level payload keys secret: removed from a stored event once every
-    /// subscription and relay has passed it (the history already passed included).
+    /// Name top-level payload keys secret.
+    ///
+    /// They are removed from a stored event once every subscription and relay has passed it
+    /// (the history already passed included).
     Add {
         #[arg(required = true)]
         keys: Vec<String>,
@@ -47,8 +49,9 @@ enum SecretsAction {
         #[arg(long = "type", value_name = "TYPE")]
         event_type: Option<String>,
     },
-    /// Remove the secret keys from every event all readers passed, now (a running Outbox does
-    /// it every maintenance interval).
+    /// Remove the secret keys from every event all readers passed, now.
+    ///
+    /// A running Outbox does it every maintenance interval.
     Scrub,
 }
 
@@ -77,6 +80,17 @@ pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
         SecretsAction::Remove { keys, event_type } => {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let removed = admin::remove_secret_keys(&pool, event_type.as_deref(), &keys).await?;
+            if removed == 0 {
+                let scope = event_type.as_deref().map_or_else(
+                    || "of every type".to_owned(),
+                    |t| format!("for type {:?}", admin::printable(t)),
+                );
+                return Err(format!(
+                    "no secret key {} is named {scope}: `ordo secrets` lists them",
+                    admin::printable(&format!("{keys:?}"))
+                )
+                .into());
+            }
             eprintln!("ordo: {removed} secret keys removed");
             Ok(())
         }
