@@ -72,7 +72,7 @@ async fn operators_see_a_stalled_key_and_retry_it_from_the_command_line() {
     handle.shutdown().await;
     let (ok, _, error) = db.ordo(&["subscriptions", "stalled", "nope"]);
     assert!(
-        !ok && error.contains("no subscription named \"nope\""),
+        !ok && error.contains("no subscription or relay named \"nope\""),
         "{error}"
     );
 }
