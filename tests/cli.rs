@@ -273,7 +273,10 @@ async fn subscriptions_lists_pauses_resumes_and_resets() {
 
     let unknown = ordo(&db, &["subscriptions", "pause", "nope"]);
     assert!(!unknown.status.success());
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no subscription or relay named \"nope\""));
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr)
+            .contains("no subscription or relay named \"nope\"")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

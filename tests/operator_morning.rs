@@ -36,8 +36,9 @@ impl Orders {
     }
 }
 
-/// Records each id; fails with a real PostgreSQL error (division by zero) on id 13.
-struct Project;
+/// Records each id under its reader's name; fails with a real PostgreSQL error (division by
+/// zero) on id 13.
+struct Project(&'static str);
 
 impl Subscriber<Orders> for Project {
     async fn handle(
@@ -48,28 +49,8 @@ impl Subscriber<Orders> for Project {
         if event.payload.id() == 13 {
             sqlx::query("SELECT 1 / 0").execute(&mut *tx).await?;
         }
-        sqlx::query("INSERT INTO handled (reader, id) VALUES ('projection', $1)")
-            .bind(event.payload.id())
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-
-    fn keys(&self, event: &Envelope<Orders>) -> Keys {
-        Keys::one(event.payload.id().to_string())
-    }
-}
-
-/// The same handler, recorded under another reader's name.
-struct Keyed;
-
-impl Subscriber<Orders> for Keyed {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: &Delivery<Orders>,
-    ) -> Result<(), HandlerError> {
-        sqlx::query("INSERT INTO handled (reader, id) VALUES ('keyed', $1)")
+        sqlx::query("INSERT INTO handled (reader, id) VALUES ($1, $2)")
+            .bind(self.0)
             .bind(event.payload.id())
             .execute(&mut *tx)
             .await?;
@@ -153,11 +134,11 @@ async fn foreign_and_undecodable_rows_leave_a_default_a_keyed_subscription_and_a
 
     // Every setting left at its default (the exhaustion policy is Halt).
     let projection = outbox
-        .subscribe(JobConfig::new("projection"), Project)
+        .subscribe(JobConfig::new("projection"), Project("projection"))
         .await
         .expect("subscribe");
     let keyed = outbox
-        .subscribe(JobConfig::new("keyed").keyed(4), Keyed)
+        .subscribe(JobConfig::new("keyed").keyed(4), Project("keyed"))
         .await
         .expect("keyed subscribe");
     let sink = Recording::default();
@@ -203,7 +184,7 @@ async fn foreign_and_undecodable_rows_leave_a_default_a_keyed_subscription_and_a
     let halting = outbox
         .subscribe(
             JobConfig::new("halts").on_undecodable(OnExhaustion::Halt),
-            Project,
+            Project("halts"),
         )
         .await
         .expect("subscribe");
@@ -239,7 +220,10 @@ async fn dead_letters_and_the_oldest_unhandled_event_show_in_every_status_output
             max_backoff: Duration::from_millis(1),
         })
         .on_exhaustion(OnExhaustion::DeadLetter);
-    let handle = outbox.subscribe(config, Project).await.expect("subscribe");
+    let handle = outbox
+        .subscribe(config, Project("projection"))
+        .await
+        .expect("subscribe");
     reaches(&handle, 3).await;
 
     // The stored error is PostgreSQL's message and SQLSTATE, not sqlx's C source line.
