@@ -222,11 +222,11 @@ pub mod admin {
     /// [`OutboxStatus`](crate::OutboxStatus) as Prometheus text.
     pub use crate::ops::prometheus::prometheus_text;
 
-    /// The status, the subscriptions, dead letters and a retention report as tables, and any
-    /// text made safe for a terminal.
+    /// The status, the subscriptions, dead letters, the inbox's failed messages and
+    /// watermarks and a retention report as tables, and any text made safe for a terminal.
     pub use crate::ops::render::{
-        dead_letters_table, printable, retention_table, stalled_keys_table, status_table,
-        subscriptions_table,
+        dead_letters_table, inbox_failed_table, printable, retention_table, stalled_keys_table,
+        status_table, subscriptions_table, watermarks_table,
     };
 
     /// A relay's event: whether it was delivered, and its failed attempts with their time,

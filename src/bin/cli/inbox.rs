@@ -11,12 +11,11 @@
 //!                                                move a mark (past a position that never comes)
 //! ```
 
-use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use clap::Subcommand;
-use ordo::admin::printable;
-use ordo::inbox::{self, FailedMessage, Watermark};
+use ordo::admin::{self, printable};
+use ordo::inbox;
 use sqlx::PgPool;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;
@@ -86,9 +85,9 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
         let marks = inbox::list_watermarks(&pool, None).await?;
         let failed = inbox::list_failed(&pool, None).await?;
         writeln!(out, "watermarks (ordo inbox watermarks):")?;
-        write!(out, "{}", watermarks_table(&marks))?;
+        write!(out, "{}", admin::watermarks_table(&marks))?;
         writeln!(out, "\nfailed messages (ordo inbox failed):")?;
-        write!(out, "{}", failed_table(&failed))?;
+        write!(out, "{}", admin::inbox_failed_table(&failed))?;
         return Ok(());
     };
     match action {
@@ -97,7 +96,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
             if json {
                 return json_lines(&mut out, &failed);
             }
-            write!(out, "{}", failed_table(&failed))?;
+            write!(out, "{}", admin::inbox_failed_table(&failed))?;
         }
         InboxAction::Replay { id, all, consumer } => {
             let replayed = match (id, all) {
@@ -114,7 +113,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
             if json {
                 return json_lines(&mut out, &marks);
             }
-            write!(out, "{}", watermarks_table(&marks))?;
+            write!(out, "{}", admin::watermarks_table(&marks))?;
         }
         InboxAction::SetWatermark {
             consumer,
@@ -174,54 +173,4 @@ fn json_lines(out: &mut impl Write, rows: &[impl serde::Serialize]) -> CliResult
         writeln!(out, "{}", serde_json::to_string(row)?)?;
     }
     Ok(())
-}
-
-/// One line per failed message, safe for a terminal (ids, errors and names are sender text).
-fn failed_table(failed: &[FailedMessage]) -> String {
-    let mut out = format!(
-        "{:<24} {:<38} {:>8} {:<20} ERROR\n",
-        "CONSUMER", "ID", "ATTEMPTS", "FAILED AT"
-    );
-    for message in failed {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<38} {:>8} {:<20} {}",
-            printable(&message.consumer),
-            printable(&message.id),
-            message.attempts,
-            message.failed_at.format("%Y-%m-%d %H:%M:%S"),
-            printable(message.error.as_deref().unwrap_or("-")),
-        );
-    }
-    out
-}
-
-/// One line per mark, safe for a terminal; a mark waiting on a gap says which position, since
-/// when, and what ends it.
-fn watermarks_table(marks: &[Watermark]) -> String {
-    let mut out = format!(
-        "{:<24} {:<24} {:>12} {:>8} LAST ERROR\n",
-        "CONSUMER", "SOURCE", "POSITION", "ATTEMPTS"
-    );
-    for mark in marks {
-        let note = match (&mark.gap, &mark.last_error) {
-            (Some(gap), _) => format!(
-                "waiting on a gap since {}: position {} has not arrived, {} was refused; if it never will, ordo inbox set-watermark",
-                gap.since.format("%Y-%m-%d %H:%M:%S UTC"),
-                gap.expected,
-                gap.received
-            ),
-            (None, error) => printable(error.as_deref().unwrap_or("-")).into_owned(),
-        };
-        let _ = writeln!(
-            out,
-            "{:<24} {:<24} {:>12} {:>8} {}",
-            printable(&mark.consumer),
-            printable(&mark.source),
-            mark.position,
-            mark.attempts,
-            note,
-        );
-    }
-    out
 }
