@@ -12,7 +12,7 @@ use clap::{CommandFactory, Parser};
 use ordo::Ordering;
 
 use super::keys::KeyFrom;
-use crate::{lane_parser, parse_duration};
+use crate::parse::{lane_parser, parse_duration};
 
 /// Where a relay delivers.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

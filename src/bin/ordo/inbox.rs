@@ -70,7 +70,7 @@ enum InboxAction {
         /// The sending ordo, as `ordo inbox watermarks` shows it.
         source: String,
         /// The last position to count as handled.
-        #[arg(value_parser = crate::parse_position)]
+        #[arg(value_parser = crate::parse::parse_position)]
         position: u64,
         /// Create the mark if the consumer has none for SOURCE yet (a consumer joining a
         /// source whose history it does not need); without it, an unknown pair is refused.

@@ -24,13 +24,9 @@ use ordo::relay::{RelayEvent, RelayEventState};
 use ordo::{CommitSequence, EventSequence, Ordering, Position, RunStatus};
 use sqlx::PgPool;
 
-#[path = "relay_keys.rs"]
 mod keys;
-#[path = "relay_run.rs"]
 mod run;
-#[path = "relay_settings.rs"]
 mod settings;
-#[path = "relay_sinks.rs"]
 mod sinks;
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -1,0 +1,143 @@
+//! `ordo subscriptions`: list them; pause, resume, reset, delete one; stalled keys.
+
+use std::io::{self, Write};
+
+use clap::Subcommand;
+use ordo::{CommitSequence, EventSequence, Ordering, admin};
+use sqlx::PgPool;
+
+use crate::CliResult;
+use crate::output::json_line;
+
+#[derive(clap::Args)]
+pub(crate) struct SubscriptionsArgs {
+    #[command(subcommand)]
+    action: Option<SubscriptionAction>,
+    /// Print JSON (one object per subscription) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum SubscriptionAction {
+    /// List every subscription and relay (the default).
+    List,
+    /// Let a paused or halted subscription run again (a halted one retries its event).
+    Resume { name: String },
+    /// Stop a subscription after the event in hand, until resumed.
+    Pause { name: String },
+    /// Move a subscription's position (replay from it, or skip to it).
+    Reset {
+        name: String,
+        /// The new position, in the subscription's lane: everything at or below it counts as
+        /// handled (0 replays everything).
+        #[arg(long)]
+        to: u64,
+        /// Allow a position past the lane's head (skips events not yet written).
+        #[arg(long)]
+        force: bool,
+    },
+    /// List a keyed subscription's stalled keys.
+    ///
+    /// Each waits on an event whose attempts ran out, while every other key goes on.
+    Stalled {
+        name: String,
+        /// Print JSON (one object per key) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retry the stalled event holding KEY (or every one, with --all).
+    ///
+    /// The subscription's runner takes the request; the events waiting behind the stalled one
+    /// follow in order.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
+    RetryKeys {
+        name: String,
+        /// The stalled key (`ordo subscriptions stalled NAME`).
+        key: Option<String>,
+        /// Every stalled key of the subscription.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete a subscription's row (its dead letters stay until purged).
+    Delete {
+        name: String,
+        /// Delete even while a runner holds a live lease (that runner then stands by).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
+    match args.action.unwrap_or(SubscriptionAction::List) {
+        SubscriptionAction::List => {
+            let rows = admin::list_subscriptions(&pool).await?;
+            let mut out = io::stdout().lock();
+            if args.json {
+                for row in &rows {
+                    writeln!(out, "{}", json_line(row)?)?;
+                }
+                return Ok(());
+            }
+            write!(out, "{}", admin::subscriptions_table(&rows))?;
+            Ok(())
+        }
+        SubscriptionAction::Resume { name } => {
+            admin::resume_subscription(&pool, &name).await?;
+            eprintln!("ordo: subscription {name:?} resumed");
+            Ok(())
+        }
+        SubscriptionAction::Pause { name } => {
+            admin::pause_subscription(&pool, &name).await?;
+            eprintln!("ordo: subscription {name:?} paused");
+            Ok(())
+        }
+        SubscriptionAction::Reset { name, to, force } => reset(&pool, &name, to, force).await,
+        SubscriptionAction::Stalled { name, json } => {
+            let stalled = admin::list_stalled_keys(&pool, &name).await?;
+            let mut out = io::stdout().lock();
+            if json {
+                for key in &stalled {
+                    writeln!(out, "{}", json_line(key)?)?;
+                }
+                return Ok(());
+            }
+            write!(out, "{}", admin::stalled_keys_table(&stalled))?;
+            Ok(())
+        }
+        SubscriptionAction::RetryKeys { name, key, all: _ } => {
+            let asked = admin::retry_stalled_keys(&pool, &name, key.as_deref()).await?;
+            let which = key.map_or_else(|| "every key".to_owned(), |key| format!("key {key:?}"));
+            eprintln!(
+                "ordo: {asked} stalled events of {name:?} ({which}) marked for retry by its runner"
+            );
+            Ok(())
+        }
+        SubscriptionAction::Delete { name, force } => {
+            admin::delete_subscription(&pool, &name, force).await?;
+            eprintln!("ordo: subscription {name:?} deleted");
+            Ok(())
+        }
+    }
+}
+
+/// The raw `--to` becomes a position of the subscription's own lane.
+async fn reset(pool: &PgPool, name: &str, to: u64, force: bool) -> CliResult {
+    let rows = admin::list_subscriptions(pool).await?;
+    let Some(row) = rows.iter().find(|row| row.name == name) else {
+        return Err(ordo::Error::UnknownSubscription {
+            name: name.to_owned(),
+        }
+        .into());
+    };
+    let position = match row.lane {
+        Ordering::Commit => ordo::Position::Commit(CommitSequence::new(to)),
+        _ => ordo::Position::Insert(EventSequence::new(to)),
+    };
+    admin::reset_subscription(pool, name, position, force).await?;
+    eprintln!(
+        "ordo: subscription {name:?} reset to {} position {to}",
+        row.lane
+    );
+    Ok(())
+}
