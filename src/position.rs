@@ -165,3 +165,101 @@ pub enum Start<Pos> {
     /// From the first event that becomes visible after the listener is created.
     Now,
 }
+
+/// A subscription's position, in the unit of its lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Position {
+    /// On the insert lane: every event at or below it has been handled.
+    Insert(EventSequence),
+    /// On the commit lane: every log entry at or below it has been handled.
+    Commit(CommitSequence),
+}
+
+impl Position {
+    pub(crate) fn new(ordering: Ordering, value: u64) -> Self {
+        match ordering {
+            Ordering::Insert => Self::Insert(EventSequence::new(value)),
+            Ordering::Commit => Self::Commit(CommitSequence::new(value)),
+        }
+    }
+
+    /// The raw position.
+    pub fn get(self) -> u64 {
+        match self {
+            Self::Insert(position) => position.get(),
+            Self::Commit(position) => position.get(),
+        }
+    }
+
+    /// Its lane.
+    pub fn lane(self) -> Ordering {
+        match self {
+            Self::Insert(_) => Ordering::Insert,
+            Self::Commit(_) => Ordering::Commit,
+        }
+    }
+
+    /// `column` of `row`, a position on `lane` (a bigint column: the lane is not stored with
+    /// each position, so the reader says which it is).
+    pub(crate) fn read(
+        row: &sqlx::postgres::PgRow,
+        column: &str,
+        lane: Ordering,
+    ) -> Result<Self, sqlx::Error> {
+        Ok(match lane {
+            Ordering::Insert => Self::Insert(sqlx::Row::try_get(row, column)?),
+            Ordering::Commit => Self::Commit(sqlx::Row::try_get(row, column)?),
+        })
+    }
+}
+
+/// `column` of `row`, a lane's name, as an [`Ordering`]; text that names no lane fails to
+/// decode.
+pub(crate) fn read_lane(
+    row: &sqlx::postgres::PgRow,
+    column: &str,
+) -> Result<Ordering, sqlx::Error> {
+    let text: String = sqlx::Row::try_get(row, column)?;
+    Ordering::parse(&text).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: format!("lane {text:?} is neither insert nor commit").into(),
+    })
+}
+
+/// The raw number, as `ordo.subscriptions.position` stores it.
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+/// The raw number (the lane is a field of its own wherever a position is serialized).
+impl serde::Serialize for Position {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.get())
+    }
+}
+
+/// Bound as `bigint`, like the sequence it wraps.
+impl sqlx::Type<sqlx::Postgres> for Position {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <EventSequence as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for Position {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        match self {
+            Self::Insert(position) => sqlx::Encode::<sqlx::Postgres>::encode_by_ref(position, buf),
+            Self::Commit(position) => sqlx::Encode::<sqlx::Postgres>::encode_by_ref(position, buf),
+        }
+    }
+
+    fn size_hint(&self) -> usize {
+        std::mem::size_of::<i64>()
+    }
+}

@@ -7,7 +7,7 @@ use sqlx::{PgPool, Row};
 
 use super::status::{Backend, LaneLag, PreparedTransaction};
 use crate::position::{CommitSequence, EventSequence};
-use crate::subscription::handle::{Position, read_lane};
+use crate::position::{Position, read_lane};
 use crate::subscription::{SubscriptionState, SubscriptionStatus};
 
 /// The positions, in one statement: drawn head, highest committed row, the commit log's state,

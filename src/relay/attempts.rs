@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::marks::Mark;
 use crate::error::{Error, Result};
-use crate::subscription::handle::{Position, read_lane};
+use crate::position::{Position, read_lane};
 
 /// Attempts kept per event: the newest.
 pub(crate) const KEPT: i32 = 20;

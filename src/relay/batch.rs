@@ -12,7 +12,7 @@ use super::outage::{Judged, RELAY_SINK_DOWN};
 use super::runner::{BLAMELESS_RETRY, Flow, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
 use crate::ops::metrics as m;
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::keyed::lanes::Slot;
 
 impl<K: Sink> RelayRunner<K> {

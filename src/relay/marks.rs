@@ -6,7 +6,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::keyed::progress;
 
 /// Every delivered position above the stored watermark at once, fenced like a keyed

@@ -36,7 +36,7 @@ use super::{RawPayload, SendError, Sink};
 use crate::commit_lane::CommitShared;
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::keyed::Keys;
 use crate::subscription::keyed::lanes::{Lanes, Slot};
 use crate::subscription::keyed::progress::{self, Known};

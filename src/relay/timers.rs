@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 use super::Sink;
 use super::runner::{FLUSH_EVERY, Flow, RETRIES_EVERY, RelayRunner, Work};
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::keyed::progress::{self, Known};
 use crate::subscription::status::RunStatus;
 

@@ -6,9 +6,9 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::handle::Position;
 use super::status::{RunStatus, SubscriptionStatus};
 use crate::error::{Error, Result};
+use crate::position::Position;
 
 const SET_STATUS: &str = r#"
 UPDATE ordo.subscriptions

@@ -16,13 +16,13 @@ use tracing::Instrument;
 
 use super::config::{Batch, OnExhaustion};
 use super::delivery::Delivery;
-use super::handle::Position;
 use super::runner::{ERROR_BACKOFF, Flow, Runner};
 use super::source::Item;
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::envelope::Envelope;
 use crate::ops::metrics as m;
+use crate::position::Position;
 
 /// How one unit ended.
 pub(super) enum Outcome {

@@ -22,12 +22,12 @@ use uuid::Uuid;
 
 use super::config::{Batch, JobConfig, Ordering};
 use super::delivery::Delivery;
-use super::handle::{Position, read_lane};
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::error::{Error, Result};
 use crate::insert_lane::rows::decode_full;
 use crate::position::EventSequence;
+use crate::position::{Position, read_lane};
 
 const LIST: &str = r#"
 SELECT id, subscription, lane, position, sequence, event_id, payload, error, attempts, created_at,

@@ -3,9 +3,9 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use super::handle::Position;
 use crate::envelope::Envelope;
 use crate::position::CommitSequence;
+use crate::position::Position;
 
 /// One event handed to a [`Subscriber`](crate::Subscriber), with its place on the
 /// subscription's lane and the attempt this call is.

@@ -28,6 +28,7 @@ use uuid::Uuid;
 use crate::commit_lane::CommitShared;
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
+pub use crate::position::Position;
 use crate::task::Supervised;
 pub use admin::{
     delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
@@ -41,7 +42,7 @@ pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
 };
 pub use delivery::Delivery;
-pub use handle::{Position, SubscriptionHandle};
+pub use handle::SubscriptionHandle;
 pub use keyed::{Keys, SERIAL_KEY, list_stalled_keys, retry_stalled_keys};
 pub use status::{
     DeadLetterCount, RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus,

@@ -29,7 +29,6 @@ use uuid::Uuid;
 
 use super::attempt::Outcome;
 use super::config::{Batch, JobConfig, Ordering};
-use super::handle::Position;
 use super::source::{Item, Source};
 use super::sql::{self, Stored};
 use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
@@ -37,6 +36,7 @@ use super::subscriber::Subscriber;
 use crate::commit_lane::CommitShared;
 use crate::insert_lane::LaneShared;
 use crate::ops::metrics as m;
+use crate::position::Position;
 use crate::task::StopSignal;
 
 /// After a database error outside a handler, wait this long before trying again.

@@ -15,8 +15,8 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::Undecodable;
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
+use crate::position::Position;
 use crate::position::{CommitSequence, EventSequence};
-use crate::subscription::handle::Position;
 use crate::task::StopSignal;
 
 /// One event at one position.

@@ -8,9 +8,9 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::handle::Position;
 use super::status::RunStatus;
 use crate::position::EventSequence;
+use crate::position::Position;
 
 /// Creates the row if it is new, of kind `$4` (`subscription` or `relay`), run by the
 /// connected role (the column's default); existing rows are left alone.

@@ -17,8 +17,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::handle::Position;
 use super::sql::Stored;
+use crate::position::Position;
 
 /// Whether a subscription may run: `ordo.subscriptions.status`, set by operators (pause,
 /// resume) and by a runner that exhausts an event's attempts or finds its position below the

@@ -9,12 +9,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::config::Ordering;
-use super::handle::{Position, read_lane};
 use super::sql::PROGRESS;
 use super::status::RunStatus;
 use crate::commit_lane::wait::{commit_positions, sleep_or_wake};
 use crate::error::{Error, Result};
 use crate::position::EventSequence;
+use crate::position::{Position, read_lane};
 
 /// Waits until subscription `name` has handled every one of `sequences` (checkpointed past
 /// them on its lane).

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use sqlx::{PgPool, Row};
 
-use super::super::handle::{Position, read_lane};
 use super::super::status::{StalledKey, SubscriptionStatus};
 use crate::error::{Error, Result};
+use crate::position::{Position, read_lane};
 
 /// Stalled events with their subscription's lane, one row per event.
 const STALLED: &str = r#"

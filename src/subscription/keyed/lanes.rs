@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::keys::Keys;
 use crate::position::Ordering;
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::status::StalledKey;
 
 /// An event's index in arrival order (not its lane position, which may have gaps).

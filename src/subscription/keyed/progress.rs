@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::super::status::RunStatus;
-use crate::subscription::handle::Position;
+use crate::position::Position;
 
 /// The rows above the watermark, as a runner finds them when it takes the lease.
 pub(crate) const LOAD: &str = r#"

@@ -11,9 +11,9 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::progress;
+use crate::position::Position;
 use crate::subscription::attempt::handler_span;
 use crate::subscription::delivery::Delivery;
-use crate::subscription::handle::Position;
 use crate::subscription::runner::Runner;
 use crate::subscription::source::Item;
 use crate::subscription::sql;

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::progress::{self, Known};
 use super::runner::{FLUSH_EVERY, RETRIES_EVERY, Work};
-use crate::subscription::handle::Position;
+use crate::position::Position;
 use crate::subscription::runner::{ERROR_BACKOFF, Flow, Runner};
 use crate::subscription::status::{RunStatus, SubscriptionState};
 use crate::subscription::subscriber::Subscriber;
