@@ -286,19 +286,7 @@ where
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
-        let shared = subscription::Shared {
-            pool: self.inner.pool.clone(),
-            lane: Arc::clone(&self.inner.lane),
-            commit: Arc::clone(&self.inner.commit),
-        };
-        crate::relay::start::spawn(
-            shared,
-            &self.inner.runners,
-            config.resolve_types::<P>(),
-            vec![sink],
-            Arc::new(keys),
-        )
-        .await
+        self.relay_with_sinks(config, vec![sink], keys).await
     }
 
     /// [`relay`](Self::relay) with one batch in flight per sink: a slow receiver (one
