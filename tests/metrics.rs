@@ -204,3 +204,93 @@ async fn every_documented_metric_is_emitted() {
     );
     assert_eq!(value(&snapshot, names::COMMIT_HEAD, None), Some(4.0));
 }
+
+/// Records what `describe_*!` tells a recorder: each name with its unit and description.
+#[derive(Default)]
+struct Descriptions(std::sync::Mutex<Vec<(String, Option<metrics::Unit>, String)>>);
+
+impl Descriptions {
+    fn push(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        text: metrics::SharedString,
+    ) {
+        if let Ok(mut all) = self.0.lock() {
+            all.push((key.as_str().to_owned(), unit, text.to_string()));
+        }
+    }
+}
+
+impl metrics::Recorder for Descriptions {
+    fn describe_counter(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        text: metrics::SharedString,
+    ) {
+        self.push(key, unit, text);
+    }
+    fn describe_gauge(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        text: metrics::SharedString,
+    ) {
+        self.push(key, unit, text);
+    }
+    fn describe_histogram(
+        &self,
+        key: metrics::KeyName,
+        unit: Option<metrics::Unit>,
+        text: metrics::SharedString,
+    ) {
+        self.push(key, unit, text);
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[test]
+fn every_documented_metric_is_described_with_its_unit() {
+    let documented: Vec<String> = include_str!("../src/ops/metrics.rs")
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! | `"))
+        .filter_map(|rest| rest.split('`').next())
+        .filter(|name| name.starts_with("ordo_"))
+        .map(str::to_owned)
+        .collect();
+    assert!(documented.len() > 20, "read the table: {documented:?}");
+    let recorder = Descriptions::default();
+    metrics::with_local_recorder(&recorder, ordo::metrics::describe);
+    let described = recorder.0.lock().map(|all| all.clone()).unwrap_or_default();
+    for name in &documented {
+        let Some((_, unit, text)) = described.iter().find(|(described, _, _)| described == name)
+        else {
+            panic!("{name} is documented but not described: {described:?}");
+        };
+        let want = if name.ends_with("_seconds") {
+            metrics::Unit::Seconds
+        } else {
+            metrics::Unit::Count
+        };
+        assert_eq!(*unit, Some(want), "{name}");
+        assert!(!text.is_empty(), "{name}");
+    }
+    assert_eq!(
+        described.len(),
+        documented.len(),
+        "described but not documented: {described:?}"
+    );
+}

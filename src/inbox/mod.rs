@@ -128,6 +128,7 @@ impl Inbox {
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting at fault.
     pub fn new(pool: PgPool, config: InboxConfig) -> Result<Self> {
         config.validate()?;
+        crate::metrics::describe();
         Ok(Self {
             pool,
             config: Arc::new(config),

@@ -1,5 +1,6 @@
 //! The metrics ordo emits, through the [`metrics`] facade: install any recorder (Prometheus,
-//! StatsD, …) and they appear. Every name is listed here with its meaning; see
+//! StatsD, …) and they appear, described with their units ([`describe`]). Every name is
+//! listed here with its meaning; see
 //! `docs/operations.md` for what to do when one looks bad.
 //!
 //! | name | kind | labels | meaning |
@@ -27,6 +28,7 @@
 //! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted) or `parked` | what each relay send did to an event |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
+//! | `ordo_relay_sink_down` | gauge | `relay` | 1 while the relay's owner finds its sink down (an outage), else 0 |
 //! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed`, `gap`, or `rejected` (a broker adapter rejected for good a message the inbox cannot store) | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
 /// The metric `ordo_events_published_total` (see the table above).
@@ -79,6 +81,139 @@ pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
 
 /// The metric `ordo_inbox_receipts_total` (see the table above).
 pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
+
+/// Describes every metric above to the installed recorder: its unit (seconds, a count) and
+/// one line of what it means, as exporters show them (Prometheus `# HELP`). Each
+/// [`Outbox`](crate::Outbox) and [`Inbox`](crate::Inbox) calls it when it is created; call it
+/// yourself if you install the recorder after that. Cheap, and harmless to repeat.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        Unit::Count,
+        "Events committed through this process's outbox."
+    );
+    describe_gauge!(
+        INSERT_FRONTIER,
+        Unit::Count,
+        "The insert lane's frontier in this process."
+    );
+    describe_gauge!(
+        INSERT_KNOWN_HEAD,
+        Unit::Count,
+        "The highest sequence this process knows was drawn."
+    );
+    describe_gauge!(
+        COMMIT_HEAD,
+        Unit::Count,
+        "The commit log's head as this process knows it."
+    );
+    describe_counter!(
+        FOLD_EVENTS,
+        Unit::Count,
+        "Events this process's sequencer appended to the commit log."
+    );
+    describe_counter!(
+        FOLD_GROUPS,
+        Unit::Count,
+        "Source transactions this process's sequencer appended."
+    );
+    describe_counter!(
+        FOLD_APPENDS,
+        Unit::Count,
+        "Append statements, by result (appended, refused, left_to_peer)."
+    );
+    describe_counter!(
+        FOLD_RESTARTS,
+        Unit::Count,
+        "Times the sequencer re-read its state from the log."
+    );
+    describe_counter!(
+        CONTRACT_VIOLATIONS,
+        Unit::Count,
+        "Rows that break the schema contract, by kind."
+    );
+    describe_gauge!(
+        FOLD_LAG,
+        Unit::Count,
+        "Insert positions resolved but not yet covered by this sequencer."
+    );
+    describe_histogram!(
+        DELIVERY_LATENCY,
+        Unit::Seconds,
+        "From an event's recorded_at to a listener receiving it."
+    );
+    describe_counter!(
+        GAP_WAITS,
+        Unit::Count,
+        "Holes that outlived the grace and went to abandonment proof."
+    );
+    describe_counter!(
+        PLACEHOLDERS,
+        Unit::Count,
+        "Placeholders this process wrote for abandoned sequences."
+    );
+    describe_gauge!(
+        SUBSCRIPTION_LAG,
+        Unit::Count,
+        "Positions between a subscription's checkpoint and its lane's head."
+    );
+    describe_counter!(
+        SUBSCRIPTION_EVENTS,
+        Unit::Count,
+        "Events a subscription handled and checkpointed."
+    );
+    describe_counter!(
+        SUBSCRIPTION_SKIPPED,
+        Unit::Count,
+        "Events of a type a subscription does not select, passed over."
+    );
+    describe_counter!(
+        SUBSCRIPTION_RETRIES,
+        Unit::Count,
+        "A subscription's failed attempts that will be retried."
+    );
+    describe_counter!(
+        DEAD_LETTERS,
+        Unit::Count,
+        "Events a subscription moved to ordo.dead_letters."
+    );
+    describe_counter!(
+        SUBSCRIPTION_HALTS,
+        Unit::Count,
+        "Times a subscription halted, or a keyed one stalled a key."
+    );
+    describe_histogram!(
+        RELAY_DELIVERY_LATENCY,
+        Unit::Seconds,
+        "From an event's recorded_at to the relay's sink confirming it."
+    );
+    describe_counter!(
+        RELAY_EVENTS,
+        Unit::Count,
+        "What each relay send did to an event, by result."
+    );
+    describe_gauge!(
+        SUBSCRIPTION_STALLED_KEYS,
+        Unit::Count,
+        "A keyed subscription's keys waiting on a stalled event."
+    );
+    describe_counter!(
+        STREAM_RETRIES,
+        Unit::Count,
+        "Listener reads that failed transiently and were retried."
+    );
+    describe_counter!(
+        INBOX_RECEIPTS,
+        Unit::Count,
+        "Messages an inbox consumer received, by its answer."
+    );
+    describe_gauge!(
+        crate::relay::RELAY_SINK_DOWN,
+        Unit::Count,
+        "1 while a relay's sink is down (an outage), else 0."
+    );
+}
 
 /// Seconds from `recorded_at` to now, for the delivery histogram.
 pub(crate) fn since(recorded_at: chrono::DateTime<chrono::Utc>) -> f64 {

@@ -104,6 +104,7 @@ where
         config.validate()?;
         check_pool(&pool)?;
         crate::migrate::check_schema_version(&pool).await?;
+        crate::metrics::describe();
         let tasks = Tasks::new();
         let (lane, handoff) = insert_lane::spawn(&tasks, &pool, &config).await?;
         let sink = crate::write::spawn(&tasks, &pool, &config, &lane, handoff);
