@@ -170,6 +170,7 @@ mod event_type;
 pub mod inbox;
 mod insert_lane;
 mod latest;
+mod listen;
 mod listener;
 mod migrate;
 mod ops;

@@ -1,97 +1,55 @@
 //! Cross-process wake-ups, receiving side: a `LISTEN` connection whose notifications only
 //! hint that something was committed. The table stays the only data channel: after a
 //! reconnect the lane looks at the table again, so a lost notification costs latency, never an
-//! event.
-//!
-//! The `LISTEN` connection is held for the outbox's lifetime, so it is not taken from the
-//! application's pool (where it would leave one connection fewer for everything else, and none
-//! at all in a pool of one): it has a pool of its own, of one connection, with the same options.
+//! event. The connection and its reconnects are `crate::listen`'s; this is what the lane does
+//! with what it hears.
 
+use sqlx::PgPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use sqlx::PgPool;
-use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::LaneShared;
+use crate::listen::Notified;
 use crate::task::StopSignal;
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
+/// Listens on `channel` until `stop`, on a pool of its own with `pool`'s options.
 pub(crate) async fn run<P>(
     pool: PgPool,
     channel: String,
     shared: Arc<LaneShared<P>>,
-    mut stop: StopSignal,
+    stop: StopSignal,
 ) {
-    let own = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let options = pool.connect_options().as_ref().clone();
     drop(pool);
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        let connected = tokio::select! {
-            biased;
-            _ = stop.stopped() => return,
-            listener = connect(&own, &channel) => listener,
-        };
-        match connected {
-            Ok(mut listener) => {
-                backoff = FIRST_BACKOFF;
-                // Whatever was notified while we were away is in the table: look now.
-                shared.request_resync();
-                tokio::select! {
-                    biased;
-                    _ = stop.stopped() => return,
-                    reason = receive(&mut listener, &shared) => {
-                        tracing::warn!(%reason, "wake-up connection lost; reconnecting");
-                    }
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, ?backoff, "could not LISTEN for wake-ups; retrying");
-            }
-        }
-        tokio::select! {
-            biased;
-            _ = stop.stopped() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+    crate::listen::run(options, &channel, "wake-up", &Wakeups(shared), stop).await;
+}
+
+/// The insert lane's side of the wake-up connection.
+struct Wakeups<P>(Arc<LaneShared<P>>);
+
+impl<P> Notified for Wakeups<P> {
+    /// Whatever was notified while we were away is in the table: look now.
+    fn connected(&self) {
+        self.0.request_resync();
     }
-}
 
-async fn connect(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    // We reconnect ourselves, so that every reconnect is followed by a look at the table.
-    listener.ignore_pool_close_event(true);
-    listener.listen(channel).await?;
-    Ok(listener)
-}
-
-/// Forwards notifications until the connection fails; returns why.
-async fn receive<P>(listener: &mut PgListener, shared: &LaneShared<P>) -> String {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(notification)) => match parse(notification.payload()) {
-                // Our own commit or append, echoed back: this process has it already.
-                Some(Wake {
-                    instance: Some(instance),
-                    ..
-                }) if instance == shared.instance => {}
-                Some(Wake {
-                    log_head: Some(head),
-                    ..
-                }) => shared.peer_log.heard(head),
-                Some(Wake { sequence, .. }) => shared.hint_foreign(sequence),
-                None => shared.request_resync(),
-            },
-            Ok(None) => return "connection closed".to_owned(),
-            Err(error) => return error.to_string(),
+    fn notified(&self, payload: &str) {
+        let shared = &self.0;
+        match parse(payload) {
+            // Our own commit or append, echoed back: this process has it already.
+            Some(Wake {
+                instance: Some(instance),
+                ..
+            }) if instance == shared.instance => {}
+            Some(Wake {
+                log_head: Some(head),
+                ..
+            }) => shared.peer_log.heard(head),
+            Some(Wake { sequence, .. }) => shared.hint_foreign(sequence),
+            None => shared.request_resync(),
         }
     }
 }
