@@ -18,7 +18,7 @@
 //! | `traceparent` | the publisher's W3C trace context, when it stored one |
 //!
 //! A receiver checks the signature with [`verify_signature`] (or the same HMAC in any language:
-//! `docs/relays.md` has Python, Node.js and Go), refuses a timestamp far from its clock, and
+//! `docs/relays.md` has Python and Node.js), refuses a timestamp far from its clock, and
 //! deduplicates on `Ordo-Event-Id` (see [Receiving](self#receiving)). Each attempt is signed
 //! afresh, with a new timestamp.
 //!
