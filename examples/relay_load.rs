@@ -31,9 +31,13 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use ordo::relay::nats::NatsSink;
+// The client ordo re-exports: the raw phases run on exactly the version the sink is built on.
+use ordo::relay::nats::async_nats::{
+    self,
+    jetstream::{self, stream},
+};
 
 #[path = "support/relay_bench.rs"]
 mod relay_bench;

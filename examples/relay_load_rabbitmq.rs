@@ -24,13 +24,14 @@ use std::time::Instant;
 
 use anyhow::Result;
 use futures::StreamExt;
-use lapin::options::{
+use ordo::relay::rabbitmq::RabbitSink;
+// The client ordo re-exports: the raw phases run on exactly the version the sink is built on.
+use ordo::relay::rabbitmq::lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use ordo::relay::rabbitmq::RabbitSink;
+use ordo::relay::rabbitmq::lapin::types::FieldTable;
+use ordo::relay::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 #[path = "support/relay_bench.rs"]
 mod relay_bench;

@@ -6,14 +6,22 @@
 //! ```
 //! Reads `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`) and `NATS_URL`
 //! (default `nats://127.0.0.1:4222`, JetStream on). Creates a stream `ORDO_EXAMPLE_<random>` on
-//! subjects `ordo_example_<random>.>`, relays five orders into it, prints what the stream holds,
-//! deletes the stream and the relay's row, and exits.
+//! subjects `ordo_example_<random>.>` with a duplicate window that covers the relay's re-sends
+//! (`docs/relays.md`, "Preparing the sink"), relays five orders into it, prints what the stream
+//! holds, deletes the stream and the relay's row, and exits.
+//!
+//! The NATS client is the one ordo re-exports (`ordo::relay::nats::async_nats`), and sqlx is
+//! `ordo::sqlx`: copied into a project, this needs no `async-nats` or `sqlx` dependency.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
-use ordo::relay::RelayConfig;
 use ordo::relay::nats::NatsSink;
+use ordo::relay::nats::async_nats::{
+    self,
+    jetstream::{self, stream},
+};
+use ordo::relay::{RelayConfig, SinkTiming};
+use ordo::sqlx;
 use ordo::{Keys, Outbox, OutboxConfig, StartFrom};
 use serde::{Deserialize, Serialize};
 
@@ -32,23 +40,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ordo::migrate(&pool).await?;
     let outbox = Outbox::<OrderPlaced>::new(pool.clone(), OutboxConfig::default()).await?;
 
-    // A stream of our own, so the example leaves nothing behind.
     let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("example-relay-{suffix}");
+    // From now on: the database may hold older events of other kinds.
+    let config = RelayConfig::new(name.clone()).start(StartFrom::Now);
+
+    // A stream of our own, so the example leaves nothing behind, bound to the sink's subjects
+    // ("{prefix}.>") and dropping every repeat the relay may send (its re-send span).
     let prefix = format!("ordo_example_{suffix}");
     let jetstream = jetstream::new(async_nats::connect(&nats).await?);
     let stream_name = format!("ORDO_EXAMPLE_{suffix}");
+    let window = SinkTiming::of(&config).resend_span;
     jetstream
         .create_stream(stream::Config {
             name: stream_name.clone(),
             subjects: vec![format!("{prefix}.>")],
+            duplicate_window: window,
             ..Default::default()
         })
         .await?;
+    println!("stream {stream_name}: subjects {prefix}.>, duplicate window {window:?}");
 
-    let name = format!("example-relay-{suffix}");
     let sink = NatsSink::builder(&nats).subject_prefix(&prefix).build()?;
-    // From now on: the database may hold older events of other kinds.
-    let config = RelayConfig::new(name.clone()).start(StartFrom::Now);
     let relay = outbox
         .relay(config, sink, |event| {
             Keys::one(event.payload.customer.clone())

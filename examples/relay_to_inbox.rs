@@ -9,16 +9,22 @@
 //! it here, as two services would use two databases) and `NATS_URL` (default
 //! `nats://127.0.0.1:4222`, JetStream on). Creates a stream `ORDO_EXAMPLE_<random>`, relays five
 //! orders, projects them, prints the projection and the inbox's mark, removes what it made.
+//!
+//! The NATS client is the one ordo re-exports (`ordo::relay::nats::async_nats`), and sqlx is
+//! `ordo::sqlx`: copied into a project, this needs no `async-nats` or `sqlx` dependency.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
 use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, NatsInbox};
-use ordo::relay::RelayConfig;
 use ordo::relay::nats::NatsSink;
+use ordo::relay::nats::async_nats::{
+    self,
+    jetstream::{self, stream},
+};
+use ordo::relay::{RelayConfig, SinkTiming};
+use ordo::sqlx::{self, PgConnection};
 use ordo::{HandlerError, Keys, Outbox, OutboxConfig, StartFrom, SubscriptionState};
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct OrderPlaced {
@@ -63,6 +69,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let outbox = Outbox::<OrderPlaced>::new(pool.clone(), OutboxConfig::default()).await?;
 
     let suffix = uuid::Uuid::new_v4().simple().to_string();
+    // The sending side: the commit lane from now on, in commit order (one key for all), with
+    // its source name and commit position on every message.
+    let (relay_name, source) = (format!("example-relay-{suffix}"), "orders-db");
+    let config = RelayConfig::new(relay_name.clone())
+        .start(StartFrom::Now)
+        .source(source);
+
+    // The stream both sides use (the inbox adapter creates only its consumer), with a duplicate
+    // window that covers the relay's re-sends (`docs/relays.md`, "Preparing the sink").
     let prefix = format!("ordo_example_{suffix}");
     let stream_name = format!("ORDO_EXAMPLE_{suffix}");
     let jetstream = jetstream::new(async_nats::connect(&nats).await?);
@@ -70,17 +85,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .create_stream(stream::Config {
             name: stream_name.clone(),
             subjects: vec![format!("{prefix}.>")],
+            duplicate_window: SinkTiming::of(&config).resend_span,
             ..Default::default()
         })
         .await?;
 
-    // The sending side: the commit lane from now on, in commit order (one key for all), with
-    // its source name and commit position on every message.
-    let (relay_name, source) = (format!("example-relay-{suffix}"), "orders-db");
     let sink = NatsSink::builder(&nats).subject_prefix(&prefix).build()?;
-    let config = RelayConfig::new(relay_name.clone())
-        .start(StartFrom::Now)
-        .source(source);
     let relay = outbox.relay(config, sink, |_| Keys::one("all")).await?;
 
     // The receiving side: the relay starts after position `start`, so the inbox's mark does too.

@@ -26,6 +26,16 @@
 //! inbox counts attempts and keeps the dead letters. Any number of adapters (tasks, processes)
 //! may share one durable consumer: JetStream spreads the messages, and the inbox runs a
 //! message redelivered to a second adapter while the first still handles it only once.
+//!
+//! # The stream
+//!
+//! The adapter creates its consumer, never the stream: the stream must exist when
+//! [`NatsInbox::run`] starts, or it returns [`Error::Broker`] (`stream "ORDERS": ...`). It is
+//! the stream the sender's [`NatsSink`](crate::relay::nats::NatsSink) publishes to; create it
+//! as the relay docs show ([Preparing the stream](crate::relay::nats#preparing-the-stream)),
+//! with the client ordo re-exports, [`ordo::relay::nats::async_nats`](crate::relay::nats::async_nats),
+//! so that no `async-nats` dependency of your own is needed. The adapter's API takes no client
+//! types.
 
 use std::fmt;
 use std::future::Future;

@@ -40,6 +40,20 @@
 //! A queue `Q` that already exists with other arguments makes the declaration fail (RabbitMQ
 //! refuses to change a queue's arguments): [`RabbitInbox::run`] says so. Delete the queue, or
 //! turn `declare` off and set the dead-lettering with a broker policy.
+//!
+//! # The exchange
+//!
+//! The adapter declares its queues and binds them; it does not declare the exchanges it binds
+//! to. Each exchange a [`bind`](RabbitInboxBuilder::bind) names must exist when
+//! [`RabbitInbox::run`] starts, or the binding fails and `run` returns [`Error::Broker`]
+//! quoting the broker's `NOT_FOUND - no exchange ...`. It is the exchange the sender's
+//! [`RabbitSink`](crate::relay::rabbitmq::RabbitSink) publishes to; declare it as the relay
+//! docs show ([Preparing the exchange](crate::relay::rabbitmq#preparing-the-exchange)), with
+//! the client ordo re-exports, [`ordo::relay::rabbitmq::lapin`](crate::relay::rabbitmq::lapin),
+//! so that no `lapin` dependency of your own is needed (and declare only the exchange: the
+//! adapter declares the queue with its dead-letter arguments). Run the adapter once, so that
+//! its queue is bound, **before** the relay sends what it must receive: the broker drops a
+//! message no queue is bound for. The adapter's API takes no client types.
 
 use std::fmt;
 use std::future::Future;

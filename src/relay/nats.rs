@@ -11,7 +11,7 @@
 //! By default `"{prefix}.{event_type}"`, with `untyped` for an event without a type
 //! ([`subject_prefix`](NatsSinkBuilder::subject_prefix), default `ordo`). Any other mapping with
 //! [`subject`](NatsSinkBuilder::subject). The subject must be bound to a stream: a plain NATS
-//! subject with no stream gets no acknowledgement.
+//! subject with no stream gets no acknowledgement (see [Preparing the stream](self#preparing-the-stream)).
 //!
 //! # Headers
 //!
@@ -70,6 +70,56 @@
 //! and refusing would stop the default relay on JetStream's default stream. The check is there
 //! so that a window made short by mistake (seconds) is seen when the relay starts, not as
 //! stored duplicates.
+//!
+//! # Preparing the stream
+//!
+//! The sink publishes; it never creates a stream. Create one that binds the subjects, with a
+//! `duplicate_window` at least the relay's [`SinkTiming::resend_span`] (260.7 s at the
+//! defaults; [`SinkTiming::of`] computes it for any [`RelayConfig`](super::RelayConfig), and a
+//! relay whose window is shorter names the span in its start-up warning). With the re-exported
+//! client ([`async_nats`], so no dependency of your own):
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! use ordo::relay::nats::async_nats::{self, jetstream};
+//! use ordo::relay::nats::NatsSink;
+//! use ordo::relay::{RelayConfig, SinkTiming};
+//!
+//! let config = RelayConfig::new("orders-to-nats"); // the relay's settings, as it will run
+//! let span = SinkTiming::of(&config).resend_span; // 260.7 s here
+//! let jetstream = jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+//! // Creates the stream, or sets an existing one to this configuration (every setting not
+//! // named here goes back to its default: name the ones you rely on).
+//! jetstream
+//!     .create_or_update_stream(jetstream::stream::Config {
+//!         name: "ORDERS".to_owned(),
+//!         subjects: vec!["orders.>".to_owned()], // "{prefix}.>" of subject_prefix("orders")
+//!         duplicate_window: span.max(Duration::from_secs(5 * 60)),
+//!         storage: jetstream::stream::StorageType::File,
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//! let sink = NatsSink::builder("nats://127.0.0.1:4222")
+//!     .subject_prefix("orders")
+//!     .build()?;
+//! # let _ = sink;
+//! # Ok(()) }
+//! ```
+//!
+//! With a custom [`subject`](NatsSinkBuilder::subject), bind what it returns and name the
+//! stream with [`stream`](NatsSinkBuilder::stream) so that its window is checked. A stream with
+//! a `max_age` needs a `duplicate_window` no longer than it. JetStream keeps every id of the
+//! window in memory: at 1,000 messages a second, a 5-minute window holds 300,000 ids.
+//!
+//! **Without the stream**, nothing is lost and nothing parks: the relay starts (logging at WARN
+//! that the window was not checked, since no stream is bound to `"{prefix}.>"`; with
+//! [`require_duplicate_window(true)`](NatsSinkBuilder::require_duplicate_window) it refuses to
+//! start instead), every publish is answered *no responders*, which is an outage (above): no
+//! attempt counted, the events held back and sent again after a capped backoff, the relay's
+//! status `sink down since T: ...no responders...`. The events go out by themselves once the
+//! stream exists; a relay to a subject that no stream ever binds waits, visibly, for ever.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -84,6 +134,13 @@ use tokio::time::Instant;
 
 use super::{Message, Outcomes, SendError, Sink, SinkTiming};
 use crate::error::{Error, Result};
+
+/// The NATS client this module is built on (`async-nats`, with JetStream and rustls on ring),
+/// re-exported so that code naming its types (creating the stream the sink publishes to, as in
+/// [Preparing the stream](self#preparing-the-stream), or reading it back) uses exactly the
+/// version and features ordo was built with, and needs no `async-nats` dependency of its own:
+/// `use ordo::relay::nats::async_nats;`. Present with the `nats` feature.
+pub use async_nats;
 
 /// Maps a message to its subject.
 pub type SubjectFn = Arc<dyn Fn(&Message) -> String + Send + Sync>;

@@ -13,7 +13,74 @@
 //!
 //! By default the configured [`exchange`](RabbitSinkBuilder::exchange) and routing key = the
 //! event type (`untyped` without one). Any other mapping with
-//! [`route`](RabbitSinkBuilder::route).
+//! [`route`](RabbitSinkBuilder::route). The exchange must exist, and a consumer's queue must be
+//! bound to it before the events it wants are sent: see
+//! [Preparing the exchange](self#preparing-the-exchange).
+//!
+//! # Preparing the exchange
+//!
+//! The sink publishes; it declares nothing. Declare the exchange **durable** (a non-durable one
+//! is gone after a broker restart, and the relay then waits on a missing exchange), of type
+//! **topic**: the routing key is the event type as stored (`Placed`, `billing.v2.Invoiced`,
+//! `untyped`), and a topic exchange lets each consumer bind the types it wants, one exactly or
+//! many with a pattern (`#` for every type, `billing.v2.*`). A `direct` exchange also works
+//! when every binding names one type. Each consumer's queue is durable too (the messages are
+//! persistent, `delivery_mode` 2, so they survive a restart in a durable queue), and bound
+//! before the relay sends what it must receive: without `mandatory` (below), a message no
+//! queue is bound for is confirmed and dropped by the broker. With the re-exported client
+//! ([`lapin`], so no dependency of your own):
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use ordo::relay::rabbitmq::RabbitSink;
+//! use ordo::relay::rabbitmq::lapin::options::{
+//!     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+//! };
+//! use ordo::relay::rabbitmq::lapin::types::FieldTable;
+//! use ordo::relay::rabbitmq::lapin::{Connection, ConnectionProperties, ExchangeKind};
+//!
+//! let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+//! let connection = Connection::connect(uri, ConnectionProperties::default()).await?;
+//! let channel = connection.create_channel().await?;
+//! let durable = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
+//! channel
+//!     .exchange_declare("orders".into(), ExchangeKind::Topic, durable, FieldTable::default())
+//!     .await?;
+//! // A consumer's queue, bound to every event type. (An ordo `RabbitInbox` declares and binds
+//! // its own queue: `.bind("orders", "#")`; declare only the exchange for it.)
+//! let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+//! channel.queue_declare("billing".into(), durable, FieldTable::default()).await?;
+//! channel
+//!     .queue_bind(
+//!         "billing".into(),
+//!         "orders".into(),
+//!         "#".into(),
+//!         QueueBindOptions::default(),
+//!         FieldTable::default(),
+//!     )
+//!     .await?;
+//! connection.close(200, "declared".into()).await?;
+//!
+//! let sink = RabbitSink::builder(uri).exchange("orders").build()?;
+//! # let _ = sink;
+//! # Ok(()) }
+//! ```
+//!
+//! Declaring is idempotent: the same declaration again is a no-op, a different type or
+//! durability for an existing name is refused by the broker (`PRECONDITION_FAILED`). The
+//! default exchange `""` needs no declaration, but it routes a message only to the queue named
+//! exactly as its routing key (a queue `Placed` for the type `Placed`) and drops the rest.
+//!
+//! **Without the exchange**, the broker closes the channel at the first publish
+//! (`NOT_FOUND - no exchange 'orders' in vhost '/'`): every message not yet confirmed fails
+//! transiently and the channel is reopened on the next send. When nothing else gets through,
+//! that is an outage: no attempt counted, nothing parked, a capped backoff, the relay's
+//! status `sink down since T: ...` quoting the broker's error, and the events go out by
+//! themselves once the exchange exists. With a [`route`](RabbitSinkBuilder::route) to several
+//! exchanges of which one is missing, it is *not* an outage while the others deliver: the
+//! failures are the messages' (the closed channel takes the batch's other unconfirmed
+//! messages with it), they count attempts and park after the relay's `max_attempts`. Declare
+//! every exchange before the relay starts.
 //!
 //! # Why no `mandatory` flag
 //!
@@ -48,6 +115,13 @@ use tokio::time::Instant;
 
 use super::{Message, Outcomes, SendError, Sink};
 use crate::error::{Error, Result};
+
+/// The AMQP client this module is built on (`lapin`, on tokio with rustls on ring), re-exported
+/// so that code naming its types (declaring the exchange and queues, as in
+/// [Preparing the exchange](self#preparing-the-exchange)) uses exactly the version and
+/// features ordo was built with, and needs no `lapin` dependency of its own:
+/// `use ordo::relay::rabbitmq::lapin;`. Present with the `rabbitmq` feature.
+pub use lapin;
 
 /// Maps a message to its `(exchange, routing key)`.
 pub type RouteFn = Arc<dyn Fn(&Message) -> (String, String) + Send + Sync>;

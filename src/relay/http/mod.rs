@@ -18,8 +18,96 @@
 //! | `traceparent` | the publisher's W3C trace context, when it stored one |
 //!
 //! A receiver checks the signature with [`verify_signature`] (or the same HMAC in any language:
-//! `docs/relays.md` has a Python snippet), refuses a timestamp far from its clock, and
-//! deduplicates on `Ordo-Event-Id`. Each attempt is signed afresh, with a new timestamp.
+//! `docs/relays.md` has Python and Node.js), refuses a timestamp far from its clock, and
+//! deduplicates on `Ordo-Event-Id` (see [Receiving](self#receiving)). Each attempt is signed
+//! afresh, with a new timestamp.
+//!
+//! # Receiving
+//!
+//! A receiver, in whatever web framework, does three things before it answers 2xx:
+//!
+//! 1. **Verify the signature over the raw body bytes**, before any JSON parsing (a parser that
+//!    re-encodes changes the bytes), with a constant-time comparison ([`verify_signature`]
+//!    compares in constant time).
+//! 2. **Refuse a timestamp far from its clock** (five minutes, say), so that a captured request
+//!    cannot be replayed later. The relay signs each attempt when it sends it, so only clock
+//!    skew makes an honest request old: keep both clocks synchronised (NTP).
+//! 3. **Deduplicate on `Ordo-Event-Id`**: a redelivery carries the same id. An ordo
+//!    [`Inbox`](crate::inbox::Inbox) does it in the transaction of the receiver's own writes.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//!
+//! use ordo::relay::http::{sign, verify_signature};
+//!
+//! /// How far a request's `Ordo-Timestamp` may be from this clock, either way.
+//! const TOLERANCE: Duration = Duration::from_secs(5 * 60);
+//!
+//! /// Whether a request is signed with `secret` and fresh at `now`; `header` looks up a
+//! /// request header by name, `body` is the raw body.
+//! fn authentic<'a>(
+//!     secret: &[u8],
+//!     header: impl Fn(&str) -> Option<&'a str>,
+//!     body: &[u8],
+//!     now: SystemTime,
+//! ) -> bool {
+//!     let (Some(timestamp), Some(signature)) = (header("Ordo-Timestamp"), header("Ordo-Signature"))
+//!     else {
+//!         return false;
+//!     };
+//!     let (Ok(signed_at), Ok(now)) = (timestamp.parse::<u64>(), now.duration_since(UNIX_EPOCH))
+//!     else {
+//!         return false;
+//!     };
+//!     now.as_secs().abs_diff(signed_at) <= TOLERANCE.as_secs()
+//!         && verify_signature(secret, timestamp, body, signature)
+//! }
+//!
+//! // What the relay sends, and what the receiver concludes.
+//! let secret = b"0123456789abcdef0123456789abcdef";
+//! let body = br#"{"order_id":7}"#;
+//! let now = SystemTime::now();
+//! let signed_at = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).to_string();
+//! let signature = sign(secret, &signed_at, body);
+//! let header = |name: &str| match name {
+//!     "Ordo-Timestamp" => Some(signed_at.as_str()),
+//!     "Ordo-Signature" => Some(signature.as_str()),
+//!     _ => None,
+//! };
+//! assert!(authentic(secret, header, body, now));
+//! assert!(!authentic(secret, header, br#"{"order_id":8}"#, now));
+//! assert!(!authentic(b"another secret, also long enough", header, body, now));
+//! // The same request ten minutes later: refused.
+//! assert!(!authentic(secret, header, body, now + Duration::from_secs(600)));
+//! ```
+//!
+//! Then the event, deduplicated by its id, and the answer that tells the relay what to do. A
+//! 2xx only once the outcome is stored; **a 5xx (or 429) for "send it again"**, never a 4xx:
+//! every 4xx but 408 and 429 is permanent, and the relay parks the event (see
+//! [Answers](self#answers)). So a bad signature (401) parks the event too, which is right: the
+//! same request cannot succeed until the secrets agree, and `ordo relay requeue RELAY --all`
+//! sends the parked events again once they do.
+//!
+//! ```no_run
+//! use ordo::inbox::{Inbox, InboxHandler, InboxMessage};
+//!
+//! /// The HTTP status for a request already found authentic.
+//! async fn receive(inbox: &Inbox, handler: &impl InboxHandler, event_id: &str, body: &[u8]) -> u16 {
+//!     let Ok(payload) = std::str::from_utf8(body) else {
+//!         return 400; // the relay sends JSON text: this request never will be
+//!     };
+//!     let message = InboxMessage::new(event_id, payload);
+//!     match inbox.receive(&message, handler).await {
+//!         // Handled now, handled before (a redelivery), or failed for good and kept by the
+//!         // inbox as `failed` (`ordo inbox replay` runs it again).
+//!         Ok(receipt) if receipt.settled() => 204,
+//!         // Busy elsewhere, or the handler failed and rolled back: send it again.
+//!         Ok(_) => 503,
+//!         Err(ordo::Error::InvalidInboxMessage { .. }) => 400, // can never be stored
+//!         Err(_) => 503, // the database: nothing settled, send it again
+//!     }
+//! }
+//! ```
 //!
 //! # Answers
 //!
