@@ -195,7 +195,7 @@ impl OutboxConfig {
     /// latency: timers tick in milliseconds, so even 1 ms adds up to about 2 ms. Measured here,
     /// one writer of single-event transactions: 1 ms raised throughput from 0.60x to 0.74x of a
     /// hand-written insert and the commit lane's p99 at 500 transactions/s from 0.5 ms to
-    /// 2.5 ms (PERFORMANCE.md). Default 0.
+    /// 2.5 ms (`docs/performance-history.md`). Default 0.
     pub fn fold_interval(mut self, interval: Duration) -> Self {
         self.fold_interval = interval;
         self

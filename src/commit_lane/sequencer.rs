@@ -82,12 +82,13 @@ const REST_FROM_GROUPS: usize = 2;
 /// and appends that followed each other as fast as the rest allowed kept the sequencer's
 /// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
 /// event, publish at a median 0.75x of raw `INSERT`s against 0.79x with this spacing, and 6%
-/// more WAL per event (`PERFORMANCE.md`, session 9). The spacing is also what a commit can wait
-/// before its append starts (about 1.5 ms on the median under a stream), so it stays well
-/// inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
+/// more WAL per event (`docs/performance-history.md`, session 9). The spacing is also what a
+/// commit can wait before its append starts (about 1.5 ms on the median under a stream), so it
+/// stays well inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
 /// within [`PEERS_HEARD`]) does not space its appends: there the commit lane of every other
 /// process already waits a wake-up, a read and an announcement on top of the append, and the
-/// spacing put 2 ms on its p99 with three processes (`PERFORMANCE.md`, session 9).
+/// spacing put 2 ms on its p99 with three processes (`docs/performance-history.md`,
+/// session 9).
 const STREAM_SPACING: Duration = Duration::from_millis(5);
 /// A stream is [`STREAM_APPENDS`] appends in a row of at least this many groups each: commits
 /// come faster than appends can take them one by one. One writer at 500 tx/s appends one group

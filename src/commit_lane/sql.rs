@@ -78,7 +78,7 @@ ORDER BY l.commit_seq
 /// the whole range, a CTE of its own: joined to the groups, the *generic* plan a prepared
 /// statement switches to after five executions probed the index once per group with the whole
 /// array (quadratic: 2.3 s for one append of 5,000 groups where the split form takes 19 ms,
-/// `PERFORMANCE.md`, session 10).
+/// `docs/performance-history.md`, session 10).
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts
