@@ -287,3 +287,39 @@ async fn every_command_lists_when_bare_and_names_what_it_cannot_find() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_output_escapes_what_a_terminal_would_act_on() {
+    let db = TestDb::new().await;
+    // An error text carrying an 8-bit CSI (clear screen), DEL and a right-to-left override, as
+    // a handler's error quoting a payload can: serde_json leaves all three raw.
+    let hostile = "boom \u{9b}2J \u{7f} \u{202e}gnp.exe";
+    sqlx::query(
+        "INSERT INTO ordo.dead_letters (subscription, lane, position, sequence, error, attempts) \
+         VALUES ('billing', 'insert', 1, 1, $1, 1)",
+    )
+    .bind(hostile)
+    .execute(&db.pool)
+    .await
+    .expect("a dead letter");
+    for args in [
+        &["dead-letters", "list", "--json"][..],
+        &[
+            "dead-letters",
+            "list",
+            "--json",
+            "--subscription",
+            "billing",
+        ][..],
+    ] {
+        let (ok, out, err) = db.ordo(args);
+        assert!(ok, "{args:?}: {err}");
+        let raw: Vec<char> = out
+            .chars()
+            .filter(|c| *c != '\n' && (c.is_control() || ('\u{202a}'..='\u{202e}').contains(c)))
+            .collect();
+        assert!(raw.is_empty(), "{args:?} printed {raw:?} raw: {out}");
+        let line: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+        assert_eq!(line["error"], hostile, "the same text once parsed");
+    }
+}

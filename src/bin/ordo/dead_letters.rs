@@ -7,6 +7,8 @@ use clap::Subcommand;
 use ordo::admin;
 use sqlx::PgPool;
 
+use crate::output::json_lines;
+
 use crate::CliResult;
 use crate::parse::parse_duration;
 
@@ -64,10 +66,7 @@ pub(crate) async fn run(pool: PgPool, args: DeadLettersArgs) -> CliResult {
             let rows = admin::list_dead_letters(&pool, subscription.as_deref()).await?;
             let mut out = io::stdout().lock();
             if json {
-                for row in &rows {
-                    writeln!(out, "{}", serde_json::to_string(row)?)?;
-                }
-                return Ok(());
+                return Ok(json_lines(&mut out, &rows)?);
             }
             write!(out, "{}", admin::dead_letters_table(&rows))?;
             Ok(())

@@ -18,6 +18,8 @@ use ordo::admin::{self, printable};
 use ordo::inbox;
 use sqlx::PgPool;
 
+use crate::output::json_lines;
+
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
@@ -94,7 +96,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
         InboxAction::Failed { consumer, json } => {
             let failed = inbox::list_failed(&pool, consumer.as_deref()).await?;
             if json {
-                return json_lines(&mut out, &failed);
+                return Ok(json_lines(&mut out, &failed)?);
             }
             write!(out, "{}", admin::inbox_failed_table(&failed))?;
         }
@@ -111,7 +113,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
         InboxAction::Watermarks { consumer, json } => {
             let marks = inbox::list_watermarks(&pool, consumer.as_deref()).await?;
             if json {
-                return json_lines(&mut out, &marks);
+                return Ok(json_lines(&mut out, &marks)?);
             }
             write!(out, "{}", admin::watermarks_table(&marks))?;
         }
@@ -165,12 +167,5 @@ async fn set_watermark(
         }
     }
     inbox::set_watermark(pool, consumer, source, position).await?;
-    Ok(())
-}
-
-fn json_lines(out: &mut impl Write, rows: &[impl serde::Serialize]) -> CliResult {
-    for row in rows {
-        writeln!(out, "{}", serde_json::to_string(row)?)?;
-    }
     Ok(())
 }

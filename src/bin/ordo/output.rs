@@ -38,3 +38,11 @@ pub(crate) fn emit(out: &mut impl Write, line: &impl Serialize, flush: bool) -> 
         Err(error) => Err(error),
     }
 }
+
+/// Writes `rows` as JSON lines, each safe for a terminal ([`json_line`]): what `--json` prints.
+pub(crate) fn json_lines(out: &mut impl Write, rows: &[impl Serialize]) -> io::Result<()> {
+    for row in rows {
+        writeln!(out, "{}", json_line(row).map_err(io::Error::other)?)?;
+    }
+    Ok(())
+}

@@ -6,6 +6,8 @@ use std::time::Duration;
 use ordo::admin;
 use sqlx::PgPool;
 
+use crate::output::json_lines;
+
 use crate::CliResult;
 use crate::parse::{ahead_in_range, parse_duration};
 
@@ -52,7 +54,7 @@ pub(crate) async fn run(pool: PgPool, args: RetentionArgs) -> CliResult {
     }
     let mut out = io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        json_lines(&mut out, std::slice::from_ref(&report))?;
         return Ok(());
     }
     write!(out, "{}", admin::retention_table(&report, args.apply))?;

@@ -14,6 +14,8 @@ use clap::Subcommand;
 use ordo::admin;
 use sqlx::PgPool;
 
+use crate::output::json_lines;
+
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
@@ -62,7 +64,7 @@ pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
             let mut out = io::stdout().lock();
             for secret in &secrets {
                 if json {
-                    writeln!(out, "{}", serde_json::to_string(secret)?)?;
+                    json_lines(&mut out, std::slice::from_ref(secret))?;
                 } else {
                     let scope = secret.event_type.as_deref().unwrap_or("(every type)");
                     let line = format!("{scope}\t{}", secret.key);

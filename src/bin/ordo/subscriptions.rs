@@ -7,7 +7,7 @@ use ordo::{CommitSequence, EventSequence, Ordering, admin};
 use sqlx::PgPool;
 
 use crate::CliResult;
-use crate::output::json_line;
+use crate::output::json_lines;
 
 #[derive(clap::Args)]
 pub(crate) struct SubscriptionsArgs {
@@ -74,10 +74,7 @@ pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             let rows = admin::list_subscriptions(&pool).await?;
             let mut out = io::stdout().lock();
             if args.json {
-                for row in &rows {
-                    writeln!(out, "{}", json_line(row)?)?;
-                }
-                return Ok(());
+                return Ok(json_lines(&mut out, &rows)?);
             }
             write!(out, "{}", admin::subscriptions_table(&rows))?;
             Ok(())
@@ -97,10 +94,7 @@ pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             let stalled = admin::list_stalled_keys(&pool, &name).await?;
             let mut out = io::stdout().lock();
             if json {
-                for key in &stalled {
-                    writeln!(out, "{}", json_line(key)?)?;
-                }
-                return Ok(());
+                return Ok(json_lines(&mut out, &stalled)?);
             }
             write!(out, "{}", admin::stalled_keys_table(&stalled))?;
             Ok(())

@@ -24,6 +24,8 @@ use ordo::relay::{RelayEvent, RelayEventState};
 use ordo::{CommitSequence, EventSequence, Ordering, Position, RunStatus};
 use sqlx::PgPool;
 
+use crate::output::json_lines;
+
 mod keys;
 mod run;
 mod settings;
@@ -131,10 +133,7 @@ where
                 .collect();
             let mut out = io::stdout().lock();
             if json {
-                for relay in &relays {
-                    writeln!(out, "{}", serde_json::to_string(relay)?)?;
-                }
-                return Ok(());
+                return Ok(json_lines(&mut out, &relays)?);
             }
             write!(out, "{}", admin::subscriptions_table(&relays))?;
             Ok(())
@@ -144,10 +143,7 @@ where
             let parked = admin::list_stalled_keys(&pool, &name).await?;
             let mut out = io::stdout().lock();
             if json {
-                for key in &parked {
-                    writeln!(out, "{}", serde_json::to_string(key)?)?;
-                }
-                return Ok(());
+                return Ok(json_lines(&mut out, &parked)?);
             }
             write!(out, "{}", admin::stalled_keys_table(&parked))?;
             Ok(())
@@ -230,7 +226,7 @@ async fn attempts(pool: &PgPool, name: &str, event: &str, json: bool) -> CliResu
     let found = admin::relay_attempts(pool, name, which).await?;
     let mut out = io::stdout().lock();
     if json {
-        writeln!(out, "{}", serde_json::to_string(&found)?)?;
+        json_lines(&mut out, std::slice::from_ref(&found))?;
         return Ok(());
     }
     let id = found
