@@ -336,10 +336,29 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
         Receipt::Handled
     );
     // The sender skipped position 2 for good (its relay was moved past it).
+    let row_version = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT xmin::text FROM ordo.inbox_watermarks WHERE consumer = 'replica'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("the mark's row")
+    };
+    let mut versions = Vec::new();
     for position in [3, 4, 3] {
         let receipt = inbox.receive(&at(position), &handler).await.expect("gap");
         assert_eq!(receipt, Receipt::Gap { expected: 2 });
+        versions.push(row_version().await);
     }
+    // A redelivery of a position already refused, within the minute, writes nothing.
+    assert_ne!(
+        versions[0], versions[1],
+        "a higher refused position is noted"
+    );
+    assert_eq!(
+        versions[1], versions[2],
+        "the repeat left the row as it was"
+    );
     let marks = inbox::list_watermarks(&db.pool, Some("replica"))
         .await
         .expect("marks");

@@ -152,7 +152,9 @@ WHERE consumer = $1 AND source = $2
 /// A message from beyond the next position, refused as a gap, in the transaction holding the
 /// mark's row (locked by [`MARK`]): the highest position refused and since when the inbox
 /// waits. `warn`: this receiver logs the wait (its first refusal, then at most once a minute
-/// across every receiver).
+/// across every receiver). A refusal that changes nothing (a redelivery of a position already
+/// refused, within the minute) writes nothing: a transport redelivering a window of early
+/// messages every second costs no write each.
 pub(crate) const NOTE_GAP: &str = r#"
 UPDATE ordo.inbox_watermarks AS w
 SET gap_position = GREATEST(w.gap_position, $3),
@@ -160,6 +162,8 @@ SET gap_position = GREATEST(w.gap_position, $3),
     gap_warned_at = CASE WHEN w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute'
                          THEN now() ELSE w.gap_warned_at END
 WHERE consumer = $1 AND source = $2
+  AND (w.gap_since IS NULL OR w.gap_position < $3 OR w.gap_warned_at IS NULL
+       OR w.gap_warned_at <= now() - interval '1 minute')
 RETURNING gap_since, gap_warned_at = now() AS warn
 "#;
 
