@@ -107,7 +107,7 @@ impl TypeFilter {
     /// Counts what it passes over in `ordo_subscription_skipped_total` for `subscription`.
     pub(crate) fn counted_for(self, subscription: &str) -> Self {
         let counter = metrics::counter!(
-            crate::ops::metrics::SUBSCRIPTION_SKIPPED,
+            crate::telemetry::metrics::SUBSCRIPTION_SKIPPED,
             "subscription" => subscription.to_owned()
         );
         Self {

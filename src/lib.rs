@@ -179,6 +179,8 @@ mod position;
 pub mod relay;
 mod subscription;
 mod task;
+mod telemetry;
+mod wire;
 mod write;
 
 pub use commit_lane::listener::CommitStream;
@@ -193,15 +195,13 @@ pub use insert_lane::listener::EventStream;
 pub use latest::{Latest, LatestStream};
 pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::grants::{Grants, RoleKind};
-pub use ops::metrics;
 #[doc(hidden)]
-pub use ops::plans::{HotStatement, hot_path_statements};
+pub use ops::plans::hot_path_statements;
 pub use ops::retention::{
     MAX_AHEAD, MAX_RETRY_FOR, PartitionInfo, RetentionConfig, RetentionReport,
 };
 pub use ops::secrets::{ScrubReport, SecretKey};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
-pub use ops::trace::TRACEPARENT;
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
@@ -210,6 +210,10 @@ pub use subscription::{
     RunStatus, SERIAL_KEY, SinkDown, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
     SubscriptionState, SubscriptionStatus,
 };
+#[doc(hidden)]
+pub use telemetry::HotStatement;
+pub use telemetry::metrics;
+pub use telemetry::trace::TRACEPARENT;
 pub use write::in_doubt::CommitStatus;
 pub use write::transaction::OutboxTransaction;
 
@@ -218,7 +222,7 @@ pub use write::transaction::OutboxTransaction;
 /// [`Outbox`].
 pub mod admin {
     /// The outbox's positions, lag and stalls, naming the transactions that hold a lane.
-    pub use crate::ops::status::status;
+    pub use crate::ops::status::{list_subscriptions, status};
 
     /// [`OutboxStatus`](crate::OutboxStatus) as Prometheus text.
     pub use crate::ops::prometheus::prometheus_text;
@@ -247,8 +251,7 @@ pub mod admin {
 
     /// Durable subscriptions: list, pause, resume, move and delete them.
     pub use crate::subscription::{
-        delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
-        resume_subscription,
+        delete_subscription, pause_subscription, reset_subscription, resume_subscription,
     };
 
     /// Keyed subscriptions' stalled keys: list them, retry them.

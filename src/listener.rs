@@ -19,8 +19,8 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 use crate::error::{Error, Result};
-use crate::ops::metrics as m;
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

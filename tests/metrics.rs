@@ -264,7 +264,7 @@ impl metrics::Recorder for Descriptions {
 
 #[test]
 fn every_documented_metric_is_described_with_its_unit() {
-    let documented: Vec<String> = include_str!("../src/ops/metrics.rs")
+    let documented: Vec<String> = include_str!("../src/telemetry/metrics.rs")
         .lines()
         .filter_map(|line| line.strip_prefix("//! | `"))
         .filter_map(|rest| rest.split('`').next())

@@ -17,9 +17,9 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::Decoded;
 use crate::insert_lane::rows::{check_retention_floor, decode_full};
 use crate::listener::{BatchSource, retrying_stream};
-use crate::ops::metrics as m;
 use crate::position::{CommitSequence, EventSequence, Ordering};
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 /// The stream returned by [`Outbox::listen_committed`](crate::Outbox::listen_committed).
 ///

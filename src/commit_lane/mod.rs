@@ -98,7 +98,7 @@ impl CommitShared {
 
     /// Publishes a head, never moving it backwards, and wakes parked listeners.
     pub(crate) fn publish_head(&self, head: u64) {
-        metrics::gauge!(crate::ops::metrics::COMMIT_HEAD).set(head as f64);
+        metrics::gauge!(crate::telemetry::metrics::COMMIT_HEAD).set(head as f64);
         self.head.send_if_modified(|known| {
             let newer = head > *known;
             if newer {

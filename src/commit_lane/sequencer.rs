@@ -39,8 +39,8 @@ use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::{Slot, SlotItem};
 use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
-use crate::ops::metrics as m;
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 /// The session settings of the sequencer's own connections (they touch nothing else).
 ///

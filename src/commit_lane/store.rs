@@ -8,8 +8,8 @@ use sqlx::{PgPool, Row};
 use super::LogEntry;
 use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART};
 use crate::error::Result;
-use crate::ops::metrics as m;
 use crate::position::{CommitSequence, EventSequence};
+use crate::telemetry::metrics as m;
 
 /// A peer further ahead than this many entries is followed by a restart (one statement that
 /// reads only what lies above the cursor) rather than by reading every entry it appended.

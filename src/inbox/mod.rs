@@ -97,7 +97,7 @@ pub use rabbitmq::{DEAD_LETTER_EXCHANGE, RabbitInbox, RabbitInboxBuilder};
 
 use crate::envelope::Headers;
 use crate::error::Result;
-use crate::ops::metrics::INBOX_RECEIPTS;
+use crate::telemetry::metrics::INBOX_RECEIPTS;
 
 /// One inbox consumer: receives messages for one name in `ordo.inbox` (see the
 /// [module docs](self)). Cheap to clone; any number of receivers (tasks, processes) may share

@@ -1,6 +1,6 @@
 //! The inbox's statements, each behind a named constant, in one place.
 
-use crate::ops::plans::HotStatement;
+use crate::telemetry::HotStatement;
 
 /// The advisory lock key of one message of one consumer: a 64-bit hash, so that it stays
 /// clear of an application's own small advisory keys. Two messages whose keys collide only

@@ -21,7 +21,7 @@ use super::message::{InboxMessage, Receipt};
 use super::rows::{count, position_column};
 use super::sql;
 use crate::error::{Error, Result};
-use crate::ops::render::printable;
+use crate::telemetry::printable;
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked.
 const LOCK_NOT_AVAILABLE: &str = "55P03";

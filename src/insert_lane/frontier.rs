@@ -21,9 +21,9 @@ use super::rows;
 use super::{CommittedBatch, LaneShared};
 use crate::config::OutboxConfig;
 use crate::error::Result;
-use crate::ops::metrics as m;
 use crate::position::EventSequence;
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 /// At most this many missing sequences are asked for by name in one fetch.
 const MAX_MISSING_PER_FETCH: usize = 512;

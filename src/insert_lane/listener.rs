@@ -11,9 +11,9 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::event_type::TypeFilter;
 use crate::listener::{BatchSource, retrying_stream};
-use crate::ops::metrics as m;
 use crate::position::{EventSequence, Ordering};
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 /// The stream returned by [`Outbox::listen_inserted`](crate::Outbox::listen_inserted).
 ///

@@ -214,7 +214,7 @@ impl Resolver {
             let filled =
                 fill_placeholders(&pool, EventSequence::new(from), EventSequence::new(upto))
                     .await?;
-            metrics::counter!(crate::ops::metrics::PLACEHOLDERS).increment(filled);
+            metrics::counter!(crate::telemetry::metrics::PLACEHOLDERS).increment(filled);
             Ok::<u64, sqlx::Error>(filled)
         });
         match written.await {

@@ -1,7 +1,6 @@
 //! Operations: see and steer a running outbox.
 
 pub(crate) mod grants;
-pub mod metrics;
 pub(crate) mod plans;
 pub(crate) mod prometheus;
 pub(crate) mod render;
@@ -9,7 +8,6 @@ pub(crate) mod retention;
 pub(crate) mod secrets;
 pub(crate) mod sql;
 pub(crate) mod status;
-pub mod trace;
 
 use sqlx::PgPool;
 

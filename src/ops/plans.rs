@@ -8,24 +8,6 @@
 //! both as a custom and as a generic plan, and fails if any would be compiled. A statement
 //! added to a hot path belongs in this list.
 
-/// One hot-path statement: a name for the failure message, its text, its parameter types (as
-/// `PREPARE name(types)` takes them) and SQL literals for its parameters (`EXECUTE name(args)`).
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub struct HotStatement {
-    /// Where it runs.
-    pub name: &'static str,
-    /// The statement.
-    pub sql: &'static str,
-    /// Its parameter types, comma-separated.
-    pub types: &'static str,
-    /// Its parameters as SQL literals, comma-separated.
-    pub args: &'static str,
-    /// The session settings of the connections it runs on, where ordo sets any (its
-    /// sequencer's own pool); empty for the application's pool.
-    pub session: &'static [(&'static str, &'static str)],
-}
-
 use crate::commit_lane::sql as commit;
 use crate::insert_lane::{resolve, rows};
 use crate::latest::sql as latest;
@@ -34,6 +16,7 @@ use crate::ops::sql as ops;
 use crate::relay::{attempts, marks};
 use crate::subscription::keyed::progress as keyed;
 use crate::subscription::sql as sub;
+use crate::telemetry::HotStatement;
 use crate::write::sql as write;
 
 /// Every statement on ordo's hot paths (writes, both lanes, subscriptions, status).

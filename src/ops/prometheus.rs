@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 
-use super::render::needs_escape;
 use super::status::OutboxStatus;
 use crate::position::Ordering;
 use crate::subscription::{RunStatus, SubscriptionStatus};
+use crate::telemetry::needs_escape;
 
 /// A gauge: its name, its help text, and its samples (a label set, `{lane="insert"}` or empty,
 /// and a value each).

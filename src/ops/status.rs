@@ -236,10 +236,14 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
     })
 }
 
-/// Every subscription and relay as [`status`] reports them (lag, oldest unhandled event,
-/// dead letters, stalled keys), without the rest of the report: what `ordo subscriptions`
-/// lists.
-pub(crate) async fn subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
+/// Every subscription and relay, by name, as [`status`] reports them:
+/// each one's `state` says whether some runner holds a live lease (see
+/// [`SubscriptionStatus`]), with its lag, the age of its oldest unhandled event, its dead
+/// letters and its stalled keys.
+///
+/// # Errors
+/// [`Error::Database`] if the table cannot be read.
+pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
     let at = sql::positions(pool).await?;
     Ok(sql::subscriptions(
         pool,

@@ -11,9 +11,9 @@ use super::marks::{self, Mark, Marks};
 use super::outage::{Judged, RELAY_SINK_DOWN};
 use super::runner::{BLAMELESS_RETRY, Flow, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
-use crate::ops::metrics as m;
 use crate::position::Position;
 use crate::subscription::keyed::lanes::Slot;
+use crate::telemetry::metrics as m;
 
 impl<K: Sink> RelayRunner<K> {
     /// The next batch: up to the batch size of ready events, as messages, and no more than

@@ -139,7 +139,7 @@ impl Message {
     #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn traceparent(&self) -> Option<&str> {
         self.headers
-            .get(crate::ops::trace::TRACEPARENT)
+            .get(crate::telemetry::trace::TRACEPARENT)
             .and_then(serde_json::Value::as_str)
     }
 }

@@ -24,8 +24,7 @@ use tokio::time::Instant;
 use super::runner::Verdict;
 use crate::subscription::SinkDown;
 
-/// The gauge of a relay's sink being down (1) or answering (0), labelled `relay`.
-pub const RELAY_SINK_DOWN: &str = "ordo_relay_sink_down";
+pub use crate::telemetry::metrics::RELAY_SINK_DOWN;
 
 /// How often a sink that stays down is logged again.
 const LOG_AGAIN_EVERY: Duration = Duration::from_secs(30);

@@ -6,7 +6,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::status::{RunStatus, SubscriptionStatus};
+use super::status::RunStatus;
 use crate::error::{Error, Result};
 use crate::position::Position;
 
@@ -119,17 +119,6 @@ async fn delete(
         .bind(force)
         .fetch_optional(pool)
         .await
-}
-
-/// Every subscription and relay, by name, as [`status`](crate::admin::status) reports them:
-/// each one's `state` says whether some runner holds a live lease (see
-/// [`SubscriptionStatus`]), with its lag, the age of its oldest unhandled event, its dead
-/// letters and its stalled keys.
-///
-/// # Errors
-/// [`Error::Database`] if the table cannot be read.
-pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
-    crate::ops::status::subscriptions(pool).await
 }
 
 /// Pauses a subscription: its runner stops after the event in hand and waits.

@@ -21,8 +21,8 @@ use super::source::Item;
 use super::sql;
 use super::subscriber::Subscriber;
 use crate::envelope::Envelope;
-use crate::ops::metrics as m;
 use crate::position::Position;
+use crate::telemetry::metrics as m;
 
 /// How one unit ended.
 pub(super) enum Outcome {
@@ -337,7 +337,7 @@ where
 }
 
 /// The span a handler call runs in; its parent is the publisher's trace context, when the
-/// event carries one (see `ops::trace`).
+/// event carries one (see `telemetry::trace`).
 pub(super) fn handler_span<P>(
     subscription: &str,
     event: &Envelope<P>,
@@ -348,6 +348,6 @@ pub(super) fn handler_span<P>(
     } else {
         tracing::info_span!("ordo.handle", subscription = %subscription, sequence = event.sequence.get())
     };
-    crate::ops::trace::adopt(&span, &event.headers);
+    crate::telemetry::trace::adopt(&span, &event.headers);
     span
 }

@@ -30,10 +30,7 @@ use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
 pub use crate::position::Position;
 use crate::task::Supervised;
-pub use admin::{
-    delete_subscription, list_subscriptions, pause_subscription, reset_subscription,
-    resume_subscription,
-};
+pub use admin::{delete_subscription, pause_subscription, reset_subscription, resume_subscription};
 pub use config::{
     Batch, DEFAULT_KEYED_WINDOW, JobConfig, MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion,
     Ordering, RetryPolicy, StartFrom,

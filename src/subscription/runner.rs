@@ -35,9 +35,9 @@ use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use super::subscriber::Subscriber;
 use crate::commit_lane::CommitShared;
 use crate::insert_lane::LaneShared;
-use crate::ops::metrics as m;
 use crate::position::Position;
 use crate::task::StopSignal;
+use crate::telemetry::metrics as m;
 
 /// After a database error outside a handler, wait this long before trying again.
 pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);

@@ -137,7 +137,7 @@ impl<P: Serialize> Buffer<P> {
         mut headers: Headers,
         event_type: Option<String>,
     ) -> Result<()> {
-        crate::ops::trace::inject(&mut headers);
+        crate::telemetry::trace::inject(&mut headers);
         let payload_json = serde_json::to_string(&payload).map_err(Error::Encode)?;
         let headers_json = serde_json::to_string(&headers).map_err(Error::Encode)?;
         let chunk = self.open_chunk(payload_json.len() + headers_json.len());

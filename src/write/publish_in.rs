@@ -8,8 +8,8 @@ use super::insert::{self, Buffer};
 use super::sink::CommitSink;
 use crate::envelope::Headers;
 use crate::error::Result;
-use crate::ops::metrics as m;
 use crate::position::EventSequence;
+use crate::telemetry::metrics as m;
 
 /// Inserts `events` in `tx` now and points the lane at them (it cannot see the caller's
 /// commit). See [`Outbox::publish_in`](crate::Outbox::publish_in).

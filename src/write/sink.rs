@@ -7,8 +7,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::insert_lane::cache::Slot;
 use crate::insert_lane::{CommittedBatch, LaneShared};
-use crate::ops::metrics as m;
 use crate::position::EventSequence;
+use crate::telemetry::metrics as m;
 
 /// What a commit needs from its outbox, and nothing more: the lane to hand events to or point
 /// at, the wake-up notifier's watch, and the pool to ask about an in-doubt commit on.

@@ -243,7 +243,7 @@ where
                         .exhaust_keyed(policy, work, slot, attempts, message)
                         .await;
                 }
-                metrics::counter!(crate::ops::metrics::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
+                metrics::counter!(crate::telemetry::metrics::SUBSCRIPTION_RETRIES, "subscription" => self.config.name.clone())
                     .increment(1);
                 if let Some(flow) = self.record(work, slot, attempts, &message, false).await {
                     return Some(flow);
@@ -271,7 +271,7 @@ where
                 }
                 let position = work.lanes.entry(slot).map_or(0, |entry| entry.position);
                 tracing::error!(subscription = %self.config.name, position, error = %message, "event stalled: its keys wait for an operator's retry");
-                metrics::counter!(crate::ops::metrics::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
+                metrics::counter!(crate::telemetry::metrics::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
                     .increment(1);
                 work.lanes.stall(slot, attempts, message);
                 work.stalled_changed = true;
@@ -281,7 +281,7 @@ where
                 match self.dead_letter_one(work, slot, attempts, &message).await {
                     Ok(true) => {
                         work.lanes.complete(slot);
-                        metrics::counter!(crate::ops::metrics::DEAD_LETTERS, "subscription" => self.config.name.clone())
+                        metrics::counter!(crate::telemetry::metrics::DEAD_LETTERS, "subscription" => self.config.name.clone())
                         .increment(1);
                         None
                     }

@@ -93,13 +93,13 @@ where
     }
 
     pub(super) fn handled(&self, work: &Work<P>) {
-        metrics::counter!(crate::ops::metrics::SUBSCRIPTION_EVENTS, "subscription" => self.config.name.clone())
+        metrics::counter!(crate::telemetry::metrics::SUBSCRIPTION_EVENTS, "subscription" => self.config.name.clone())
             .increment(1);
         let head = match self.config.ordering {
             crate::Ordering::Insert => self.lane.frontier(),
             crate::Ordering::Commit => self.commit.head(),
         };
-        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
+        metrics::gauge!(crate::telemetry::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
             .set(head.saturating_sub(work.lanes.watermark()) as f64);
     }
 
@@ -115,7 +115,7 @@ where
             return;
         }
         let stalled = work.lanes.stalled_keys(self.config.ordering);
-        metrics::gauge!(crate::ops::metrics::SUBSCRIPTION_STALLED_KEYS, "subscription" => self.config.name.clone())
+        metrics::gauge!(crate::telemetry::metrics::SUBSCRIPTION_STALLED_KEYS, "subscription" => self.config.name.clone())
             .set(stalled.len() as f64);
         self.status.send_if_modified(|status| {
             let changed = status.position != position || status.stalled != stalled;

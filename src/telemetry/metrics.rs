@@ -82,6 +82,10 @@ pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
 /// The metric `ordo_inbox_receipts_total` (see the table above).
 pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
 
+/// The gauge of a relay's sink being down (1) or answering (0), labelled `relay` (see the
+/// table above); also [`ordo::relay::RELAY_SINK_DOWN`](crate::relay::RELAY_SINK_DOWN).
+pub const RELAY_SINK_DOWN: &str = "ordo_relay_sink_down";
+
 /// Describes every metric above to the installed recorder: its unit (seconds, a count) and
 /// one line of what it means, as exporters show them (Prometheus `# HELP`). Each
 /// [`Outbox`](crate::Outbox) and [`Inbox`](crate::Inbox) calls it when it is created; call it
@@ -209,7 +213,7 @@ pub fn describe() {
         "Messages an inbox consumer received, by its answer."
     );
     describe_gauge!(
-        crate::relay::RELAY_SINK_DOWN,
+        RELAY_SINK_DOWN,
         Unit::Count,
         "1 while a relay's sink is down (an outage), else 0."
     );

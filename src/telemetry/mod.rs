@@ -1,0 +1,12 @@
+//! The floor below the parts: metric names and their descriptions, the trace context that
+//! travels in headers, the declaration of a hot-path statement, and text made safe for a
+//! terminal. Every part may import it; it imports none of them (its docs link to a few).
+
+mod hot;
+pub mod metrics;
+mod printable;
+pub(crate) mod trace;
+
+pub use hot::HotStatement;
+pub(crate) use printable::needs_escape;
+pub use printable::printable;
