@@ -49,7 +49,8 @@ use super::Inbox;
 use super::handler::InboxHandler;
 use super::transport::{Parts, Redelivery, Settle, settle};
 use crate::error::{Error, Result};
-use crate::relay::redact_url;
+use crate::wire::nats as wire;
+use crate::wire::redact_url;
 
 /// How long the adapter waits before opening the message stream again after it failed.
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
@@ -316,14 +317,14 @@ impl NatsInbox {
                 .map(|value| value.as_str())
         };
         let parts = Parts {
-            id: header("Nats-Msg-Id"),
+            id: header(wire::MSG_ID),
             payload: &message.payload,
-            headers: header("Ordo-Headers"),
-            source: header("Ordo-Source"),
-            position: header("Ordo-Position"),
-            lane: header("Ordo-Lane"),
+            headers: header(wire::HEADERS),
+            source: header(wire::SOURCE),
+            position: header(wire::POSITION),
+            lane: header(wire::LANE),
         };
-        let result = match parts.message("Nats-Msg-Id") {
+        let result = match parts.message(wire::MSG_ID) {
             Ok(inbox_message) => inbox.receive(&inbox_message, handler).await,
             Err(reason) => Err(inbox.refused(parts.id, reason)),
         };

@@ -73,7 +73,8 @@ use super::Inbox;
 use super::handler::InboxHandler;
 use super::transport::{Parts, Redelivery, Settle, settle};
 use crate::error::{Error, Result};
-use crate::relay::redact_url;
+use crate::wire::rabbitmq as wire;
+use crate::wire::redact_url;
 
 /// The exchange every inbox queue's dead letters go through.
 pub const DEAD_LETTER_EXCHANGE: &str = "ordo.dlq";
@@ -440,10 +441,10 @@ impl RabbitInbox {
         let headers = delivery.properties.headers().as_ref();
         let header = |name: &str| headers.and_then(|table| text(table, name));
         let (source, position, lane, ordo_headers) = (
-            header("ordo-source"),
-            header("ordo-position"),
-            header("ordo-lane"),
-            header("ordo-headers"),
+            header(wire::SOURCE),
+            header(wire::POSITION),
+            header(wire::LANE),
+            header(wire::HEADERS),
         );
         let parts = Parts {
             id: delivery

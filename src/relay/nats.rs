@@ -165,7 +165,7 @@ const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 impl fmt::Debug for NatsSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsSinkBuilder")
-            .field("url", &super::redact_url(&self.url))
+            .field("url", &crate::wire::redact_url(&self.url))
             .field("subject_prefix", &self.subject_prefix)
             .field("custom_subject", &self.subject.is_some())
             .field("ack_timeout", &self.ack_timeout)
@@ -576,20 +576,21 @@ async fn acked(ack: PublishAckFuture) -> Result<(), SendError> {
 }
 
 mod names {
+    use crate::wire::nats as wire;
     use async_nats::HeaderName;
 
     // Built once: a name made from a `&str` per message is an allocation and a check each.
-    pub(super) const MSG_ID: HeaderName = HeaderName::from_static("Nats-Msg-Id");
-    pub(super) const POSITION: HeaderName = HeaderName::from_static("Ordo-Position");
-    pub(super) const LANE: HeaderName = HeaderName::from_static("Ordo-Lane");
-    pub(super) const SOURCE: HeaderName = HeaderName::from_static("Ordo-Source");
-    pub(super) const EVENT_TYPE: HeaderName = HeaderName::from_static("Ordo-Event-Type");
-    pub(super) const KEY: HeaderName = HeaderName::from_static("Ordo-Key");
-    pub(super) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-    pub(super) const HEADERS: HeaderName = HeaderName::from_static("Ordo-Headers");
-    pub(super) const SEQUENCE: HeaderName = HeaderName::from_static("Ordo-Sequence");
-    pub(super) const RECORDED_AT: HeaderName = HeaderName::from_static("Ordo-Recorded-At");
-    pub(super) const CONTENT_TYPE: HeaderName = HeaderName::from_static("Content-Type");
+    pub(super) const MSG_ID: HeaderName = HeaderName::from_static(wire::MSG_ID);
+    pub(super) const POSITION: HeaderName = HeaderName::from_static(wire::POSITION);
+    pub(super) const LANE: HeaderName = HeaderName::from_static(wire::LANE);
+    pub(super) const SOURCE: HeaderName = HeaderName::from_static(wire::SOURCE);
+    pub(super) const EVENT_TYPE: HeaderName = HeaderName::from_static(wire::EVENT_TYPE);
+    pub(super) const KEY: HeaderName = HeaderName::from_static(wire::KEY);
+    pub(super) const TRACEPARENT: HeaderName = HeaderName::from_static(crate::wire::TRACEPARENT);
+    pub(super) const HEADERS: HeaderName = HeaderName::from_static(wire::HEADERS);
+    pub(super) const SEQUENCE: HeaderName = HeaderName::from_static(wire::SEQUENCE);
+    pub(super) const RECORDED_AT: HeaderName = HeaderName::from_static(wire::RECORDED_AT);
+    pub(super) const CONTENT_TYPE: HeaderName = HeaderName::from_static(wire::CONTENT_TYPE);
 }
 
 /// `Nats-Msg-Id` for JetStream's dedup, and what a consumer wants without parsing the body;
@@ -719,7 +720,7 @@ impl Sink for NatsSink {
     }
 
     fn describe(&self) -> String {
-        format!("nats {}", super::redact_url(&self.url))
+        format!("nats {}", crate::wire::redact_url(&self.url))
     }
 
     /// Fits the ack timeout to the deadline, then checks the stream's duplicate window (see

@@ -102,6 +102,7 @@
 //! | the broker closed the channel (a missing exchange, a refused message) | `Transient`, for every message not yet confirmed; the channel is reopened on the next send |
 //! | an exchange name or routing key longer than 255 bytes | `Permanent` |
 
+use crate::wire::rabbitmq as wire;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
@@ -146,7 +147,7 @@ pub struct RabbitSinkBuilder {
 impl fmt::Debug for RabbitSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitSinkBuilder")
-            .field("uri", &super::redact_url(&self.uri))
+            .field("uri", &crate::wire::redact_url(&self.uri))
             .field("exchange", &self.exchange)
             .field("custom_route", &self.route.is_some())
             .field("pipeline_depth", &self.pipeline_depth)
@@ -476,33 +477,30 @@ async fn open(uri: &str) -> lapin::Result<Open> {
 fn properties(message: &Message) -> BasicProperties {
     let mut headers = FieldTable::default();
     let sequence = i64::try_from(message.sequence.get()).unwrap_or(i64::MAX);
-    headers.insert("ordo-sequence".into(), AMQPValue::LongLongInt(sequence));
+    headers.insert(wire::SEQUENCE.into(), AMQPValue::LongLongInt(sequence));
     let position = i64::try_from(message.position).unwrap_or(i64::MAX);
-    headers.insert("ordo-position".into(), AMQPValue::LongLongInt(position));
+    headers.insert(wire::POSITION.into(), AMQPValue::LongLongInt(position));
     headers.insert(
-        "ordo-lane".into(),
+        wire::LANE.into(),
         AMQPValue::LongString(message.lane.as_str().into()),
     );
     if let Some(source) = &message.source {
         headers.insert(
-            "ordo-source".into(),
+            wire::SOURCE.into(),
             AMQPValue::LongString(source.as_str().into()),
         );
     }
     if let Some(key) = &message.key {
-        headers.insert(
-            "ordo-key".into(),
-            AMQPValue::LongString(key.as_str().into()),
-        );
+        headers.insert(wire::KEY.into(), AMQPValue::LongString(key.as_str().into()));
     }
     if let Some(traceparent) = message.traceparent() {
         headers.insert(
-            "traceparent".into(),
+            crate::wire::TRACEPARENT.into(),
             AMQPValue::LongString(traceparent.into()),
         );
     }
     if let Some(json) = message.headers_json() {
-        headers.insert("ordo-headers".into(), AMQPValue::LongString(json.into()));
+        headers.insert(wire::HEADERS.into(), AMQPValue::LongString(json.into()));
     }
     let timestamp = u64::try_from(message.recorded_at.timestamp()).unwrap_or(0);
     let mut properties = BasicProperties::default()
@@ -543,7 +541,7 @@ impl Sink for RabbitSink {
     }
 
     fn describe(&self) -> String {
-        format!("rabbitmq {}", super::redact_url(&self.uri))
+        format!("rabbitmq {}", crate::wire::redact_url(&self.uri))
     }
 
     fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {

@@ -13,7 +13,7 @@ use crate::relay::SendError;
 /// Each is transient (the URL's outage while it answers nothing, see `destinations.rs`): none
 /// is the message's doing. Only a request that cannot be built fails its message for good.
 pub(super) fn request_failed(error: &reqwest::Error, url: &str) -> SendError {
-    let shown = crate::relay::redact_url(url);
+    let shown = crate::wire::redact_url(url);
     // The Display of a reqwest error holds the whole URL (tokens in its query and all): only
     // its source chain is shown.
     let cause = causes(error);
@@ -139,11 +139,11 @@ fn redirected_to(url: &str, location: &str) -> String {
     let resolved = reqwest::Url::parse(url).and_then(|base| base.join(location));
     match resolved {
         Ok(target) if target.as_str() == location => {
-            format!(" to {}", crate::relay::redact_url(target.as_str()))
+            format!(" to {}", crate::wire::redact_url(target.as_str()))
         }
         Ok(target) => format!(
             " to {} (Location {})",
-            crate::relay::redact_url(target.as_str()),
+            crate::wire::redact_url(target.as_str()),
             crate::relay::quoted(location.split(['?', '#']).next().unwrap_or(""))
         ),
         Err(error) => format!(

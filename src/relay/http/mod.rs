@@ -142,6 +142,7 @@ mod answer;
 mod destinations;
 mod signature;
 
+use crate::wire::http as wire;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -191,7 +192,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 impl fmt::Debug for WebhookSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookSinkBuilder")
-            .field("url", &super::redact_url(&self.url))
+            .field("url", &crate::wire::redact_url(&self.url))
             .field("secret", &"***")
             .field("custom_route", &self.route.is_some())
             .field("timeout", &self.timeout)
@@ -308,7 +309,7 @@ fn check_url(url: &str) -> Result<()> {
         Err(_) if url.trim().is_empty() => Error::invalid_config("webhook url", "is empty"),
         Err(error) => Error::invalid_config(
             "webhook url",
-            &format!("{:?} does not parse: {error}", super::redact_url(url)),
+            &format!("{:?} does not parse: {error}", crate::wire::redact_url(url)),
         ),
     }
 }
@@ -412,18 +413,18 @@ impl WebhookSink {
             .client
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header("Ordo-Event-Id", message.id.to_string())
-            .header("Ordo-Sequence", message.sequence.get().to_string())
-            .header("Ordo-Position", message.position.to_string())
-            .header("Ordo-Lane", message.lane.as_str())
-            .header("Ordo-Timestamp", timestamp)
-            .header("Ordo-Signature", signature);
+            .header(wire::EVENT_ID, message.id.to_string())
+            .header(wire::SEQUENCE, message.sequence.get().to_string())
+            .header(wire::POSITION, message.position.to_string())
+            .header(wire::LANE, message.lane.as_str())
+            .header(wire::TIMESTAMP, timestamp)
+            .header(wire::SIGNATURE, signature);
         // Optional headers whose text a header cannot carry are left out rather than failing.
         let optional = [
-            ("Ordo-Event-Type", message.event_type.as_deref()),
-            ("Ordo-Key", message.key.as_deref()),
-            ("Ordo-Source", message.source.as_deref()),
-            ("traceparent", message.traceparent()),
+            (wire::EVENT_TYPE, message.event_type.as_deref()),
+            (wire::KEY, message.key.as_deref()),
+            (wire::SOURCE, message.source.as_deref()),
+            (crate::wire::TRACEPARENT, message.traceparent()),
         ];
         for (name, value) in optional {
             if let Some(value) = value.and_then(|text| HeaderValue::from_str(text).ok()) {
@@ -481,7 +482,7 @@ impl Sink for WebhookSink {
         if self.url.is_empty() {
             "webhook (URL per event)".to_owned()
         } else {
-            format!("webhook {}", super::redact_url(&self.url))
+            format!("webhook {}", crate::wire::redact_url(&self.url))
         }
     }
 

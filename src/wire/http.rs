@@ -1,0 +1,20 @@
+//! Webhook request headers (HTTP header names are case-insensitive; written as shown).
+
+/// The event's id: a receiver's deduplication key.
+pub(crate) const EVENT_ID: &str = "Ordo-Event-Id";
+/// The event's insert sequence.
+pub(crate) const SEQUENCE: &str = "Ordo-Sequence";
+/// The event's position in the relay's lane.
+pub(crate) const POSITION: &str = "Ordo-Position";
+/// The lane the position is in (`insert` or `commit`).
+pub(crate) const LANE: &str = "Ordo-Lane";
+/// The Unix time the request was signed at.
+pub(crate) const TIMESTAMP: &str = "Ordo-Timestamp";
+/// The HMAC-SHA256 signature of the timestamp and body.
+pub(crate) const SIGNATURE: &str = "Ordo-Signature";
+/// The event's type, where it has one.
+pub(crate) const EVENT_TYPE: &str = "Ordo-Event-Type";
+/// The event's first key, where the relay has a key function.
+pub(crate) const KEY: &str = "Ordo-Key";
+/// The relay's source name.
+pub(crate) const SOURCE: &str = "Ordo-Source";

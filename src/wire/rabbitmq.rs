@@ -1,0 +1,14 @@
+//! RabbitMQ header-table entries (the message id and content type are AMQP properties).
+
+/// The event's insert sequence (a long long integer).
+pub(crate) const SEQUENCE: &str = "ordo-sequence";
+/// The event's position in the relay's lane (a long long integer).
+pub(crate) const POSITION: &str = "ordo-position";
+/// The lane the position is in (`insert` or `commit`).
+pub(crate) const LANE: &str = "ordo-lane";
+/// The relay's source name (the inbox's watermark is per source).
+pub(crate) const SOURCE: &str = "ordo-source";
+/// The event's first key, where the relay has a key function.
+pub(crate) const KEY: &str = "ordo-key";
+/// The event's own headers as a JSON object.
+pub(crate) const HEADERS: &str = "ordo-headers";
