@@ -164,6 +164,7 @@
 
 mod commit_lane;
 mod config;
+mod consumer;
 mod envelope;
 mod error;
 mod event_type;
@@ -188,6 +189,10 @@ pub use config::{
     MAX_GAP_FILL_TIMEOUT, MAX_MAINTENANCE_INTERVAL, MAX_RESYNC_INTERVAL, MIN_POOL_CONNECTIONS,
     OutboxConfig,
 };
+pub use consumer::{
+    DEFAULT_KEYED_WINDOW, DeadLetterCount, Keys, MAX_LEASE, MIN_LEASE, RunStatus, SERIAL_KEY,
+    SinkDown, StalledKey, StartFrom, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
+};
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
 pub use inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
@@ -205,10 +210,8 @@ pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransact
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, Start};
 pub use subscription::{
-    Batch, DEFAULT_KEYED_WINDOW, DeadLetter, DeadLetterCount, Delivery, HandlerError, JobConfig,
-    Keys, MAX_CONCURRENCY, MAX_LEASE, MIN_LEASE, OnExhaustion, Ordering, Position, RetryPolicy,
-    RunStatus, SERIAL_KEY, SinkDown, StalledKey, StartFrom, Subscriber, SubscriptionHandle,
-    SubscriptionState, SubscriptionStatus,
+    Batch, DeadLetter, Delivery, HandlerError, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering,
+    Position, RetryPolicy, Subscriber,
 };
 #[doc(hidden)]
 pub use telemetry::HotStatement;
@@ -255,7 +258,7 @@ pub mod admin {
     };
 
     /// Keyed subscriptions' stalled keys: list them, retry them.
-    pub use crate::subscription::{list_stalled_keys, retry_stalled_keys};
+    pub use crate::consumer::{list_stalled_keys, retry_stalled_keys};
 
     /// Dead letters: list, hand back to the subscription's runner, purge.
     pub use crate::subscription::{

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::config::Ordering;
 use super::shutdown::Running;
 use super::status::SubscriptionStatus;
 use crate::commit_lane::CommitShared;
+use crate::position::Ordering;
 
 /// The handle returned by [`Outbox::subscribe`](crate::Outbox::subscribe).
 ///

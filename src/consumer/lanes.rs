@@ -23,9 +23,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::keys::Keys;
+use crate::consumer::status::StalledKey;
 use crate::position::Ordering;
 use crate::position::Position;
-use crate::subscription::status::StalledKey;
 
 /// An event's index in arrival order (not its lane position, which may have gaps).
 pub(crate) type Slot = u64;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::super::status::RunStatus;
+use super::status::RunStatus;
 use crate::position::Position;
 
 /// The rows above the watermark, as a runner finds them when it takes the lease.
@@ -116,7 +116,7 @@ pub(crate) async fn load(
     let mut known = HashMap::with_capacity(rows.len());
     for row in rows {
         let position = u64::try_from(row.try_get::<i64, _>("position")?).unwrap_or(0);
-        let attempts = crate::subscription::sql::attempts_read(row.try_get("attempts")?);
+        let attempts = crate::consumer::sql::attempts_read(row.try_get("attempts")?);
         let state: String = row.try_get("state")?;
         let entry = match state.as_str() {
             "done" => Known::Done,

@@ -7,9 +7,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::config::Ordering;
 use super::status::RunStatus;
 use crate::position::EventSequence;
+use crate::position::Ordering;
 use crate::position::Position;
 
 /// Creates the row if it is new, of kind `$4` (`subscription` or `relay`), run by the

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use sqlx::{PgPool, Row};
 
-use super::super::status::{StalledKey, SubscriptionStatus};
+use super::status::{StalledKey, SubscriptionStatus};
 use crate::error::{Error, Result};
 use crate::position::{Position, read_lane};
 
@@ -44,7 +44,7 @@ pub(crate) async fn stalled_by_subscription(
     for row in rows {
         let lane = read_lane(&row, "lane")?;
         let position = Position::read(&row, "position", lane)?;
-        let attempts = crate::subscription::sql::attempts_read(row.try_get("attempts")?);
+        let attempts = crate::consumer::sql::attempts_read(row.try_get("attempts")?);
         let error: String = row.try_get("error")?;
         let retry_requested = row.try_get("retry_requested")?;
         let since = row.try_get("updated_at")?;

@@ -16,8 +16,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::config::Ordering;
 use super::sql::Stored;
+use crate::position::Ordering;
 use crate::position::Position;
 
 /// Whether a subscription may run: `ordo.subscriptions.status`, set by operators (pause,

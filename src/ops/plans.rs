@@ -9,13 +9,13 @@
 //! added to a hot path belongs in this list.
 
 use crate::commit_lane::sql as commit;
+use crate::consumer::progress as keyed;
+use crate::consumer::sql as sub;
 use crate::insert_lane::{resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
 use crate::relay::{attempts, marks};
-use crate::subscription::keyed::progress as keyed;
-use crate::subscription::sql as sub;
 use crate::telemetry::HotStatement;
 use crate::write::sql as write;
 

@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use super::status::OutboxStatus;
+use crate::consumer::{RunStatus, SubscriptionStatus};
 use crate::position::Ordering;
-use crate::subscription::{RunStatus, SubscriptionStatus};
 use crate::telemetry::needs_escape;
 
 /// A gauge: its name, its help text, and its samples (a label set, `{lane="insert"}` or empty,

@@ -5,9 +5,10 @@ use std::fmt::Write;
 
 use super::retention::RetentionReport;
 use super::status::{LagClock, OutboxStatus, Stall};
+use crate::consumer::{DeadLetterCount, StalledKey, SubscriptionStatus};
 use crate::inbox::{FailedMessage, Watermark};
 use crate::position::Ordering;
-use crate::subscription::{DeadLetter, DeadLetterCount, StalledKey, SubscriptionStatus};
+use crate::subscription::DeadLetter;
 pub use crate::telemetry::printable;
 
 fn age(seconds: Option<f64>) -> String {

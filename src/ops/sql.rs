@@ -6,9 +6,9 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::{PgPool, Row};
 
 use super::status::{Backend, LaneLag, PreparedTransaction};
+use crate::consumer::{SubscriptionState, SubscriptionStatus};
 use crate::position::{CommitSequence, EventSequence};
 use crate::position::{Position, read_lane};
-use crate::subscription::{SubscriptionState, SubscriptionStatus};
 
 /// The positions, in one statement: drawn head, highest committed row, the commit log's state,
 /// and whether commit timestamps are tracked.
@@ -164,14 +164,14 @@ pub(super) async fn subscriptions(
                     .map(|left| measured_at + left),
                 oldest_unprocessed_seconds: row.try_get("oldest_unprocessed")?,
                 stalled: Vec::new(),
-                sink_down: crate::subscription::SinkDown::read(row)?,
-                dead_letters: Some(crate::subscription::DeadLetterCount::read(row)?),
+                sink_down: crate::consumer::SinkDown::read(row)?,
+                dead_letters: Some(crate::consumer::DeadLetterCount::read(row)?),
                 kind: row.try_get("kind")?,
                 role: row.try_get("role")?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    crate::subscription::keyed::admin::attach_stalled(pool, &mut listed).await?;
+    crate::consumer::attach_stalled(pool, &mut listed).await?;
     Ok(listed)
 }
 
@@ -182,9 +182,9 @@ SELECT count(*) AS dead_letters, min(created_at) AS oldest_dead_letter FROM ordo
 
 pub(super) async fn dead_letters(
     pool: &PgPool,
-) -> Result<crate::subscription::DeadLetterCount, sqlx::Error> {
+) -> Result<crate::consumer::DeadLetterCount, sqlx::Error> {
     let row = sqlx::query(DEAD_LETTERS).fetch_one(pool).await?;
-    crate::subscription::DeadLetterCount::read(&row)
+    crate::consumer::DeadLetterCount::read(&row)
 }
 
 /// What operators need to know about a backend. A role without `pg_read_all_stats` sees

@@ -8,10 +8,10 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::sql;
+use crate::consumer::SubscriptionStatus;
 use crate::error::Result;
 use crate::insert_lane::rows::initial_frontier;
 use crate::position::{CommitSequence, EventSequence, Ordering};
-use crate::subscription::SubscriptionStatus;
 
 /// Which clock the ages are measured on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -136,7 +136,7 @@ pub struct OutboxStatus {
     /// was deleted since): how many, and when the oldest was written. Each subscription's own
     /// are in its [`SubscriptionStatus::dead_letters`]. Normally 0: each is an event a handler
     /// gave up on, waiting for an operator (`ordo dead-letters list`, `retry`, `purge`).
-    pub dead_letters: crate::subscription::DeadLetterCount,
+    pub dead_letters: crate::consumer::DeadLetterCount,
     /// What an operator should act on that is not a stall, one sentence each (the default
     /// partition holding events, a schema migrated by a newer ordo); `ordo status` prints each
     /// as a `warning:` line. Normally empty.

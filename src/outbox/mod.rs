@@ -20,12 +20,12 @@ use uuid::Uuid;
 
 use crate::commit_lane::{self, CommitShared};
 use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
+use crate::consumer::{Runners, Shared, SubscriptionHandle};
 use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
 use crate::latest::LatestHub;
 use crate::position::EventSequence;
-use crate::subscription::shutdown::Runners;
-use crate::subscription::{self, JobConfig, Subscriber, SubscriptionHandle};
+use crate::subscription::{self, JobConfig, Subscriber};
 use crate::task::Tasks;
 use crate::write::in_doubt::{self, CommitStatus};
 use crate::write::publish_in::publish_in;
@@ -308,7 +308,7 @@ where
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
-        let shared = subscription::Shared {
+        let shared = Shared {
             pool: self.inner.pool.clone(),
             lane: Arc::clone(&self.inner.lane),
             commit: Arc::clone(&self.inner.commit),

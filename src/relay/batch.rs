@@ -9,10 +9,11 @@ use tokio::time::Instant;
 use super::flight::Landed;
 use super::marks::{self, Mark, Marks};
 use super::outage::{Judged, RELAY_SINK_DOWN};
-use super::runner::{BLAMELESS_RETRY, Flow, RelayRunner, Verdict, Work};
+use super::runner::{BLAMELESS_RETRY, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
+use crate::consumer::Flow;
+use crate::consumer::lanes::Slot;
 use crate::position::Position;
-use crate::subscription::keyed::lanes::Slot;
 use crate::telemetry::metrics as m;
 
 impl<K: Sink> RelayRunner<K> {
@@ -26,7 +27,9 @@ impl<K: Sink> RelayRunner<K> {
         let mut limit = self.config.batch_size;
         while slots.len() < limit {
             let taken = work.held.take();
-            let Some(slot) = taken.or_else(|| work.lanes.take_ready().map(|(slot, _)| slot)) else {
+            let Some(slot) =
+                taken.or_else(|| work.schedule.lanes.take_ready().map(|(slot, _)| slot))
+            else {
                 break;
             };
             let Some((position, attempts, built)) = self.message_for(work, slot) else {
@@ -60,7 +63,7 @@ impl<K: Sink> RelayRunner<K> {
         work: &mut Work,
         slot: Slot,
     ) -> Option<(u64, u32, Result<Message, SendError>)> {
-        let entry = work.lanes.entry(slot)?;
+        let entry = work.schedule.lanes.entry(slot)?;
         let item = entry.item.as_ref()?;
         let (position, attempts) = (entry.position, entry.attempts);
         let built = match work.poisoned.remove(&position) {
@@ -99,7 +102,11 @@ impl<K: Sink> RelayRunner<K> {
             .into_iter()
             .zip(verdicts)
             .map(|(slot, verdict)| {
-                let attempts = work.lanes.entry(slot).map_or(0, |entry| entry.attempts);
+                let attempts = work
+                    .schedule
+                    .lanes
+                    .entry(slot)
+                    .map_or(0, |entry| entry.attempts);
                 (slot, attempts, isolate(work, slot, verdict, flight))
             })
             .collect();
@@ -137,7 +144,7 @@ impl<K: Sink> RelayRunner<K> {
                 tracing::info!(relay = %name, %since, "the sink answers again");
                 down(0.0);
                 work.shown.recovered();
-                self.status.send_modify(|status| {
+                self.core.status.send_modify(|status| {
                     status.last_error = None;
                     status.sink_down = None;
                 });
@@ -148,7 +155,7 @@ impl<K: Sink> RelayRunner<K> {
                     tracing::warn!(relay = %name, %state, "the sink is down: no attempt is counted, nothing parked; the relay backs off and resumes by itself");
                     down(1.0);
                     work.shown.down(state.clone());
-                    self.status.send_modify(|status| {
+                    self.core.status.send_modify(|status| {
                         status.last_error = Some(state.to_string());
                         status.sink_down = Some(state);
                     });
@@ -174,7 +181,7 @@ impl<K: Sink> RelayRunner<K> {
         let mut to_store = Marks::default();
         let mut plan = Vec::with_capacity(results.len());
         for (slot, attempts, verdict) in results {
-            let Some(entry) = work.lanes.entry(slot) else {
+            let Some(entry) = work.schedule.lanes.entry(slot) else {
                 continue;
             };
             let Some((position, sequence)) = entry
@@ -232,19 +239,19 @@ impl<K: Sink> RelayRunner<K> {
             plan.push((slot, step));
         }
         self.apply(work, plan);
-        let watermark = work.lanes.watermark();
+        let watermark = work.schedule.lanes.watermark();
         // A batch whose delivered events the watermark now covers (the usual case: batches
         // land in order) stores the watermark instead of a row per event, which the flush
         // would delete again.
         let covered = !to_store.delivered.is_empty()
             && to_store.delivered.iter().all(|at| at.get() <= watermark);
-        if covered && watermark > work.stored.get() {
+        if covered && watermark > work.schedule.stored.get() {
             to_store.advance_to = Some(Position::new(self.config.ordering, watermark));
         }
         let advance = to_store.advance_to;
         // What the status may call recorded once this write and every one before it are.
         let number = work.recording.start(watermark);
-        let writer = marks::Writer::new(&self.pool, &self.config.name, self.owner);
+        let writer = marks::Writer::new(&self.core.pool, &self.config.name, self.core.owner);
         // Writes commit one after another, in the order their results were applied: a write
         // that moves the watermark past an event that failed before (and was since delivered)
         // committing first would make the failure's fenced mark find the watermark past it.
@@ -284,8 +291,8 @@ impl<K: Sink> RelayRunner<K> {
         match stored {
             Ok(true) => {
                 work.recording.stored(number);
-                if let Some(to) = advance.filter(|to| to.get() > work.stored.get()) {
-                    work.stored = to;
+                if let Some(to) = advance.filter(|to| to.get() > work.schedule.stored.get()) {
+                    work.schedule.stored = to;
                 }
                 None
             }
@@ -316,7 +323,7 @@ impl<K: Sink> RelayRunner<K> {
             }
             match step {
                 Step::Done => {
-                    work.lanes.complete(slot);
+                    work.schedule.lanes.complete(slot);
                     delivered += 1;
                 }
                 Step::Again {
@@ -324,20 +331,24 @@ impl<K: Sink> RelayRunner<K> {
                     why,
                     after,
                 } => {
-                    work.lanes.back_off(slot, attempts, why, now + after);
+                    work.schedule
+                        .lanes
+                        .back_off(slot, attempts, why, now + after);
                 }
                 Step::Release {
                     attempts,
                     why,
                     after,
                 } => {
-                    work.lanes.back_off(slot, attempts, why, now + after);
+                    work.schedule
+                        .lanes
+                        .back_off(slot, attempts, why, now + after);
                     released += 1;
                 }
                 Step::Park { attempts, why } => {
                     tracing::error!(relay = %name, error = %why, attempts, "event parked until an operator requeues it");
-                    work.lanes.stall(slot, attempts, why);
-                    work.stalled_changed = true;
+                    work.schedule.lanes.stall(slot, attempts, why);
+                    work.schedule.stalled_changed = true;
                     parked += 1;
                 }
             }
@@ -368,7 +379,7 @@ fn isolate(work: &mut Work, slot: Slot, verdict: Verdict, flight: usize) -> Verd
     let Verdict::Unresolved(why) = verdict else {
         return verdict;
     };
-    let Some(position) = work.lanes.entry(slot).map(|entry| entry.position) else {
+    let Some(position) = work.schedule.lanes.entry(slot).map(|entry| entry.position) else {
         return Verdict::Blameless(why);
     };
     if flight <= 1 {

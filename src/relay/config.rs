@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use crate::consumer::{DEFAULT_KEYED_WINDOW, MAX_LEASE, MIN_LEASE, StartFrom};
 use crate::error::{Error, Result};
 use crate::event_type::TypeFilter;
 use crate::position::Ordering;
-use crate::subscription::config::{DEFAULT_KEYED_WINDOW, MAX_LEASE, MIN_LEASE, StartFrom};
 
 /// The default bound on what a relay's window weighs ([`RelayConfig::window`]): 64 MiB.
 pub const DEFAULT_WINDOW_BYTES: usize = 64 * 1024 * 1024;
@@ -306,7 +306,7 @@ impl RelayConfig {
         // A flight starts only if it ends, with the margin, before the lease can expire
         // (`tenure.rs`); the relay renews every `renew_every`, so the lease must leave room
         // for a deadline, the margin and a renewal interval of at least the margin.
-        let margin = super::tenure::margin(self.lease);
+        let margin = crate::consumer::tenure::margin(self.lease);
         let most = self.lease.saturating_sub(margin.saturating_mul(2));
         if self.batch_deadline > most {
             return Err(Error::InvalidConfig {
@@ -333,7 +333,7 @@ impl RelayConfig {
         let left = self
             .lease
             .saturating_sub(self.batch_deadline)
-            .saturating_sub(super::tenure::margin(self.lease));
+            .saturating_sub(crate::consumer::tenure::margin(self.lease));
         (self.lease / 3).min(left)
     }
 

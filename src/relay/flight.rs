@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::runner::Verdict;
 use super::{Message, Outcomes, Sink};
-use crate::subscription::keyed::lanes::Slot;
+use crate::consumer::lanes::Slot;
 
 /// A sink, and whether its connection must be rebuilt before its next send.
 pub(super) struct Carrier<K> {

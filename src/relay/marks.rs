@@ -6,8 +6,8 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::consumer::progress;
 use crate::position::Position;
-use crate::subscription::keyed::progress;
 
 /// Every delivered position above the stored watermark at once, fenced like a keyed
 /// completion (`FOR SHARE` of the relay's row holds off a takeover until COMMIT). The fence is

@@ -47,7 +47,6 @@ mod runner;
 mod sink;
 mod sink_down;
 pub(crate) mod start;
-mod tenure;
 mod timers;
 
 #[cfg(feature = "http")]

@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::runner::Verdict;
-use crate::subscription::SinkDown;
+use crate::consumer::SinkDown;
 
 pub use crate::telemetry::metrics::RELAY_SINK_DOWN;
 

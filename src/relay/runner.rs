@@ -26,44 +26,30 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
-use uuid::Uuid;
 
+use super::batch::{Recording, Written};
 use super::config::{OnParked, RelayConfig};
 use super::flight::{Carrier, Landed, fly};
+use super::outage::Health;
+use super::sink_down::Shown;
 use super::{RawPayload, SendError, Sink};
 use crate::commit_lane::CommitShared;
+use crate::consumer::lanes::{Lanes, Slot};
+use crate::consumer::source::{Item, ReadAhead, Source};
+use crate::consumer::sql::Stored;
+use crate::consumer::{
+    Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed, Schedule, progress,
+};
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::position::Position;
-use crate::subscription::keyed::Keys;
-use crate::subscription::keyed::lanes::{Lanes, Slot};
-use crate::subscription::keyed::progress::{self, Known};
-use crate::subscription::keyed::runner::admit;
-use crate::subscription::runner::{ReadFailed, read_failed};
-use crate::subscription::source::{Item, ReadAhead, Source};
-use crate::subscription::sql;
-use crate::subscription::status::{RunStatus, SubscriptionState, SubscriptionStatus};
-use crate::task::StopSignal;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 
-use tokio::task::{JoinHandle, JoinSet};
-
-use super::batch::{Recording, Written};
-use super::outage::Health;
-use super::sink_down::Shown;
-use super::tenure::Tenure;
-
-/// After a database error, or an unreachable sink, wait this long before trying again.
-pub(super) const ERROR_BACKOFF: Duration = Duration::from_millis(200);
 /// Events released by an expired deadline are tried again after this.
 pub(super) const BLAMELESS_RETRY: Duration = Duration::from_millis(100);
-/// The stored watermark follows delivered events this often.
-pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// Operators' requeues are looked for this often.
-pub(super) const RETRIES_EVERY: Duration = Duration::from_secs(1);
 
 /// The keys of an event, as the relay's user defines them.
 pub(crate) type KeyFn<P> = Arc<dyn Fn(&Envelope<P>) -> Keys + Send + Sync>;
@@ -71,11 +57,6 @@ pub(crate) type KeyFn<P> = Arc<dyn Fn(&Envelope<P>) -> Keys + Send + Sync>;
 /// The keys of an event read as its stored text: the user's [`KeyFn`] run on the payload
 /// decoded as the user's type, or why it does not decode (its keys cannot be known).
 pub(crate) type Keyer = Arc<dyn Fn(&Envelope<RawPayload>) -> Result<Keys, String> + Send + Sync>;
-
-pub(super) enum Flow {
-    Reclaim,
-    Stop,
-}
 
 /// What happened to one message of a batch.
 #[derive(Clone)]
@@ -91,7 +72,7 @@ pub(super) enum Verdict {
 }
 
 pub(crate) struct RelayRunner<K> {
-    pub(crate) pool: sqlx::PgPool,
+    pub(crate) core: Consumer,
     /// The lane read as stored text (see [`LaneShared::table_view`]).
     pub(crate) lane: Arc<LaneShared<RawPayload>>,
     pub(crate) commit: Arc<CommitShared>,
@@ -108,24 +89,13 @@ pub(crate) struct RelayRunner<K> {
     /// past an event must not commit before the one recording that event's failure).
     pub(crate) last_write: Option<tokio::sync::oneshot::Receiver<()>>,
     pub(crate) keys: Keyer,
-    pub(crate) owner: Uuid,
-    /// Until when this owner certainly holds the lease (`tenure.rs`).
-    pub(crate) tenure: Tenure,
-    pub(crate) stop: StopSignal,
-    pub(crate) status: watch::Sender<SubscriptionStatus>,
 }
 
 pub(super) struct Work {
-    pub(super) lanes: Lanes<Item<RawPayload>>,
-    pub(super) known: HashMap<u64, Known>,
-    pub(super) stored: Position,
+    /// The core's keyed schedule (the parked events are its stalled ones).
+    pub(super) schedule: Schedule<RawPayload>,
     /// How far the results are stored (what the status reports).
     pub(super) recording: Recording,
-    pub(super) flush_at: Instant,
-    pub(super) renew_at: Instant,
-    pub(super) retries_at: Instant,
-    /// The parked events changed since the status last listed them.
-    pub(super) stalled_changed: bool,
     /// Events left without an outcome by an earlier batch, by position: the most events the
     /// next batch holding one may have (halved each time, see `batch.rs`).
     pub(super) isolation: HashMap<u64, usize>,
@@ -139,77 +109,34 @@ pub(super) struct Work {
     pub(super) shown: Shown,
 }
 
+impl<K: Sink> Executor for RelayRunner<K> {
+    fn consumer(&mut self) -> &mut Consumer {
+        &mut self.core
+    }
+
+    /// Sooner than a third of the lease when a batch deadline would not fit in what is left.
+    fn renew_every(&self) -> Duration {
+        self.config.renew_every()
+    }
+
+    async fn process(&mut self, row: Stored) -> Flow {
+        self.process_from(row.position).await
+    }
+}
+
 impl<K: Sink> RelayRunner<K> {
-    pub(crate) async fn run(mut self) {
-        loop {
-            if self.stop.is_stopped() {
-                break;
-            }
-            let c = &self.config;
-            self.tenure.lost();
-            // Before the statement is sent: the lease it grants runs from no earlier.
-            let asked = Instant::now();
-            let claimed = sql::claim(&self.pool, &c.name, c.ordering, self.owner, c.lease).await;
-            let flow = match claimed {
-                Ok(Some(row)) if row.status == RunStatus::Active => {
-                    self.tenure.granted(asked, self.config.lease);
-                    self.set_state(SubscriptionState::Running, Some(&row));
-                    self.process(row.position).await
-                }
-                // Paused by an operator, or halted (below the retention floor): it waits for
-                // an operator's resume, its row's last error in the status.
-                Ok(Some(row)) => {
-                    self.set_state(SubscriptionState::stored(row.status, true), Some(&row));
-                    self.pause(self.config.lease / 3).await
-                }
-                Ok(None) => {
-                    self.set_state(SubscriptionState::Standby, None);
-                    self.pause(self.config.lease / 3).await
-                }
-                Err(error) => {
-                    tracing::warn!(%error, relay = %self.config.name, "claiming failed");
-                    self.pause(ERROR_BACKOFF).await
-                }
-            };
-            if matches!(flow, Flow::Stop) {
-                break;
-            }
-        }
-        if let Err(error) = sql::release(&self.pool, &self.config.name, self.owner).await {
-            tracing::warn!(%error, relay = %self.config.name, "releasing the lease failed; it expires by itself");
-        }
-        self.set_state(SubscriptionState::Stopped, None);
-    }
-
-    fn set_state(&self, state: SubscriptionState, row: Option<&sql::Stored>) {
-        self.status.send_modify(|status| {
-            status.state = state;
-            if let Some(row) = row {
-                status.claimed(row);
-            }
-        });
-    }
-
-    async fn pause(&mut self, wait: Duration) -> Flow {
-        tokio::select! {
-            biased;
-            _ = self.stop.stopped() => Flow::Stop,
-            _ = tokio::time::sleep(wait) => Flow::Reclaim,
-        }
-    }
-
-    async fn process(&mut self, watermark: Position) -> Flow {
-        let known = match progress::load(&self.pool, &self.config.name, watermark).await {
+    async fn process_from(&mut self, watermark: Position) -> Flow {
+        let known = match progress::load(&self.core.pool, &self.config.name, watermark).await {
             Ok(known) => known,
             Err(error) => {
                 tracing::warn!(%error, relay = %self.config.name, "reading the relay's progress failed");
-                return self.pause(ERROR_BACKOFF).await;
+                return self.core.pause(ERROR_BACKOFF).await;
             }
         };
         let source = Source::new(
             &self.lane,
             &self.commit,
-            self.stop.clone(),
+            self.core.stop.clone(),
             watermark,
             self.config.types.clone(),
         );
@@ -219,24 +146,18 @@ impl<K: Sink> RelayRunner<K> {
         let source = source.page_bytes(quarter, item_weight);
         let mut source =
             ReadAhead::spawn_weighed(source, self.lane.page_size, quarter, item_weight);
-        let now = Instant::now();
+        let lanes = match self.config.on_parked {
+            OnParked::HoldKeys => Lanes::new(watermark.get()),
+            OnParked::Continue => Lanes::new(watermark.get()).let_stalled_go(),
+        };
         let mut work = Work {
-            lanes: match self.config.on_parked {
-                OnParked::HoldKeys => Lanes::new(watermark.get()),
-                OnParked::Continue => Lanes::new(watermark.get()).let_stalled_go(),
-            },
-            known,
-            stored: watermark,
+            schedule: Schedule::new(lanes, known, watermark, self.config.renew_every()),
             recording: Recording::new(watermark.get()),
-            flush_at: now + FLUSH_EVERY,
-            renew_at: now + self.config.renew_every(),
-            retries_at: now,
-            stalled_changed: true,
             isolation: HashMap::new(),
             held: None,
             poisoned: HashMap::new(),
             health: Health::default(),
-            shown: Shown::spawn(&self.pool, &self.config.name, self.owner),
+            shown: Shown::spawn(&self.core.pool, &self.config.name, self.core.owner),
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their
@@ -260,7 +181,7 @@ impl<K: Sink> RelayRunner<K> {
 
     async fn relay_loop(&mut self, work: &mut Work, source: &mut ReadAhead<RawPayload>) -> Flow {
         loop {
-            if self.stop.is_stopped() {
+            if self.core.stop.is_stopped() {
                 return Flow::Stop;
             }
             while self.window_open(work) {
@@ -270,7 +191,8 @@ impl<K: Sink> RelayRunner<K> {
                     None => break,
                 }
             }
-            while !self.idle.is_empty() && (work.held.is_some() || work.lanes.has_ready()) {
+            while !self.idle.is_empty() && (work.held.is_some() || work.schedule.lanes.has_ready())
+            {
                 // Only a flight that ends while this owner certainly holds the lease starts.
                 let starts = match self.may_fly(work).await {
                     Ok(Some(starts)) => starts,
@@ -288,21 +210,11 @@ impl<K: Sink> RelayRunner<K> {
                     .spawn(fly(carrier, slots, messages, deadline, starts + deadline));
             }
             self.publish_status(work);
-            let wake = [
-                Some(work.flush_at),
-                Some(work.renew_at),
-                Some(work.retries_at),
-                self.tenure.wake(Instant::now()),
-                work.lanes.next_due(),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(work.renew_at);
+            let wake = work.schedule.wake(self.core.tenure.wake(Instant::now()));
             let may_read = self.window_open(work);
             tokio::select! {
                 biased;
-                _ = self.stop.stopped() => return Flow::Stop,
+                _ = self.core.stop.stopped() => return Flow::Stop,
                 Some(joined) = self.flights.join_next(), if !self.flights.is_empty() => {
                     // A flight always brings its carrier back; a join error is an abort.
                     let Ok(landed) = joined else { return Flow::Reclaim };
@@ -315,7 +227,7 @@ impl<K: Sink> RelayRunner<K> {
                 }
                 read = source.next(), if may_read => match read {
                     // The reader ends on a stop; ended otherwise (it panicked), claim again.
-                    None if self.stop.is_stopped() => return Flow::Stop,
+                    None if self.core.stop.is_stopped() => return Flow::Stop,
                     None => return Flow::Reclaim,
                     Some(Ok(item)) => self.admit(work, item),
                     Some(Err(error)) => return self.read_failed(&error, work).await,
@@ -330,7 +242,7 @@ impl<K: Sink> RelayRunner<K> {
     }
 
     /// A failed read of the lane: below the retention floor the relay halts, as a subscription
-    /// does (see [`read_failed`]), at its stored watermark once every write of marks in flight
+    /// does (see [`Consumer::read_failed`]), at its stored watermark once every write of marks in flight
     /// has landed (one may move it); anything else is retried.
     async fn read_failed(&mut self, error: &crate::Error, work: &mut Work) -> Flow {
         if let crate::Error::BelowRetentionFloor { .. } = error
@@ -338,10 +250,10 @@ impl<K: Sink> RelayRunner<K> {
         {
             return flow;
         }
-        let at = work.stored;
-        match read_failed(&self.pool, &self.config.name, self.owner, error, at).await {
+        let at = work.schedule.stored;
+        match self.core.read_failed(error, at).await {
             ReadFailed::Halted => Flow::Reclaim,
-            ReadFailed::Retry => self.pause(ERROR_BACKOFF).await,
+            ReadFailed::Retry => self.core.pause(ERROR_BACKOFF).await,
         }
     }
 
@@ -369,13 +281,13 @@ impl<K: Sink> RelayRunner<K> {
                 Some(Keys::none())
             }
         };
-        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of, weight);
+        work.schedule.admit(item, keys_of, weight);
     }
 
     /// Whether the window may take another event: fewer than its events and its bytes (one
     /// event is always taken, however large).
     fn window_open(&self, work: &Work) -> bool {
-        let lanes = &work.lanes;
+        let lanes = &work.schedule.lanes;
         lanes.len() < self.config.window
             && (lanes.held_bytes() < self.config.window_bytes || lanes.held_bytes() == 0)
     }

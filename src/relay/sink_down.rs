@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::subscription::SinkDown;
+use crate::consumer::SinkDown;
 
 /// The sink's state, fenced by the lease (no row: the lease is lost, and the claim that took
 /// it cleared the state). `$3` NULL clears it.

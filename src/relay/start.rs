@@ -11,13 +11,11 @@ use super::config::RelayConfig;
 use super::flight::Carrier;
 use super::runner::{KeyFn, Keyer, RelayRunner};
 use super::{Message, RawPayload, Sink};
+use crate::consumer::source::Item;
+use crate::consumer::{Keys, Kind, Registration, Runners, Shared, SubscriptionHandle};
 use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::insert_lane::LaneShared;
-use crate::subscription::keyed::Keys;
-use crate::subscription::shutdown::Runners;
-use crate::subscription::source::Item;
-use crate::subscription::{JobConfig, Shared, SubscriptionHandle};
 
 /// Spawns the relay of `config` delivering through `sinks` (one batch in flight per sink),
 /// ordering by `keys`.
@@ -40,17 +38,20 @@ where
     for sink in &mut sinks {
         sink.prepare(&timing).await?;
     }
-    // The row, the lease and the shutdown are a subscription's.
-    let job = JobConfig::new(config.name.clone())
-        .ordering(config.ordering)
-        .start(config.start)
-        .lease(config.lease);
+    // The row, the lease and the shutdown are the consumer core's, as a subscription's.
+    let registration = Registration {
+        name: config.name.clone(),
+        ordering: config.ordering,
+        start: config.start,
+        lease: config.lease,
+        kind: Kind::Relay,
+    };
     let lane = stored_text_lane(&shared.lane);
     let keys = keyer(keys);
     let commit = Arc::clone(&shared.commit);
-    crate::subscription::start(shared, runners, &job, "relay", move |run| {
-        let runner = RelayRunner {
-            pool: run.pool,
+    crate::consumer::start(shared, runners, &registration, move |core| {
+        crate::consumer::run(RelayRunner {
+            core,
             lane,
             commit,
             config,
@@ -65,12 +66,7 @@ where
             writes: futures::stream::FuturesUnordered::new(),
             last_write: None,
             keys,
-            owner: run.owner,
-            tenure: super::tenure::Tenure::default(),
-            stop: run.stop,
-            status: run.status,
-        };
-        runner.run()
+        })
     })
     .await
 }

@@ -4,25 +4,18 @@
 use tokio::time::Instant;
 
 use super::Sink;
-use super::runner::{FLUSH_EVERY, Flow, RETRIES_EVERY, RelayRunner, Work};
+use super::runner::{RelayRunner, Work};
+use crate::consumer::{ERROR_BACKOFF, Flow, RunStatus, progress};
 use crate::position::Position;
-use crate::subscription::keyed::progress::{self, Known};
-use crate::subscription::status::RunStatus;
 
 impl<K: Sink> RelayRunner<K> {
     pub(super) async fn on_timers(&mut self, work: &mut Work) -> Option<Flow> {
-        let now = Instant::now();
-        work.lanes.wake_due(now);
-        if now >= work.retries_at {
-            work.retries_at = now + RETRIES_EVERY.min(self.config.lease / 3);
-            self.take_requeues(work).await;
+        let due = work.schedule.due(self.config.renew_every());
+        if due.retries {
+            work.schedule.take_retries(&self.core).await;
         }
-        let moved = work.lanes.watermark() != work.stored.get();
-        if (moved && now >= work.flush_at) || now >= work.renew_at {
+        if due.flush {
             return self.flush(work).await;
-        }
-        if now >= work.flush_at {
-            work.flush_at = now + FLUSH_EVERY;
         }
         None
     }
@@ -35,28 +28,33 @@ impl<K: Sink> RelayRunner<K> {
             return Some(flow);
         }
         let c = &self.config;
-        let to = Position::new(c.ordering, work.lanes.watermark());
+        let to = Position::new(c.ordering, work.schedule.lanes.watermark());
         // Before the statement is sent: the lease it extends runs from no earlier.
         let asked = Instant::now();
-        let flushed =
-            progress::flush(&self.pool, &c.name, self.owner, work.stored, to, c.lease).await;
-        let now = Instant::now();
+        let flushed = progress::flush(
+            &self.core.pool,
+            &c.name,
+            self.core.owner,
+            work.schedule.stored,
+            to,
+            c.lease,
+        )
+        .await;
         match flushed {
             Ok(Some(RunStatus::Active)) => {
-                self.tenure.granted(asked, c.lease);
-                work.stored = to;
-                work.flush_at = now + FLUSH_EVERY;
-                work.renew_at = asked + c.renew_every();
+                self.core.tenure.granted(asked, c.lease);
+                work.schedule.flushed(to, asked, c.renew_every());
                 None
             }
             Ok(_) => {
-                self.tenure.lost();
+                self.core.tenure.lost();
                 Some(Flow::Reclaim)
             }
             Err(error) => {
                 tracing::warn!(%error, relay = %c.name, "storing the watermark failed");
-                work.flush_at = now + super::runner::ERROR_BACKOFF;
-                (now >= work.renew_at).then_some(Flow::Reclaim)
+                work.schedule
+                    .flush_failed(ERROR_BACKOFF)
+                    .then_some(Flow::Reclaim)
             }
         }
     }
@@ -68,43 +66,22 @@ impl<K: Sink> RelayRunner<K> {
     pub(super) async fn may_fly(&mut self, work: &mut Work) -> Result<Option<Instant>, Flow> {
         let (deadline, lease) = (self.config.batch_deadline, self.config.lease);
         let now = Instant::now();
-        if self.tenure.covers(now, deadline, lease) {
+        if self.core.tenure.covers(now, deadline, lease) {
             return Ok(Some(now));
         }
-        if !self.tenure.may_renew(now) {
+        if !self.core.tenure.may_renew(now) {
             return Ok(None);
         }
         if let Some(flow) = self.flush(work).await {
             return Err(flow);
         }
         let now = Instant::now();
-        if self.tenure.covers(now, deadline, lease) {
+        if self.core.tenure.covers(now, deadline, lease) {
             return Ok(Some(now));
         }
         tracing::debug!(relay = %self.config.name, "a renewal came too late to cover a batch; not sending until one does");
-        self.tenure.renewal_short(now);
+        self.core.tenure.renewal_short(now);
         Ok(None)
-    }
-
-    async fn take_requeues(&mut self, work: &mut Work) {
-        let taken = progress::take_retries(&self.pool, &self.config.name, self.owner).await;
-        let positions = match taken {
-            Ok(positions) => positions,
-            Err(error) => {
-                tracing::warn!(%error, relay = %self.config.name, "looking for requeues failed");
-                return;
-            }
-        };
-        for position in positions {
-            work.stalled_changed = true;
-            match work.lanes.find(position) {
-                Some(slot) => work.lanes.retry(slot),
-                None => {
-                    work.known.insert(position, Known::Failing { attempts: 0 });
-                }
-            }
-            tracing::info!(relay = %self.config.name, position, "parked event requeued by an operator");
-        }
     }
 
     /// The handle's status: the watermark, the lag and the parked events' keys.
@@ -113,7 +90,7 @@ impl<K: Sink> RelayRunner<K> {
         // Only what is stored: the schedule may be ahead of the marks being written. With no
         // write pending it is not (events done before this claim complete without one).
         if self.writes.is_empty() {
-            work.recording.recorded = work.recording.recorded.max(work.lanes.watermark());
+            work.recording.recorded = work.recording.recorded.max(work.schedule.lanes.watermark());
         }
         let position = Position::new(ordering, work.recording.recorded);
         let head = match ordering {
@@ -123,9 +100,9 @@ impl<K: Sink> RelayRunner<K> {
         let lag = head.saturating_sub(position.get());
         metrics::gauge!(crate::telemetry::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
             .set(lag as f64);
-        let parked =
-            std::mem::take(&mut work.stalled_changed).then(|| work.lanes.stalled_keys(ordering));
-        self.status.send_if_modified(|status| {
+        let parked = std::mem::take(&mut work.schedule.stalled_changed)
+            .then(|| work.schedule.lanes.stalled_keys(ordering));
+        self.core.status.send_if_modified(|status| {
             let mut changed = status.position != position || status.lag != lag;
             status.position = position;
             status.lag = lag;

@@ -6,7 +6,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::config::Ordering;
-use super::status::RunStatus;
+use crate::consumer::status::RunStatus;
 use crate::error::{Error, Result};
 use crate::position::Position;
 

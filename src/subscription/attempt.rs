@@ -16,10 +16,11 @@ use tracing::Instrument;
 
 use super::config::{Batch, OnExhaustion};
 use super::delivery::Delivery;
-use super::runner::{ERROR_BACKOFF, Flow, Runner};
-use super::source::Item;
-use super::sql;
+use super::runner::Runner;
 use super::subscriber::Subscriber;
+use crate::consumer::source::Item;
+use crate::consumer::sql;
+use crate::consumer::{ERROR_BACKOFF, Flow};
 use crate::envelope::Envelope;
 use crate::position::Position;
 use crate::telemetry::metrics as m;
@@ -101,7 +102,7 @@ where
                 return Outcome::Flow(flow);
             }
             let wait = self.config.retry.backoff(attempt);
-            if let Flow::Stop = self.pause(wait).await {
+            if let Flow::Stop = self.core.pause(wait).await {
                 return Outcome::Flow(Flow::Stop);
             }
         }
@@ -129,6 +130,7 @@ where
             return Ok(Outcome::Committed(position));
         };
         let mut tx = self
+            .core
             .pool
             .begin_with(sql::begin_bounded(self.config.lease))
             .await
@@ -225,19 +227,19 @@ where
         to: Position,
     ) -> Result<bool, sqlx::Error> {
         let config = &self.config;
-        sql::checkpoint(tx, &config.name, self.owner, from, to, config.lease).await
+        sql::checkpoint(tx, &config.name, self.core.owner, from, to, config.lease).await
     }
 
     async fn record_failure(&self, attempt: u32, message: &str) -> Option<Flow> {
-        self.status.send_modify(|status| {
+        self.core.status.send_modify(|status| {
             status.attempts = attempt;
             status.last_error = Some(message.to_owned());
         });
         let config = &self.config;
         let recorded = sql::record_failure(
-            &self.pool,
+            &self.core.pool,
             &config.name,
-            self.owner,
+            self.core.owner,
             attempt,
             message,
             config.lease,
@@ -264,8 +266,15 @@ where
         match policy {
             OnExhaustion::Halt => {
                 let name = &self.config.name;
-                let halted =
-                    sql::halt(&self.pool, name, self.owner, attempts, message, position).await;
+                let halted = sql::halt(
+                    &self.core.pool,
+                    name,
+                    self.core.owner,
+                    attempts,
+                    message,
+                    position,
+                )
+                .await;
                 match halted {
                     Ok(true) => {
                         tracing::error!(subscription = %name, position = position.get(), %message, "subscription halted");
@@ -284,7 +293,7 @@ where
                     Ok(outcome) => outcome,
                     Err(error) => {
                         tracing::warn!(%error, "dead-lettering failed; will try again");
-                        Outcome::Flow(self.pause(ERROR_BACKOFF).await)
+                        Outcome::Flow(self.core.pause(ERROR_BACKOFF).await)
                     }
                 }
             }
@@ -305,6 +314,7 @@ where
         };
         let name = &self.config.name;
         let mut tx = self
+            .core
             .pool
             .begin_with(sql::begin_bounded(self.config.lease))
             .await?;

@@ -1,5 +1,6 @@
 //! [`JobConfig`]: how a durable subscription runs.
 
+pub use crate::consumer::{DEFAULT_KEYED_WINDOW, MAX_LEASE, MIN_LEASE, StartFrom};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -17,17 +18,6 @@ pub enum OnExhaustion {
     Halt,
     /// Copy the event with its error into `ordo.dead_letters` and move on, in one transaction.
     DeadLetter,
-}
-
-/// Where a subscription that does not exist yet starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StartFrom {
-    /// From the first event of the lane.
-    #[default]
-    Beginning,
-    /// After the lane's current head: only events that come later.
-    Now,
 }
 
 /// How many events one handler transaction covers.
@@ -119,19 +109,6 @@ pub(crate) struct Keyed {
 
 /// The most handlers a keyed subscription runs at once.
 pub const MAX_CONCURRENCY: usize = 4096;
-
-/// The shortest lease [`JobConfig::lease`] takes: renewals every third of it must still fit
-/// round trips to the database.
-pub const MIN_LEASE: Duration = Duration::from_millis(100);
-
-/// The longest lease [`JobConfig::lease`] takes: a runner that stopped keeps the subscription
-/// from every other runner this long, and a lease is sent to the server in milliseconds
-/// (`idle_in_transaction_session_timeout`, at most about 24.8 days).
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
-
-/// How many events past its low watermark a keyed subscription holds by default (see
-/// [`JobConfig::keyed_window`]).
-pub const DEFAULT_KEYED_WINDOW: usize = 10_000;
 
 impl JobConfig {
     /// A subscription named `name` (its key in `ordo.subscriptions`), with the defaults.

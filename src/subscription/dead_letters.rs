@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use super::config::{Batch, JobConfig, Ordering};
 use super::delivery::Delivery;
-use super::sql;
 use super::subscriber::Subscriber;
+use crate::consumer::sql;
 use crate::error::{Error, Result};
 use crate::insert_lane::rows::decode_full;
 use crate::position::EventSequence;

@@ -4,7 +4,7 @@ use sqlx::PgConnection;
 use std::future::Future;
 
 use super::delivery::Delivery;
-use super::keyed::keys::{Keys, SERIAL_KEY};
+use crate::consumer::{Keys, SERIAL_KEY};
 use crate::envelope::Envelope;
 
 /// What a handler returns on failure: any error. It is retried per the job's

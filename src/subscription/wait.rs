@@ -9,9 +9,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::config::Ordering;
-use super::sql::PROGRESS;
-use super::status::RunStatus;
 use crate::commit_lane::wait::{commit_positions, sleep_or_wake};
+use crate::consumer::sql::PROGRESS;
+use crate::consumer::status::RunStatus;
 use crate::error::{Error, Result};
 use crate::position::EventSequence;
 use crate::position::{Position, read_lane};

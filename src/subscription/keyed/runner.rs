@@ -2,8 +2,8 @@
 //! to handler tasks (at most the configured concurrency), and records what happened.
 //!
 //! Each handler task runs one event in its own transaction, which also writes the event's
-//! completion (`progress::COMPLETE`). The runner keeps the schedule (`lanes.rs`); it moves the
-//! stored watermark past finished events every [`FLUSH_EVERY`] (one statement that also prunes
+//! completion (`progress::COMPLETE`). The runner keeps the core's schedule; it moves the
+//! stored watermark past finished events every `FLUSH_EVERY` (one statement that also prunes
 //! their completion rows and extends the lease), never per event. Failures are recorded per
 //! event on the runner's own connection (attempts survive a restart); exhaustion stalls the
 //! event's keys (`Halt`) or dead-letters it (`DeadLetter`).
@@ -13,44 +13,27 @@
 //! watermark and completions are the truth, so nothing finished runs twice and nothing
 //! unfinished is skipped.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::lanes::{Arrival, Lanes, Slot};
-use super::progress::{self, Known};
 use super::task::{Attempt, Context, Outcome};
+use crate::consumer::lanes::{Lanes, Slot};
+use crate::consumer::source::{Item, ReadAhead, Source};
+use crate::consumer::sql::{self, Stored};
+use crate::consumer::{ERROR_BACKOFF, Flow, ReadFailed, Schedule, progress};
 use crate::envelope::Envelope;
 use crate::position::Position;
 use crate::subscription::config::{Keyed, OnExhaustion};
-use crate::subscription::keyed::keys::Keys;
-use crate::subscription::runner::{ERROR_BACKOFF, Flow, ReadFailed, Runner, read_failed};
-use crate::subscription::source::{Item, ReadAhead, Source};
-use crate::subscription::sql::{self, Stored};
+use crate::subscription::runner::Runner;
 use crate::subscription::subscriber::Subscriber;
 
-/// The stored watermark follows the finished events this often (when it moved).
-pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// Operators' retries of stalled keys are looked for at least this often.
-pub(super) const RETRIES_EVERY: Duration = Duration::from_secs(1);
-
-/// One claim's worth of keyed work.
+/// One claim's worth of keyed work: the core's schedule, and the handler tasks running.
 pub(super) struct Work<P> {
-    pub(super) lanes: Lanes<Item<P>>,
-    /// What the stored progress says about events not read yet.
-    pub(super) known: HashMap<u64, Known>,
-    /// The watermark as stored.
-    pub(super) stored: Position,
+    pub(super) schedule: Schedule<P>,
     pub(super) tasks: JoinSet<(Slot, Outcome)>,
-    pub(super) flush_at: Instant,
-    pub(super) renew_at: Instant,
-    pub(super) retries_at: Instant,
-    /// The stalled events changed since the status last listed them.
-    pub(super) stalled_changed: bool,
 }
 
 impl<P, S> Runner<P, S>
@@ -65,32 +48,26 @@ where
         row: &Stored,
         keyed: Keyed,
     ) -> Flow {
-        let known = match progress::load(&self.pool, &self.config.name, row.position).await {
+        let known = match progress::load(&self.core.pool, &self.config.name, row.position).await {
             Ok(known) => known,
             Err(error) => {
                 tracing::warn!(%error, subscription = %self.config.name, "reading keyed progress failed");
-                return self.pause(ERROR_BACKOFF).await;
+                return self.core.pause(ERROR_BACKOFF).await;
             }
         };
         let source = Source::new(
             &self.lane,
             &self.commit,
-            self.stop.clone(),
+            self.core.stop.clone(),
             row.position,
             self.config.types.clone(),
         );
         // Up to a page read ahead, beside the runner (see `ReadAhead`).
         let mut source = ReadAhead::spawn(source, self.lane.page_size);
-        let now = Instant::now();
+        let lanes = Lanes::new(row.position.get());
         let mut work = Work {
-            lanes: Lanes::new(row.position.get()),
-            known,
-            stored: row.position,
+            schedule: Schedule::new(lanes, known, row.position, self.core.renew_every()),
             tasks: JoinSet::new(),
-            flush_at: now + FLUSH_EVERY,
-            renew_at: now + self.renew_every(),
-            retries_at: now,
-            stalled_changed: true,
         };
         let context = Arc::new(Context::new(self));
         let flow = self
@@ -101,7 +78,7 @@ where
             // stores how far they got.
             while let Some(joined) = work.tasks.join_next().await {
                 if let Ok((slot, Outcome::Committed)) = joined {
-                    work.lanes.complete(slot);
+                    work.schedule.lanes.complete(slot);
                 }
             }
             let _ = self.flush(&mut work).await;
@@ -117,13 +94,13 @@ where
         keyed: Keyed,
     ) -> Flow {
         loop {
-            if self.stop.is_stopped() {
+            if self.core.stop.is_stopped() {
                 return Flow::Stop;
             }
-            while work.lanes.len() < keyed.window {
+            while work.schedule.lanes.len() < keyed.window {
                 match source.try_next() {
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(error, work.stored).await,
+                    Some(Err(error)) => return self.read_failed(error, work.schedule.stored).await,
                     None => break,
                 }
             }
@@ -131,20 +108,11 @@ where
                 return flow;
             }
             self.publish_status(work);
-            let wake = [
-                Some(work.flush_at),
-                Some(work.renew_at),
-                Some(work.retries_at),
-                work.lanes.next_due(),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(work.renew_at);
-            let may_read = work.lanes.len() < keyed.window;
+            let wake = work.schedule.wake(None);
+            let may_read = work.schedule.lanes.len() < keyed.window;
             tokio::select! {
                 biased;
-                _ = self.stop.stopped() => return Flow::Stop,
+                _ = self.core.stop.stopped() => return Flow::Stop,
                 Some(joined) = work.tasks.join_next(), if !work.tasks.is_empty() => {
                     let Ok((slot, outcome)) = joined else {
                         return Flow::Reclaim;
@@ -155,10 +123,10 @@ where
                 }
                 read = source.next(), if may_read => match read {
                     // The reader ends on a stop; ended otherwise (it panicked), claim again.
-                    None if self.stop.is_stopped() => return Flow::Stop,
+                    None if self.core.stop.is_stopped() => return Flow::Stop,
                     None => return Flow::Reclaim,
                     Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(error, work.stored).await,
+                    Some(Err(error)) => return self.read_failed(error, work.schedule.stored).await,
                 },
                 _ = tokio::time::sleep_until(wake) => {
                     if let Some(flow) = self.on_timers(work).await {
@@ -170,19 +138,20 @@ where
     }
 
     /// A failed read of the lane: events below the retention floor halt the subscription
-    /// (see [`read_failed`]); anything else is retried.
+    /// (see [`Consumer::read_failed`](crate::consumer::Consumer::read_failed)); anything else
+    /// is retried.
     async fn read_failed(&mut self, error: crate::Error, at: Position) -> Flow {
-        match read_failed(&self.pool, &self.config.name, self.owner, &error, at).await {
+        match self.core.read_failed(&error, at).await {
             ReadFailed::Halted => Flow::Reclaim,
-            ReadFailed::Retry => self.pause(ERROR_BACKOFF).await,
+            ReadFailed::Retry => self.core.pause(ERROR_BACKOFF).await,
         }
     }
 
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
         let subscriber = &self.subscriber;
-        let keys_of = |event: &Envelope<P>| Some(subscriber.keys(event));
-        work.stalled_changed |= admit(&mut work.lanes, &mut work.known, item, keys_of, 0);
+        work.schedule
+            .admit(item, |event: &Envelope<P>| Some(subscriber.keys(event)), 0);
     }
 
     /// Starts every event that may run, up to `concurrency` at once. An event whose payload
@@ -193,8 +162,8 @@ where
         context: &Arc<Context<S>>,
         concurrency: usize,
     ) -> Option<Flow> {
-        while work.tasks.len() < concurrency && work.lanes.has_ready() {
-            let (slot, entry) = work.lanes.take_ready()?;
+        while work.tasks.len() < concurrency && work.schedule.lanes.has_ready() {
+            let (slot, entry) = work.schedule.lanes.take_ready()?;
             let Some(item) = entry.item.as_ref() else {
                 continue;
             };
@@ -223,13 +192,17 @@ where
     async fn finished(&mut self, work: &mut Work<P>, slot: Slot, outcome: Outcome) -> Option<Flow> {
         match outcome {
             Outcome::Committed => {
-                work.lanes.complete(slot);
+                work.schedule.lanes.complete(slot);
                 self.handled(work);
                 None
             }
             Outcome::Fenced | Outcome::Unknown => Some(Flow::Reclaim),
             Outcome::Failed { message, retryable } => {
-                let attempts = work.lanes.entry(slot).map_or(1, |entry| entry.attempts + 1);
+                let attempts = work
+                    .schedule
+                    .lanes
+                    .entry(slot)
+                    .map_or(1, |entry| entry.attempts + 1);
                 tracing::warn!(subscription = %self.config.name, attempt = attempts, error = %message, "handler failed");
                 if !retryable {
                     let policy = self.config.on_undecodable;
@@ -249,7 +222,7 @@ where
                     return Some(flow);
                 }
                 let at = Instant::now() + self.config.retry.backoff(attempts);
-                work.lanes.back_off(slot, attempts, message, at);
+                work.schedule.lanes.back_off(slot, attempts, message, at);
                 None
             }
         }
@@ -269,18 +242,22 @@ where
                 if let Some(flow) = self.record(work, slot, attempts, &message, true).await {
                     return Some(flow);
                 }
-                let position = work.lanes.entry(slot).map_or(0, |entry| entry.position);
+                let position = work
+                    .schedule
+                    .lanes
+                    .entry(slot)
+                    .map_or(0, |entry| entry.position);
                 tracing::error!(subscription = %self.config.name, position, error = %message, "event stalled: its keys wait for an operator's retry");
                 metrics::counter!(crate::telemetry::metrics::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
                     .increment(1);
-                work.lanes.stall(slot, attempts, message);
-                work.stalled_changed = true;
+                work.schedule.lanes.stall(slot, attempts, message);
+                work.schedule.stalled_changed = true;
                 None
             }
             OnExhaustion::DeadLetter => {
                 match self.dead_letter_one(work, slot, attempts, &message).await {
                     Ok(true) => {
-                        work.lanes.complete(slot);
+                        work.schedule.lanes.complete(slot);
                         metrics::counter!(crate::telemetry::metrics::DEAD_LETTERS, "subscription" => self.config.name.clone())
                         .increment(1);
                         None
@@ -288,7 +265,7 @@ where
                     Ok(false) => Some(Flow::Reclaim),
                     Err(error) => {
                         tracing::warn!(%error, "dead-lettering failed; will claim again");
-                        Some(self.pause(ERROR_BACKOFF).await)
+                        Some(self.core.pause(ERROR_BACKOFF).await)
                     }
                 }
             }
@@ -305,7 +282,7 @@ where
         message: &str,
         stalled: bool,
     ) -> Option<Flow> {
-        let entry = work.lanes.entry(slot)?;
+        let entry = work.schedule.lanes.entry(slot)?;
         let position = entry.item.as_ref().map(|item| item.position)?;
         let failed = progress::Failed {
             at: position,
@@ -314,16 +291,16 @@ where
             keys: entry.keys.iter().map(str::to_owned).collect(),
             error: message,
         };
-        self.status.send_modify(|status| {
+        self.core.status.send_modify(|status| {
             status.attempts = attempts;
             status.last_error = Some(message.to_owned());
         });
-        match progress::failed(&self.pool, &self.config.name, self.owner, failed).await {
+        match progress::failed(&self.core.pool, &self.config.name, self.core.owner, failed).await {
             Ok(true) => None,
             Ok(false) => Some(Flow::Reclaim),
             Err(error) => {
                 tracing::warn!(%error, "recording a failed attempt failed");
-                Some(self.pause(ERROR_BACKOFF).await)
+                Some(self.core.pause(ERROR_BACKOFF).await)
             }
         }
     }
@@ -337,11 +314,17 @@ where
         attempts: u32,
         message: &str,
     ) -> Result<bool, sqlx::Error> {
-        let Some(item) = work.lanes.entry(slot).and_then(|entry| entry.item.as_ref()) else {
+        let Some(item) = work
+            .schedule
+            .lanes
+            .entry(slot)
+            .and_then(|entry| entry.item.as_ref())
+        else {
             return Ok(true);
         };
         let name = &self.config.name;
         let mut tx = self
+            .core
             .pool
             .begin_with(sql::begin_bounded(self.config.lease))
             .await?;
@@ -354,7 +337,7 @@ where
             attempts,
         )
         .await?;
-        if !progress::complete(&mut tx, name, self.owner, item.position).await? {
+        if !progress::complete(&mut tx, name, self.core.owner, item.position).await? {
             tx.rollback().await?;
             return Ok(false);
         }
@@ -362,40 +345,4 @@ where
         tracing::warn!(subscription = %name, position = item.position.get(), "dead-lettered");
         Ok(true)
     }
-}
-
-/// Takes the next event of the lane into the schedule, with what the stored progress knows
-/// about it, its keys (`keys_of`; `None`: they cannot be known) and what it weighs; true if it
-/// arrives stalled. An event whose keys cannot be known (its payload does not decode) is a
-/// barrier, and one its subscription skips is done. Keyed subscriptions and relays admit
-/// events alike.
-pub(crate) fn admit<P>(
-    lanes: &mut Lanes<Item<P>>,
-    known: &mut HashMap<u64, Known>,
-    item: Item<P>,
-    keys_of: impl FnOnce(&Envelope<P>) -> Option<Keys>,
-    weight: usize,
-) -> bool {
-    let position = item.position.get();
-    let mut stalled = false;
-    let arrival = match known.remove(&position) {
-        Some(Known::Done) => Arrival::Done,
-        Some(Known::Failing { attempts }) => Arrival::Pending { attempts },
-        Some(Known::Stalled { attempts, error }) => {
-            stalled = true;
-            Arrival::Stalled { attempts, error }
-        }
-        None if item.skipped => Arrival::Done,
-        None => Arrival::Pending { attempts: 0 },
-    };
-    let keys = match &item.event {
-        Ok(event) if !item.skipped => keys_of(event),
-        Ok(_) => Some(Keys::none()),
-        Err(_) => None,
-    };
-    // Keys that cannot be known: it waits for everything before it, holds everything after.
-    let barrier = keys.is_none();
-    let keys = keys.unwrap_or_else(Keys::none);
-    lanes.push_weighed(position, keys, barrier, item, arrival, weight);
-    stalled
 }

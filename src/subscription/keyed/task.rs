@@ -10,13 +10,13 @@ use sqlx::PgPool;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::progress;
+use crate::consumer::progress;
+use crate::consumer::source::Item;
+use crate::consumer::sql;
 use crate::position::Position;
 use crate::subscription::attempt::handler_span;
 use crate::subscription::delivery::Delivery;
 use crate::subscription::runner::Runner;
-use crate::subscription::source::Item;
-use crate::subscription::sql;
 use crate::subscription::subscriber::Subscriber;
 
 /// What the tasks share with the runner.
@@ -72,10 +72,10 @@ impl<S> Context<S> {
         S: Subscriber<P>,
     {
         Self {
-            pool: runner.pool.clone(),
+            pool: runner.core.pool.clone(),
             subscriber: Arc::clone(&runner.subscriber),
             name: runner.config.name.clone(),
-            owner: runner.owner,
+            owner: runner.core.owner,
             lease: runner.config.lease,
         }
     }

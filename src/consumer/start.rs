@@ -1,0 +1,168 @@
+//! Starting a consumer: its row in `ordo.subscriptions` created or checked (kind, role, lane),
+//! its status channel, and its runner supervised in the care of the outbox's [`Runners`]
+//! (stopped, and its lease released, on shutdown).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use super::claim::Consumer;
+use super::handle::{Heads, SubscriptionHandle};
+use super::shutdown::{MarkStopped, Runners, Running};
+use super::sql;
+use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
+use super::tenure::Tenure;
+use super::{Kind, StartFrom};
+use crate::commit_lane::CommitShared;
+use crate::error::{Error, Result};
+use crate::insert_lane::LaneShared;
+use crate::position::{Ordering, Position};
+use crate::task::Supervised;
+
+/// What the core needs of a consumer's configuration (a subscription's `JobConfig`, a relay's
+/// `RelayConfig`): the row's name and lane, where a new row starts, and the lease.
+#[derive(Debug, Clone)]
+pub(crate) struct Registration {
+    pub(crate) name: String,
+    pub(crate) ordering: Ordering,
+    pub(crate) start: StartFrom,
+    pub(crate) lease: Duration,
+    pub(crate) kind: Kind,
+}
+
+/// What every runner reads from: the pool and both lanes.
+pub(crate) struct Shared<P> {
+    pub(crate) pool: PgPool,
+    pub(crate) lane: Arc<LaneShared<P>>,
+    pub(crate) commit: Arc<CommitShared>,
+}
+
+/// Where a new consumer starts, per its configuration.
+fn start_position<P>(shared: &Shared<P>, config: &Registration) -> Position {
+    let start_at = match (config.start, config.ordering) {
+        (StartFrom::Beginning, _) => 0,
+        (StartFrom::Now, Ordering::Insert) => shared.lane.frontier(),
+        (StartFrom::Now, Ordering::Commit) => shared.commit.head(),
+    };
+    Position::new(config.ordering, start_at)
+}
+
+/// Creates the row of `config` if it is new (refusing a lane mismatch) and spawns the runner
+/// `make` builds, in the care of `runners`: the machinery subscriptions and relays share
+/// (status, supervision, shutdown bounded by the lease).
+pub(crate) async fn start<P, F, Fut>(
+    shared: Shared<P>,
+    runners: &Runners,
+    config: &Registration,
+    make: F,
+) -> Result<SubscriptionHandle>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    F: FnOnce(Consumer) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let start_at = start_position(&shared, config);
+    let kind = config.kind.as_str();
+    let role = ensure_row(&shared.pool, config, start_at, kind).await?;
+    let initial = SubscriptionStatus {
+        name: config.name.clone(),
+        lane: config.ordering,
+        position: start_at,
+        lag: 0,
+        state: SubscriptionState::Starting,
+        status: RunStatus::Active,
+        attempts: 0,
+        last_error: None,
+        lease_owner: None,
+        lease_expires_at: None,
+        oldest_unprocessed_seconds: None,
+        stalled: Vec::new(),
+        sink_down: None,
+        dead_letters: None,
+        kind: Some(kind.to_owned()),
+        role,
+    };
+    let (status, status_rx) = watch::channel(initial);
+    let heads = Heads {
+        insert: shared.lane.frontier.subscribe(),
+        commit: Arc::clone(&shared.commit),
+    };
+    let span = tracing::info_span!("ordo", task = kind, subscription = %config.name);
+    let owner = Uuid::new_v4();
+    let pool = shared.pool.clone();
+    let registration = config.clone();
+    let task = Supervised::spawn(kind, span, |stop| {
+        let stopped = MarkStopped(status.clone());
+        let work = make(Consumer {
+            pool: shared.pool,
+            name: registration.name,
+            ordering: registration.ordering,
+            lease: registration.lease,
+            kind: registration.kind,
+            owner,
+            stop,
+            status,
+            tenure: Tenure::default(),
+        });
+        async move {
+            let _stopped = stopped;
+            work.await;
+        }
+    });
+    let running = Arc::new(Running {
+        task,
+        pool,
+        name: config.name.clone(),
+        owner,
+        grace: config.lease,
+        stopped: tokio::sync::Mutex::new(false),
+    });
+    runners.add(&running);
+    Ok(SubscriptionHandle {
+        running,
+        status: status_rx,
+        heads,
+        detached: false,
+    })
+}
+
+/// Creates the row at `start_at` if it is new, as a `kind` (`subscription` or `relay`) run by
+/// the connected role; refuses a row of the other kind, of a role this one does not act as, or
+/// of the other lane. Returns the role the row is run by (`None`: a row an older ordo wrote,
+/// which its first claim adopts).
+async fn ensure_row(
+    pool: &PgPool,
+    config: &Registration,
+    start_at: Position,
+    kind: &'static str,
+) -> Result<Option<String>> {
+    sql::create(pool, &config.name, start_at, kind).await?;
+    let stored = sql::identity(pool, &config.name).await?;
+    if let Some(stored_kind) = stored.kind.filter(|stored| stored != kind) {
+        return Err(Error::KindMismatch {
+            subscription: config.name.clone(),
+            stored: stored_kind,
+            requested: kind,
+        });
+    }
+    if !stored.writable {
+        return Err(Error::NotOwnRow {
+            subscription: config.name.clone(),
+            owner: stored.role.unwrap_or_default(),
+            connected: stored.connected,
+        });
+    }
+    match Ordering::parse(&stored.lane) {
+        Some(lane) if lane == config.ordering => Ok(stored.role),
+        // The table's CHECK admits only the two lanes: the stored one is the other.
+        stored => Err(Error::LaneMismatch {
+            subscription: config.name.clone(),
+            stored: stored.unwrap_or(Ordering::Insert),
+            requested: config.ordering,
+        }),
+    }
+}
