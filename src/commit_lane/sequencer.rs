@@ -31,7 +31,11 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::store::{self, Appended, AppendedEntry, PeerAppends, Planned, Restart};
+mod appended;
+mod pacing;
+mod peers;
+
+use super::store::{self, Appended, PeerAppends, Planned, Restart};
 use super::turns::{Step, Turns};
 use super::{CommitShared, LogEntry};
 use crate::error::Result;
@@ -41,6 +45,10 @@ use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
 use crate::task::StopSignal;
 use crate::telemetry::metrics as m;
+use appended::{foreign_row, record_appended};
+use pacing::Cadence;
+pub(crate) use peers::Announcement;
+use peers::PEERS_HEARD;
 
 /// The session settings of the sequencer's own connections (they touch nothing else).
 ///
@@ -67,35 +75,6 @@ pub(crate) const SESSION: &[(&str, &str)] = &[
 ];
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-/// After an append that took `d`, the next one starts no sooner than `min(d, REST_MAX)` after
-/// it ended: the sequencer's backend appends at most half the time. Under a stream of commits
-/// that the database is slow to take, appends then grow instead of following each other
-/// without pause (with eight writers on two cores, one backend appending back to back took a
-/// share of the CPU the writers needed), while a commit after a quiet spell is appended at
-/// once. The cap bounds what the rest adds to the commit lane's latency.
-const REST_MAX: Duration = Duration::from_millis(4);
-/// Only an append of at least this many groups rests after it: a single transaction at a time
-/// (one writer at 500 tx/s) is appended as it comes, a stream of several is coalesced.
-const REST_FROM_GROUPS: usize = 2;
-/// Under a stream of commits, appends start at most this often. An append costs about half a
-/// millisecond of server time whatever its size (a plan of CTEs, the state row, a chunk row),
-/// and appends that followed each other as fast as the rest allowed kept the sequencer's
-/// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
-/// event, publish at a median 0.75x of raw `INSERT`s against 0.79x with this spacing, and 6%
-/// more WAL per event (`docs/performance-history.md`, session 9). The spacing is also what a
-/// commit can wait before its append starts (about 1.5 ms on the median under a stream), so it
-/// stays well inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
-/// within [`PEERS_HEARD`]) does not space its appends: there the commit lane of every other
-/// process already waits a wake-up, a read and an announcement on top of the append, and the
-/// spacing put 2 ms on its p99 with three processes (`docs/performance-history.md`,
-/// session 9).
-const STREAM_SPACING: Duration = Duration::from_millis(5);
-/// A stream is [`STREAM_APPENDS`] appends in a row of at least this many groups each: commits
-/// come faster than appends can take them one by one. One writer at 500 tx/s appends one group
-/// at a time, and a backlog after a pause (a start, a slow statement) drains in an append or
-/// two; neither is spaced.
-const STREAM_FROM_GROUPS: usize = 4;
-const STREAM_APPENDS: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What [`Sequencer::append_plan`] read while its append ran: `None` when it read nothing (or
@@ -119,20 +98,6 @@ pub(crate) struct Sequencer<P> {
     /// When this sequencer last told peers that it leaves its appends to them.
     yielded_at: Option<Instant>,
 }
-
-/// What a sequencer tells other processes' sequencers: the log head it appended (or, yielding,
-/// knows) and the insert sequence the log covers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Announcement {
-    head: u64,
-    covered: u64,
-}
-
-/// After an append, peers are told of it while one of them spoke within this long: a yielding
-/// peer says so this often ([`YIELDING_SAID_EVERY`]), and a process alone sends nothing.
-const PEERS_HEARD: Duration = Duration::from_secs(3);
-/// How often a yielding sequencer tells the peers that it reads their appends.
-const YIELDING_SAID_EVERY: Duration = Duration::from_secs(1);
 
 impl<P> Sequencer<P>
 where
@@ -164,46 +129,6 @@ where
             turns: Turns::default(),
             announce: None,
             yielded_at: None,
-        }
-    }
-
-    /// The task that sends this sequencer's announcements on `channel`, one at a time, always
-    /// the latest (a burst of appends is told as its last). A yielding peer then reads an
-    /// append as soon as it is made instead of at its next poll. The wake-up rides on the
-    /// channel the insert lanes listen on; a process of an older version takes it as a commit
-    /// hint at the covered sequence, which it holds already.
-    pub(crate) fn announcer(
-        &mut self,
-        channel: String,
-        mut stop: StopSignal,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (sender, mut latest) = watch::channel(Announcement::default());
-        self.announce = Some(sender);
-        let pool = self.pool.clone();
-        let instance = self.lane.instance;
-        async move {
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = stop.stopped() => return,
-                    changed = latest.changed() => if changed.is_err() { return },
-                }
-                let Announcement { head, covered } = *latest.borrow_and_update();
-                if let Err(error) = store::announce(&pool, &channel, covered, instance, head).await
-                {
-                    // Peers poll as well: a lost announcement costs them latency only.
-                    tracing::debug!(%error, "telling peers of an append failed");
-                }
-            }
-        }
-    }
-
-    fn tell_peers(&self, state: &Restart) {
-        if let Some(announce) = &self.announce {
-            announce.send_replace(Announcement {
-                head: state.head,
-                covered: state.cursor,
-            });
         }
     }
 
@@ -321,33 +246,6 @@ where
                 own: self.lane.take_own_commit(xid),
             });
         }
-    }
-
-    /// One look at what peers appended while yielding; follows them if they moved.
-    async fn ask_peer(
-        &mut self,
-        state: &mut Restart,
-        reader: &mut LaneReader<P>,
-        plan: &mut Vec<Planned>,
-    ) -> Result<()> {
-        if self
-            .yielded_at
-            .is_none_or(|at| at.elapsed() >= YIELDING_SAID_EVERY)
-        {
-            self.yielded_at = Some(Instant::now());
-            self.tell_peers(state);
-        }
-        match store::catch_up(&self.pool, state.head).await? {
-            Some(peer) if peer.cursor > state.cursor || peer.head > state.head => {
-                metrics::counter!(m::FOLD_APPENDS, "result" => "left_to_peer").increment(1);
-                let (groups, own) = self.follow(state, reader, plan, peer);
-                self.turns.peer_moved(plan);
-                self.turns.peer_covered(groups, own);
-            }
-            Some(_) => {}
-            None => self.restart(state, reader, plan).await?,
-        }
-        Ok(())
     }
 
     async fn restart(
@@ -489,182 +387,5 @@ where
             log.extend(entries);
         }
         self.commit.publish_head(state.head);
-    }
-}
-
-/// When appends may start, from how the last ones went.
-#[derive(Default)]
-struct Cadence {
-    /// Appends in a row of at least [`STREAM_FROM_GROUPS`] groups.
-    streak: u32,
-    /// Peers fold too: no spacing (see [`STREAM_SPACING`]).
-    peers: bool,
-}
-
-impl Cadence {
-    /// When the append after one that started at `started`, ended at `ended` and took `groups`
-    /// groups may start: `interval` after the last one started; under a stream of commits, with
-    /// no peer folding, no sooner than [`STREAM_SPACING`] after it started; and after an append
-    /// of several groups no sooner than it took (up to [`REST_MAX`]) after it ended.
-    fn next_due(
-        &mut self,
-        started: Instant,
-        ended: Instant,
-        groups: usize,
-        interval: Duration,
-    ) -> Instant {
-        self.streak = if groups >= STREAM_FROM_GROUPS {
-            self.streak.saturating_add(1)
-        } else {
-            0
-        };
-        let spacing = if self.streak >= STREAM_APPENDS && !self.peers {
-            interval.max(STREAM_SPACING)
-        } else {
-            interval
-        };
-        let rest = if groups >= REST_FROM_GROUPS {
-            ended.saturating_duration_since(started).min(REST_MAX)
-        } else {
-            Duration::ZERO
-        };
-        (started + spacing).max(ended + rest)
-    }
-}
-
-/// Bookkeeping after a successful append: the new cursor, and which appended groups reach
-/// above it (their later members will be met and must be skipped). A planned group with no
-/// entry was refused by the statement as foreign (see [`APPEND`]).
-fn record_appended(state: &mut Restart, plan: &[Planned], entries: &[AppendedEntry], covered: u64) {
-    state.cursor = covered;
-    let mut tops = vec![None::<u64>; plan.len()];
-    for appended in entries {
-        if let Some(top) = appended.ord.checked_sub(1).and_then(|i| tops.get_mut(i)) {
-            *top = Some(top.map_or(appended.entry.sequence, |t| t.max(appended.entry.sequence)));
-        }
-    }
-    for (group, top) in plan.iter().zip(tops) {
-        match top {
-            Some(top) => {
-                state.logged.insert(group.xid, top);
-            }
-            None => {
-                foreign_row(group.low, group.xid);
-                state.logged.insert(group.xid, group.low);
-            }
-        }
-    }
-    state.logged.retain(|_, top| *top > covered);
-}
-
-/// A row that breaks the schema contract: its `commit_xid` names a transaction whose group is
-/// already in the log. It is not appended (the commit lane does not carry it); the operator is
-/// told which row it is.
-fn foreign_row(sequence: u64, xid: i64) {
-    metrics::counter!(m::CONTRACT_VIOLATIONS, "kind" => "foreign_commit_xid").increment(1);
-    tracing::error!(
-        sequence,
-        commit_xid = xid,
-        "ordo.events row at sequence {sequence} carries commit_xid {xid}, a transaction already \
-         complete in the commit log: the commit lane leaves it out. Rows must take commit_xid \
-         from its column default (see the writer role in docs/operations.md)"
-    );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn a_lone_transaction_is_appended_as_soon_as_it_comes() {
-        let mut cadence = Cadence::default();
-        let started = Instant::now();
-        let ended = started + MS;
-        // Due as soon as the last append ended: at once.
-        assert_eq!(cadence.next_due(started, ended, 1, Duration::ZERO), ended);
-        assert_eq!(cadence.next_due(started, ended, 0, Duration::ZERO), ended);
-    }
-
-    #[test]
-    fn a_few_groups_rest_as_long_as_their_append_took() {
-        let mut cadence = Cadence::default();
-        let started = Instant::now();
-        let ended = started + MS;
-        assert_eq!(
-            cadence.next_due(started, ended, 2, Duration::ZERO),
-            ended + MS
-        );
-        let slow = started + 10 * MS;
-        assert_eq!(
-            cadence.next_due(started, slow, 3, Duration::ZERO),
-            slow + REST_MAX
-        );
-    }
-
-    #[test]
-    fn a_backlog_is_not_a_stream_but_appends_of_many_groups_in_a_row_are() {
-        let mut cadence = Cadence::default();
-        let started = Instant::now();
-        let ended = started + MS;
-        let rested = ended + MS;
-        for _ in 1..STREAM_APPENDS {
-            assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
-        }
-        let spaced = started + STREAM_SPACING;
-        assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), spaced);
-        assert_eq!(
-            cadence.next_due(started, ended, STREAM_FROM_GROUPS, Duration::ZERO),
-            spaced
-        );
-        // A slow append rests after it as before: the spacing bounds how often appends start.
-        let slow = started + 8 * MS;
-        assert_eq!(
-            cadence.next_due(started, slow, 100, Duration::ZERO),
-            slow + REST_MAX
-        );
-        // A small append ends the stream.
-        assert_eq!(cadence.next_due(started, ended, 3, Duration::ZERO), rested);
-        assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
-    }
-
-    #[test]
-    fn with_peers_folding_a_stream_is_not_spaced() {
-        let mut cadence = Cadence {
-            peers: true,
-            ..Cadence::default()
-        };
-        let started = Instant::now();
-        let ended = started + MS;
-        for _ in 0..=STREAM_APPENDS {
-            assert_eq!(
-                cadence.next_due(started, ended, 50, Duration::ZERO),
-                ended + MS
-            );
-        }
-        cadence.peers = false;
-        assert_eq!(
-            cadence.next_due(started, ended, 50, Duration::ZERO),
-            started + STREAM_SPACING
-        );
-    }
-
-    #[test]
-    fn the_configured_interval_holds_for_every_append() {
-        let mut cadence = Cadence::default();
-        let started = Instant::now();
-        let ended = started + MS;
-        let interval = 20 * MS;
-        assert_eq!(
-            cadence.next_due(started, ended, 1, interval),
-            started + interval
-        );
-        for _ in 0..STREAM_APPENDS {
-            assert_eq!(
-                cadence.next_due(started, ended, 50, interval),
-                started + interval
-            );
-        }
     }
 }

@@ -15,17 +15,16 @@
 //! it run on, and a retry puts it back at the end of its lanes, behind the events of its keys
 //! already held. Either way a stalled event stays in the window and holds the watermark. The
 //! window holds every event from the low watermark on, finished or not; the watermark moves
-//! past finished events at its front. No I/O here: the runner (`runner.rs`) drives it.
+//! past finished events at its front. No I/O here: the executors drive it (`schedule.rs`).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
+mod failures;
+
 use super::keys::Keys;
-use crate::consumer::status::StalledKey;
-use crate::position::Ordering;
-use crate::position::Position;
 
 /// An event's index in arrival order (not its lane position, which may have gaps).
 pub(crate) type Slot = u64;
@@ -277,118 +276,6 @@ impl<T> Lanes<T> {
             self.barriers.remove(&slot);
             self.check_all();
         }
-    }
-
-    /// The event failed and will be tried again at `at`, first in its lanes until then.
-    pub(crate) fn back_off(&mut self, slot: Slot, attempts: u32, error: String, at: Instant) {
-        if let Some(index) = self.index(slot) {
-            let entry = &mut self.window[index];
-            entry.state = State::Backoff(at);
-            entry.attempts = attempts;
-            entry.error = Some(error);
-            self.backoffs.insert((at, slot));
-        }
-    }
-
-    /// The event's attempts ran out under `Halt` (or a relay parked it): its lanes wait until
-    /// [`retry`](Self::retry), unless the lanes [let stalled events go](Self::let_stalled_go).
-    pub(crate) fn stall(&mut self, slot: Slot, attempts: u32, error: String) {
-        let Some(index) = self.index(slot) else {
-            return;
-        };
-        let entry = &mut self.window[index];
-        entry.state = State::Stalled;
-        entry.attempts = attempts;
-        entry.error = Some(error);
-        entry.stalled_at = Some(chrono::Utc::now());
-        if self.let_stalled_go && !entry.detached {
-            entry.detached = true;
-            let (keys, barrier) = (entry.keys.clone(), entry.barrier);
-            self.detached += 1;
-            self.ready.remove(&slot);
-            self.leave_lanes(slot, &keys, barrier);
-            self.check_first_barrier();
-        }
-    }
-
-    /// An operator retried a stalled event: it runs again, its attempts counted from zero.
-    pub(crate) fn retry(&mut self, slot: Slot) {
-        if let Some(index) = self.index(slot)
-            && self.window[index].state == State::Stalled
-        {
-            let entry = &mut self.window[index];
-            entry.state = State::Waiting;
-            entry.attempts = 0;
-            entry.stalled_at = None;
-            if std::mem::take(&mut entry.detached) {
-                // Back at the end of its lanes: behind the events of its keys held now (some
-                // may be running), ahead of those still to come. Never two of a key at once.
-                self.detached -= 1;
-                let (keys, barrier) = (entry.keys.clone(), entry.barrier);
-                for key in keys.shared() {
-                    self.queues
-                        .entry(Arc::clone(key))
-                        .or_default()
-                        .push_back(slot);
-                }
-                if barrier {
-                    self.barriers.insert(slot);
-                }
-            }
-            self.check(slot);
-        }
-    }
-
-    /// When the next backoff ends.
-    pub(crate) fn next_due(&self) -> Option<Instant> {
-        self.backoffs.first().map(|(at, _)| *at)
-    }
-
-    /// Events whose backoff has ended at `now` may run again.
-    pub(crate) fn wake_due(&mut self, now: Instant) {
-        while let Some(&(at, slot)) = self.backoffs.first() {
-            if at > now {
-                break;
-            }
-            self.backoffs.pop_first();
-            if let Some(index) = self.index(slot)
-                && self.window[index].state == State::Backoff(at)
-            {
-                self.window[index].state = State::Waiting;
-                self.check(slot);
-            }
-        }
-    }
-
-    /// The keys held by stalled events, oldest event first, as the status shows them: one per
-    /// key, the empty key for an event with none (or whose payload does not decode).
-    pub(crate) fn stalled_keys(&self, ordering: Ordering) -> Vec<StalledKey> {
-        let mut stalled = Vec::new();
-        for entry in self.stalled() {
-            let at = Position::new(ordering, entry.position);
-            let error = entry.error.clone().unwrap_or_default();
-            let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
-            if keys.is_empty() {
-                keys.push(String::new());
-            }
-            stalled.extend(keys.into_iter().map(|key| StalledKey {
-                key,
-                position: at,
-                attempts: entry.attempts,
-                error: error.clone(),
-                retry_requested: false,
-                since: entry.stalled_at,
-                holds_watermark: entry.position == self.watermark() + 1,
-            }));
-        }
-        stalled
-    }
-
-    /// The stalled events, oldest first.
-    pub(crate) fn stalled(&self) -> impl Iterator<Item = &Entry<T>> {
-        self.window
-            .iter()
-            .filter(|entry| entry.state == State::Stalled)
     }
 
     fn index(&self, slot: Slot) -> Option<usize> {

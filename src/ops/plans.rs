@@ -16,6 +16,7 @@ use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
 use crate::relay::{attempts, marks};
+use crate::subscription::sql as serial;
 use crate::telemetry::HotStatement;
 use crate::write::sql as write;
 
@@ -158,7 +159,7 @@ const HOT_PATH: &[HotStatement] = &[
     ),
     s(
         "subscription: checkpoint",
-        sub::CHECKPOINT,
+        serial::CHECKPOINT,
         "text, uuid, bigint, bigint, bigint",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
     ),
@@ -215,13 +216,13 @@ const HOT_PATH: &[HotStatement] = &[
     ),
     s(
         "subscription: failed attempt",
-        sub::FAILED,
+        serial::FAILED,
         "text, uuid, integer, text, bigint",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 1, 'boom', 30000",
     ),
     s(
         "subscription: dead letter",
-        sub::DEAD_LETTER,
+        serial::DEAD_LETTER,
         "text, text, bigint, bigint, text, integer",
         "'s', 'commit', 9, 9, 'boom', 3",
     ),

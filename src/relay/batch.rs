@@ -3,18 +3,19 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::time::Instant;
+
+mod recording;
 
 use super::flight::Landed;
 use super::marks::{self, Mark, Marks};
 use super::outage::{Judged, RELAY_SINK_DOWN};
 use super::runner::{BLAMELESS_RETRY, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
-use crate::consumer::Flow;
 use crate::consumer::lanes::Slot;
 use crate::position::Position;
 use crate::telemetry::metrics as m;
+pub(crate) use recording::{Recording, Written};
 
 impl<K: Sink> RelayRunner<K> {
     /// The next batch: up to the batch size of ready events, as messages, and no more than
@@ -268,45 +269,6 @@ impl<K: Sink> RelayRunner<K> {
         }));
     }
 
-    /// Waits for every write of marks started so far; a flow when one says to claim again.
-    pub(super) async fn finish_writes(&mut self, work: &mut Work) -> Option<Flow> {
-        let mut flow = None;
-        while let Some(joined) = self.writes.next().await {
-            flow = flow.or(self.written(work, joined));
-        }
-        flow
-    }
-
-    /// A write of marks is done; a flow when it was not stored (the lease was lost, the write
-    /// failed): the relay claims again, and the owner then sends those events again.
-    pub(super) fn written(
-        &self,
-        work: &mut Work,
-        joined: Result<Written, tokio::task::JoinError>,
-    ) -> Option<Flow> {
-        let name = &self.config.name;
-        let Ok(Written(number, advance, stored)) = joined else {
-            return Some(Flow::Reclaim);
-        };
-        match stored {
-            Ok(true) => {
-                work.recording.stored(number);
-                if let Some(to) = advance.filter(|to| to.get() > work.schedule.stored.get()) {
-                    work.schedule.stored = to;
-                }
-                None
-            }
-            Ok(false) => {
-                tracing::warn!(relay = %name, "the lease was lost before the results were recorded: they are dropped, and the new owner sends these events again");
-                Some(Flow::Reclaim)
-            }
-            Err(error) => {
-                tracing::warn!(%error, relay = %name, "recording the results failed; claiming again");
-                Some(Flow::Reclaim)
-            }
-        }
-    }
-
     fn apply(&self, work: &mut Work, plan: Vec<(Slot, Step)>) {
         let name = &self.config.name;
         let now = Instant::now();
@@ -396,54 +358,6 @@ fn isolate(work: &mut Work, slot: Slot, verdict: Verdict, flight: usize) -> Verd
     Verdict::Blameless(why)
 }
 
-/// A write of marks done: its number, the watermark it stored instead of completion rows, and
-/// whether it was stored (false: the fence refused).
-pub(crate) struct Written(u64, Option<Position>, Result<bool, sqlx::Error>);
-
-/// How far the relay's results are stored: the schedule moves on as soon as a batch lands,
-/// its marks are written behind it, possibly out of order; the status reports a position only
-/// once every result at or below it is stored.
-#[derive(Default)]
-pub(super) struct Recording {
-    next: u64,
-    /// Writes not yet stored, in the order they started, with the schedule's watermark right
-    /// after each was applied.
-    pending: std::collections::VecDeque<(u64, u64)>,
-    /// Writes stored while one before them was not.
-    stored_early: std::collections::HashSet<u64>,
-    /// Every result at or below this position is stored.
-    pub(super) recorded: u64,
-}
-
-impl Recording {
-    pub(super) fn new(watermark: u64) -> Self {
-        Self {
-            recorded: watermark,
-            ..Self::default()
-        }
-    }
-
-    /// A write starts, after its results moved the schedule's watermark to `watermark`.
-    fn start(&mut self, watermark: u64) -> u64 {
-        let number = self.next;
-        self.next += 1;
-        self.pending.push_back((number, watermark));
-        number
-    }
-
-    /// Write `number` is stored.
-    fn stored(&mut self, number: u64) {
-        self.stored_early.insert(number);
-        while let Some(&(first, watermark)) = self.pending.front() {
-            if !self.stored_early.remove(&first) {
-                break;
-            }
-            self.pending.pop_front();
-            self.recorded = self.recorded.max(watermark);
-        }
-    }
-}
-
 /// What a verdict does to the schedule once its mark is stored.
 enum Step {
     Done,
@@ -462,26 +376,4 @@ enum Step {
         attempts: u32,
         why: String,
     },
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Recording;
-
-    #[test]
-    fn the_recorded_position_waits_for_every_earlier_write() {
-        let mut recording = Recording::new(10);
-        let first = recording.start(20);
-        let second = recording.start(30);
-        let third = recording.start(35);
-        recording.stored(second);
-        assert_eq!(recording.recorded, 10, "the first write is not stored yet");
-        recording.stored(first);
-        assert_eq!(recording.recorded, 30, "the first two are");
-        recording.stored(third);
-        assert_eq!(recording.recorded, 35);
-        let fourth = recording.start(40);
-        recording.stored(fourth);
-        assert_eq!(recording.recorded, 40);
-    }
 }

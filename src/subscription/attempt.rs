@@ -19,10 +19,11 @@ use super::delivery::Delivery;
 use super::runner::Runner;
 use super::subscriber::Subscriber;
 use crate::consumer::source::Item;
-use crate::consumer::sql;
+use crate::consumer::sql as row;
 use crate::consumer::{ERROR_BACKOFF, Flow};
 use crate::envelope::Envelope;
 use crate::position::Position;
+use crate::subscription::sql;
 use crate::telemetry::metrics as m;
 
 /// How one unit ended.
@@ -266,7 +267,7 @@ where
         match policy {
             OnExhaustion::Halt => {
                 let name = &self.config.name;
-                let halted = sql::halt(
+                let halted = row::halt(
                     &self.core.pool,
                     name,
                     self.core.owner,

@@ -23,11 +23,12 @@ use uuid::Uuid;
 use super::config::{Batch, JobConfig, Ordering};
 use super::delivery::Delivery;
 use super::subscriber::Subscriber;
-use crate::consumer::sql;
+use crate::consumer::sql::attempts_read;
 use crate::error::{Error, Result};
 use crate::insert_lane::rows::decode_full;
 use crate::position::EventSequence;
 use crate::position::{Position, read_lane};
+use crate::subscription::sql;
 
 const LIST: &str = r#"
 SELECT id, subscription, lane, position, sequence, event_id, payload, error, attempts, created_at,
@@ -73,7 +74,7 @@ impl DeadLetter {
             event_id: row.try_get("event_id")?,
             payload: row.try_get("payload")?,
             error: row.try_get("error")?,
-            attempts: sql::attempts_read(row.try_get("attempts")?),
+            attempts: attempts_read(row.try_get("attempts")?),
             created_at: row.try_get("created_at")?,
             retry_requested_at: row.try_get("retry_requested_at")?,
         })
@@ -276,7 +277,7 @@ where
         },
         Err(error) => return Ok(Err(error.to_string())),
     };
-    let attempts = sql::attempts_read(row.try_get("attempts")?);
+    let attempts = attempts_read(row.try_get("attempts")?);
     Ok(Ok(Delivery::new(event)
         .with_position(Position::read(row, "position", lane)?)
         .with_ends_group(row.try_get("group_last")?)

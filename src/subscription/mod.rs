@@ -9,6 +9,7 @@ pub(crate) mod dead_letters;
 mod delivery;
 pub(crate) mod keyed;
 pub(crate) mod runner;
+pub(crate) mod sql;
 pub(crate) mod subscriber;
 pub(crate) mod wait;
 

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::config::Ordering;
+use super::sql::PROGRESS;
 use crate::commit_lane::wait::{commit_positions, sleep_or_wake};
-use crate::consumer::sql::PROGRESS;
 use crate::consumer::status::RunStatus;
 use crate::error::{Error, Result};
 use crate::position::EventSequence;

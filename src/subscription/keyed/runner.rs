@@ -22,12 +22,13 @@ use tokio::time::Instant;
 use super::task::{Attempt, Context, Outcome};
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
-use crate::consumer::sql::{self, Stored};
+use crate::consumer::sql::Stored;
 use crate::consumer::{ERROR_BACKOFF, Flow, ReadFailed, Schedule, progress};
 use crate::envelope::Envelope;
 use crate::position::Position;
 use crate::subscription::config::{Keyed, OnExhaustion};
 use crate::subscription::runner::Runner;
+use crate::subscription::sql;
 use crate::subscription::subscriber::Subscriber;
 
 /// One claim's worth of keyed work: the core's schedule, and the handler tasks running.

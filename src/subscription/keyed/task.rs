@@ -12,11 +12,11 @@ use uuid::Uuid;
 
 use crate::consumer::progress;
 use crate::consumer::source::Item;
-use crate::consumer::sql;
 use crate::position::Position;
 use crate::subscription::attempt::handler_span;
 use crate::subscription::delivery::Delivery;
 use crate::subscription::runner::Runner;
+use crate::subscription::sql;
 use crate::subscription::subscriber::Subscriber;
 
 /// What the tasks share with the runner.

@@ -1,0 +1,174 @@
+//! When the sequencer's next append may start: a pure rule of how the last ones went (their
+//! size and length, whether peers fold too), with no I/O, tested here.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// After an append that took `d`, the next one starts no sooner than `min(d, REST_MAX)` after
+/// it ended: the sequencer's backend appends at most half the time. Under a stream of commits
+/// that the database is slow to take, appends then grow instead of following each other
+/// without pause (with eight writers on two cores, one backend appending back to back took a
+/// share of the CPU the writers needed), while a commit after a quiet spell is appended at
+/// once. The cap bounds what the rest adds to the commit lane's latency.
+pub(super) const REST_MAX: Duration = Duration::from_millis(4);
+/// Only an append of at least this many groups rests after it: a single transaction at a time
+/// (one writer at 500 tx/s) is appended as it comes, a stream of several is coalesced.
+pub(super) const REST_FROM_GROUPS: usize = 2;
+/// Under a stream of commits, appends start at most this often. An append costs about half a
+/// millisecond of server time whatever its size (a plan of CTEs, the state row, a chunk row),
+/// and appends that followed each other as fast as the rest allowed kept the sequencer's
+/// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
+/// event, publish at a median 0.75x of raw `INSERT`s against 0.79x with this spacing, and 6%
+/// more WAL per event (`docs/performance-history.md`, session 9). The spacing is also what a
+/// commit can wait before its append starts (about 1.5 ms on the median under a stream), so it
+/// stays well inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
+/// within [`PEERS_HEARD`](super::peers::PEERS_HEARD)) does not space its appends: there the commit lane of every other
+/// process already waits a wake-up, a read and an announcement on top of the append, and the
+/// spacing put 2 ms on its p99 with three processes (`docs/performance-history.md`,
+/// session 9).
+pub(super) const STREAM_SPACING: Duration = Duration::from_millis(5);
+/// A stream is [`STREAM_APPENDS`] appends in a row of at least this many groups each: commits
+/// come faster than appends can take them one by one. One writer at 500 tx/s appends one group
+/// at a time, and a backlog after a pause (a start, a slow statement) drains in an append or
+/// two; neither is spaced.
+pub(super) const STREAM_FROM_GROUPS: usize = 4;
+pub(super) const STREAM_APPENDS: u32 = 3;
+
+/// When appends may start, from how the last ones went.
+#[derive(Default)]
+pub(super) struct Cadence {
+    /// Appends in a row of at least [`STREAM_FROM_GROUPS`] groups.
+    pub(super) streak: u32,
+    /// Peers fold too: no spacing (see [`STREAM_SPACING`]).
+    pub(super) peers: bool,
+}
+
+impl Cadence {
+    /// When the append after one that started at `started`, ended at `ended` and took `groups`
+    /// groups may start: `interval` after the last one started; under a stream of commits, with
+    /// no peer folding, no sooner than [`STREAM_SPACING`] after it started; and after an append
+    /// of several groups no sooner than it took (up to [`REST_MAX`]) after it ended.
+    pub(super) fn next_due(
+        &mut self,
+        started: Instant,
+        ended: Instant,
+        groups: usize,
+        interval: Duration,
+    ) -> Instant {
+        self.streak = if groups >= STREAM_FROM_GROUPS {
+            self.streak.saturating_add(1)
+        } else {
+            0
+        };
+        let spacing = if self.streak >= STREAM_APPENDS && !self.peers {
+            interval.max(STREAM_SPACING)
+        } else {
+            interval
+        };
+        let rest = if groups >= REST_FROM_GROUPS {
+            ended.saturating_duration_since(started).min(REST_MAX)
+        } else {
+            Duration::ZERO
+        };
+        (started + spacing).max(ended + rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_lone_transaction_is_appended_as_soon_as_it_comes() {
+        let mut cadence = Cadence::default();
+        let started = Instant::now();
+        let ended = started + MS;
+        // Due as soon as the last append ended: at once.
+        assert_eq!(cadence.next_due(started, ended, 1, Duration::ZERO), ended);
+        assert_eq!(cadence.next_due(started, ended, 0, Duration::ZERO), ended);
+    }
+
+    #[test]
+    fn a_few_groups_rest_as_long_as_their_append_took() {
+        let mut cadence = Cadence::default();
+        let started = Instant::now();
+        let ended = started + MS;
+        assert_eq!(
+            cadence.next_due(started, ended, 2, Duration::ZERO),
+            ended + MS
+        );
+        let slow = started + 10 * MS;
+        assert_eq!(
+            cadence.next_due(started, slow, 3, Duration::ZERO),
+            slow + REST_MAX
+        );
+    }
+
+    #[test]
+    fn a_backlog_is_not_a_stream_but_appends_of_many_groups_in_a_row_are() {
+        let mut cadence = Cadence::default();
+        let started = Instant::now();
+        let ended = started + MS;
+        let rested = ended + MS;
+        for _ in 1..STREAM_APPENDS {
+            assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
+        }
+        let spaced = started + STREAM_SPACING;
+        assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), spaced);
+        assert_eq!(
+            cadence.next_due(started, ended, STREAM_FROM_GROUPS, Duration::ZERO),
+            spaced
+        );
+        // A slow append rests after it as before: the spacing bounds how often appends start.
+        let slow = started + 8 * MS;
+        assert_eq!(
+            cadence.next_due(started, slow, 100, Duration::ZERO),
+            slow + REST_MAX
+        );
+        // A small append ends the stream.
+        assert_eq!(cadence.next_due(started, ended, 3, Duration::ZERO), rested);
+        assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
+    }
+
+    #[test]
+    fn with_peers_folding_a_stream_is_not_spaced() {
+        let mut cadence = Cadence {
+            peers: true,
+            ..Cadence::default()
+        };
+        let started = Instant::now();
+        let ended = started + MS;
+        for _ in 0..=STREAM_APPENDS {
+            assert_eq!(
+                cadence.next_due(started, ended, 50, Duration::ZERO),
+                ended + MS
+            );
+        }
+        cadence.peers = false;
+        assert_eq!(
+            cadence.next_due(started, ended, 50, Duration::ZERO),
+            started + STREAM_SPACING
+        );
+    }
+
+    #[test]
+    fn the_configured_interval_holds_for_every_append() {
+        let mut cadence = Cadence::default();
+        let started = Instant::now();
+        let ended = started + MS;
+        let interval = 20 * MS;
+        assert_eq!(
+            cadence.next_due(started, ended, 1, interval),
+            started + interval
+        );
+        for _ in 0..STREAM_APPENDS {
+            assert_eq!(
+                cadence.next_due(started, ended, 50, interval),
+                started + interval
+            );
+        }
+    }
+}
