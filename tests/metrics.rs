@@ -139,6 +139,22 @@ async fn every_documented_metric_is_emitted() {
     assert!(passed, "the selective subscription passed over everything");
     skipping.shutdown().await;
 
+    // A relay delivers every event to a sink that takes them all: its gauges and counters are
+    // labelled `relay`, never `subscription`.
+    let relay = outbox
+        .relay(
+            ordo::relay::RelayConfig::new("metered-relay"),
+            common::recording_sink::Recording::default(),
+            |_| ordo::Keys::none(),
+        )
+        .await
+        .expect("relay");
+    let (_, relayed) = relay
+        .wait_for(Duration::from_secs(20), |s| s.position.get() >= 4)
+        .await;
+    assert!(relayed, "the relay delivered everything");
+    relay.shutdown().await;
+
     // An inbox consumer receives one message twice.
     sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL, payload TEXT NOT NULL)")
         .execute(&db.pool)
@@ -186,6 +202,8 @@ async fn every_documented_metric_is_emitted() {
             Some(("subscription", "halting")),
             1.0,
         ),
+        (names::RELAY_LAG, Some(("relay", "metered-relay")), 0.0),
+        (names::RELAY_EVENTS, Some(("relay", "metered-relay")), 4.0),
         (names::INBOX_RECEIPTS, Some(("receipt", "handled")), 1.0),
         (names::INBOX_RECEIPTS, Some(("receipt", "duplicate")), 1.0),
     ];
@@ -203,6 +221,15 @@ async fn every_documented_metric_is_emitted() {
         "plain-SQL writes are not ordo's publishes"
     );
     assert_eq!(value(&snapshot, names::COMMIT_HEAD, None), Some(4.0));
+    assert_eq!(
+        value(
+            &snapshot,
+            names::SUBSCRIPTION_LAG,
+            Some(("subscription", "metered-relay"))
+        ),
+        None,
+        "a relay's lag is ordo_relay_lag, not a subscription's"
+    );
 }
 
 /// Records what `describe_*!` tells a recorder: each name with its unit and description.

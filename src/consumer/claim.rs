@@ -242,8 +242,13 @@ impl Consumer {
         match sql::halt(&self.pool, name, self.owner, 0, &message, at).await {
             Ok(true) => {
                 tracing::error!(subscription = %name, %message, "halted below the retention floor: an operator moves it to the floor and resumes it");
-                metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.clone())
-                    .increment(1);
+                let halts = match self.kind {
+                    Kind::Subscription => {
+                        metrics::counter!(m::SUBSCRIPTION_HALTS, "subscription" => name.clone())
+                    }
+                    Kind::Relay => metrics::counter!(m::RELAY_HALTS, "relay" => name.clone()),
+                };
+                halts.increment(1);
                 ReadFailed::Halted
             }
             Ok(false) => {

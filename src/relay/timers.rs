@@ -98,7 +98,7 @@ impl<K: Sink> RelayRunner<K> {
             crate::Ordering::Commit => self.commit.head(),
         };
         let lag = head.saturating_sub(position.get());
-        metrics::gauge!(crate::telemetry::metrics::SUBSCRIPTION_LAG, "subscription" => self.config.name.clone())
+        metrics::gauge!(crate::telemetry::metrics::RELAY_LAG, "relay" => self.config.name.clone())
             .set(lag as f64);
         let parked = std::mem::take(&mut work.schedule.stalled_changed)
             .then(|| work.schedule.lanes.stalled_keys(ordering));

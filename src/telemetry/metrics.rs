@@ -23,7 +23,9 @@
 //! | `ordo_subscription_skipped_total` | counter | `subscription` | events of a type it does not select, passed over before decoding (counted as read: again after a restart re-reads them) |
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
-//! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) or below the retention floor (relays too) |
+//! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) or below the retention floor |
+//! | `ordo_relay_lag` | gauge | `relay` | positions between its stored results and the lane head: the events not yet delivered |
+//! | `ordo_relay_halts_total` | counter | `relay` | times it halted below the retention floor |
 //! | `ordo_relay_delivery_latency_seconds` | histogram | `relay` | from an event's `recorded_at` to the sink confirming it |
 //! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted) or `parked` | what each relay send did to an event |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
@@ -69,6 +71,10 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+/// The metric `ordo_relay_lag` (see the table above).
+pub const RELAY_LAG: &str = "ordo_relay_lag";
+/// The metric `ordo_relay_halts_total` (see the table above).
+pub const RELAY_HALTS: &str = "ordo_relay_halts_total";
 /// The metric `ordo_relay_delivery_latency_seconds` (see the table above).
 pub const RELAY_DELIVERY_LATENCY: &str = "ordo_relay_delivery_latency_seconds";
 /// The metric `ordo_relay_events_total` (see the table above).
@@ -186,6 +192,16 @@ pub fn describe() {
         SUBSCRIPTION_HALTS,
         Unit::Count,
         "Times a subscription halted, or a keyed one stalled a key."
+    );
+    describe_gauge!(
+        RELAY_LAG,
+        Unit::Count,
+        "Positions between a relay's stored results and its lane's head."
+    );
+    describe_counter!(
+        RELAY_HALTS,
+        Unit::Count,
+        "Times a relay halted below the retention floor."
     );
     describe_histogram!(
         RELAY_DELIVERY_LATENCY,
