@@ -19,6 +19,7 @@
 //! (`sql.rs`): the claim skips a locked row, and a handler's transaction is bounded by the
 //! lease on the server.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::Kind;
+use super::progress::{self, Known};
 use super::sql::{self, Stored};
 use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
 use super::tenure::Tenure;
@@ -222,6 +224,21 @@ impl Consumer {
             status.lease_owner = owner;
             status.lease_expires_at = expires_at;
         });
+    }
+
+    /// What the stored progress says above the watermark `at` (a keyed executor's first read
+    /// after a claim); a failure is logged and paused on, and the flow says what next.
+    pub(crate) async fn progress_above(
+        &mut self,
+        at: Position,
+    ) -> Result<HashMap<u64, Known>, Flow> {
+        match progress::load(&self.pool, &self.name, at).await {
+            Ok(known) => Ok(known),
+            Err(error) => {
+                tracing::warn!(%error, subscription = %self.name, kind = self.kind.as_str(), "reading the stored progress failed");
+                Err(self.pause(ERROR_BACKOFF).await)
+            }
+        }
     }
 
     /// A failed read of the lane at stored position `at`. Events below the retention floor

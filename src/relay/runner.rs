@@ -41,9 +41,7 @@ use crate::commit_lane::CommitShared;
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
 use crate::consumer::sql::Stored;
-use crate::consumer::{
-    Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed, Schedule, progress,
-};
+use crate::consumer::{Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed, Schedule};
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::position::Position;
@@ -126,12 +124,9 @@ impl<K: Sink> Executor for RelayRunner<K> {
 
 impl<K: Sink> RelayRunner<K> {
     async fn process_from(&mut self, watermark: Position) -> Flow {
-        let known = match progress::load(&self.core.pool, &self.config.name, watermark).await {
+        let known = match self.core.progress_above(watermark).await {
             Ok(known) => known,
-            Err(error) => {
-                tracing::warn!(%error, relay = %self.config.name, "reading the relay's progress failed");
-                return self.core.pause(ERROR_BACKOFF).await;
-            }
+            Err(flow) => return flow,
         };
         let source = Source::new(
             &self.lane,

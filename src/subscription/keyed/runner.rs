@@ -49,12 +49,9 @@ where
         row: &Stored,
         keyed: Keyed,
     ) -> Flow {
-        let known = match progress::load(&self.core.pool, &self.config.name, row.position).await {
+        let known = match self.core.progress_above(row.position).await {
             Ok(known) => known,
-            Err(error) => {
-                tracing::warn!(%error, subscription = %self.config.name, "reading keyed progress failed");
-                return self.core.pause(ERROR_BACKOFF).await;
-            }
+            Err(flow) => return flow,
         };
         let source = Source::new(
             &self.lane,
