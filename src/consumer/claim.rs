@@ -156,31 +156,25 @@ impl Consumer {
     /// Takes the lease if free, expired or ours; the row, or `None` if another runner holds it.
     pub(crate) async fn claim(&mut self) -> Result<Option<Stored>, sqlx::Error> {
         self.tenure.lost();
-        // Before the statement is sent: the lease it grants runs from no earlier.
-        let asked = Instant::now();
-        let row = sql::claim(
-            &self.pool,
-            &self.name,
-            self.ordering,
-            self.owner,
-            self.lease,
-        )
-        .await?;
-        self.noted(asked, row.is_some());
-        Ok(row)
+        self.lease_statement(sql::CLAIM).await
     }
 
     /// Extends a lease we hold; the row, or `None` if we lost it.
     pub(crate) async fn renew(&mut self) -> Result<Option<Stored>, sqlx::Error> {
+        self.lease_statement(sql::RENEW).await
+    }
+
+    /// [`CLAIM`](sql::CLAIM) or [`RENEW`](sql::RENEW), with what came back noted.
+    async fn lease_statement(
+        &mut self,
+        statement: &'static str,
+    ) -> Result<Option<Stored>, sqlx::Error> {
+        // Before the statement is sent: the lease it grants runs from no earlier.
         let asked = Instant::now();
-        let row = sql::renew(
-            &self.pool,
-            &self.name,
-            self.ordering,
-            self.owner,
-            self.lease,
-        )
-        .await?;
+        let (pool, name) = (&self.pool, &self.name);
+        let row =
+            sql::lease_statement(statement, pool, name, self.ordering, self.owner, self.lease)
+                .await?;
         self.noted(asked, row.is_some());
         Ok(row)
     }

@@ -172,29 +172,9 @@ pub(crate) async fn identity(pool: &PgPool, name: &str) -> Result<Identity, sqlx
     })
 }
 
-/// [`CLAIM`]: the row if `owner` now holds the lease, `None` if another runner does.
-pub(crate) async fn claim(
-    pool: &PgPool,
-    name: &str,
-    lane: Ordering,
-    owner: Uuid,
-    lease: Duration,
-) -> Result<Option<Stored>, sqlx::Error> {
-    lease_statement(CLAIM, pool, name, lane, owner, lease).await
-}
-
-/// [`RENEW`]: the row if `owner` still holds the lease, `None` if it lost it.
-pub(crate) async fn renew(
-    pool: &PgPool,
-    name: &str,
-    lane: Ordering,
-    owner: Uuid,
-    lease: Duration,
-) -> Result<Option<Stored>, sqlx::Error> {
-    lease_statement(RENEW, pool, name, lane, owner, lease).await
-}
-
-async fn lease_statement(
+/// [`CLAIM`] or [`RENEW`]: the row if `owner` now holds the lease, `None` if another runner
+/// does (or it lost it).
+pub(crate) async fn lease_statement(
     statement: &'static str,
     pool: &PgPool,
     name: &str,
