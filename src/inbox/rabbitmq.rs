@@ -55,26 +55,25 @@
 //! its queue is bound, **before** the relay sends what it must receive: the broker drops a
 //! message no queue is bound for. The adapter's API takes no client types.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::options::BasicCancelOptions;
+use lapin::{Channel, Connection};
 use tokio::task::JoinSet;
 
 use super::Inbox;
 use super::handler::InboxHandler;
-use super::transport::{Parts, Redelivery, Settle, settle};
+use super::transport::Redelivery;
 use crate::error::{Error, Result};
-use crate::wire::rabbitmq as wire;
 use crate::wire::redact_url;
+
+mod builder;
+mod deliver;
+mod open;
+
+pub use builder::RabbitInboxBuilder;
 
 /// The exchange every inbox queue's dead letters go through.
 pub const DEAD_LETTER_EXCHANGE: &str = "ordo.dlq";
@@ -84,110 +83,6 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How long the adapter waits before connecting again after the connection failed.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
-
-/// The settings of a [`RabbitInbox`]: start with [`RabbitInbox::builder`].
-#[must_use]
-#[derive(Clone)]
-pub struct RabbitInboxBuilder {
-    uri: String,
-    queue: String,
-    declare: bool,
-    bindings: Vec<(String, String)>,
-    prefetch: u16,
-    connect_timeout: Duration,
-    redelivery: Redelivery,
-}
-
-impl fmt::Debug for RabbitInboxBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitInboxBuilder")
-            .field("uri", &redact_url(&self.uri))
-            .field("queue", &self.queue)
-            .field("declare", &self.declare)
-            .field("bindings", &self.bindings)
-            .field("prefetch", &self.prefetch)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("redelivery", &self.redelivery)
-            .finish()
-    }
-}
-
-impl RabbitInboxBuilder {
-    /// Whether the adapter declares the queue, its dead-letter queue and exchange, and its
-    /// bindings (see the [module docs](self#dead-letters-derived-from-the-queue-name)).
-    /// Default true. Off, the queue must exist; nothing is declared or bound.
-    pub fn declare(mut self, declare: bool) -> Self {
-        self.declare = declare;
-        self
-    }
-
-    /// Binds the queue to `exchange` with `routing_key` (a pattern, for a topic exchange), when
-    /// declaring. An ordo relay's [`RabbitSink`](crate::relay::rabbitmq::RabbitSink) routes by
-    /// event type: `.bind("orders", "#")` takes every type.
-    pub fn bind(mut self, exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
-        self.bindings.push((exchange.into(), routing_key.into()));
-        self
-    }
-
-    /// How many deliveries may be unacknowledged at once (`basic.qos`), the ones waiting out a
-    /// redelivery delay included. Default 100; at least 1.
-    pub fn prefetch(mut self, prefetch: u16) -> Self {
-        self.prefetch = prefetch;
-        self
-    }
-
-    /// How long connecting may take. Default 5 s; not zero.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// When deliveries the inbox did not settle are delivered again. Default
-    /// [`Redelivery::default`].
-    pub fn redelivery(mut self, redelivery: Redelivery) -> Self {
-        self.redelivery = redelivery;
-        self
-    }
-
-    /// Checks the settings and returns the adapter; it connects in [`RabbitInbox::run`].
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] naming the setting: an empty URI, a queue name that is empty,
-    /// starts with `amq.` or is too long for its `.dlq` to fit 255 bytes, a zero prefetch or
-    /// timeout, a zero redelivery delay.
-    pub fn build(self) -> Result<RabbitInbox> {
-        if self.uri.trim().is_empty() {
-            return Error::invalid_config(
-                "RabbitInbox uri",
-                "is empty; pass e.g. amqp://guest:guest@127.0.0.1:5672/%2f",
-            );
-        }
-        if self.queue.is_empty() || self.queue.starts_with("amq.") || self.queue.len() > 251 {
-            return Error::invalid_config(
-                "RabbitInbox queue",
-                "must be 1 to 251 bytes (its dead-letter queue adds .dlq) and not start with amq.",
-            );
-        }
-        if self
-            .bindings
-            .iter()
-            .any(|(exchange, key)| exchange.len() > 255 || key.len() > 255)
-        {
-            return Error::invalid_config(
-                "RabbitInbox bind",
-                "exchange names and routing keys are at most 255 bytes",
-            );
-        }
-        if self.prefetch == 0 {
-            return Error::invalid_config("RabbitInbox prefetch", "must be at least 1");
-        }
-        if self.connect_timeout.is_zero() {
-            return Error::invalid_config("RabbitInbox connect_timeout", "must be more than zero");
-        }
-        self.redelivery.validate("RabbitInbox redelivery")?;
-        Ok(RabbitInbox { settings: self })
-    }
-}
 
 /// Consumes a RabbitMQ queue into an [`Inbox`] (see the [module docs](self)).
 ///
@@ -309,196 +204,6 @@ impl RabbitInbox {
         }
     }
 
-    /// Connects, declares (when asked) and starts consuming.
-    async fn open(&self) -> Result<Open> {
-        let settings = &self.settings;
-        let connecting = Connection::connect(&settings.uri, ConnectionProperties::default());
-        let connection = tokio::time::timeout(settings.connect_timeout, connecting)
-            .await
-            .map_err(|_| {
-                self.broker(format!(
-                    "no connection within {:?}",
-                    settings.connect_timeout
-                ))
-            })?
-            .map_err(|error| self.broker(format!("cannot connect: {error}")))?;
-        let setup = async {
-            let channel = connection.create_channel().await?;
-            if settings.declare {
-                self.declare(&channel).await?;
-            } else {
-                let passive = QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                };
-                channel
-                    .queue_declare(
-                        settings.queue.as_str().into(),
-                        passive,
-                        FieldTable::default(),
-                    )
-                    .await?;
-            }
-            channel
-                .basic_qos(settings.prefetch, BasicQosOptions::default())
-                .await?;
-            let consumer = channel
-                .basic_consume(
-                    settings.queue.as_str().into(),
-                    "".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-            Ok::<_, lapin::Error>((channel, consumer))
-        };
-        match setup.await {
-            Ok((channel, consumer)) => Ok(Open {
-                connection,
-                channel,
-                consumer,
-            }),
-            Err(error) => {
-                let _ = connection.close(200, "setup failed".into()).await;
-                Err(self.broker(format!(
-                    "setting up queue {:?}: {error}{}",
-                    settings.queue,
-                    if settings.declare {
-                        " (a queue that exists with other arguments cannot be declared again: delete it, or turn declare off and dead-letter with a policy)"
-                    } else {
-                        " (with declare off, the queue must exist)"
-                    }
-                )))
-            }
-        }
-    }
-
-    /// The dead-letter exchange and queue, the queue, its bindings.
-    async fn declare(&self, channel: &Channel) -> lapin::Result<()> {
-        let queue = self.settings.queue.as_str();
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .exchange_declare(
-                DEAD_LETTER_EXCHANGE.into(),
-                ExchangeKind::Direct,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let dead_letters = self.dead_letter_queue();
-        channel
-            .queue_declare(dead_letters.as_str().into(), durable, FieldTable::default())
-            .await?;
-        channel
-            .queue_bind(
-                dead_letters.as_str().into(),
-                DEAD_LETTER_EXCHANGE.into(),
-                queue.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(DEAD_LETTER_EXCHANGE.into()),
-        );
-        arguments.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(queue.into()),
-        );
-        channel
-            .queue_declare(queue.into(), durable, arguments)
-            .await?;
-        for (exchange, routing_key) in &self.settings.bindings {
-            channel
-                .queue_bind(
-                    queue.into(),
-                    exchange.as_str().into(),
-                    routing_key.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// One delivery through the inbox, then its ack, delayed requeue or dead-lettering.
-    async fn deliver<H: InboxHandler>(
-        &self,
-        inbox: &Inbox,
-        handler: &H,
-        delivery: Delivery,
-        delayed: &mut JoinSet<()>,
-    ) {
-        let headers = delivery.properties.headers().as_ref();
-        let header = |name: &str| headers.and_then(|table| text(table, name));
-        let (source, position, lane, ordo_headers) = (
-            header(wire::SOURCE),
-            header(wire::POSITION),
-            header(wire::LANE),
-            header(wire::HEADERS),
-        );
-        let parts = Parts {
-            id: delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str()),
-            payload: &delivery.data,
-            headers: ordo_headers.as_deref(),
-            source: source.as_deref(),
-            position: position.as_deref(),
-            lane: lane.as_deref(),
-        };
-        let result = match parts.message("message_id") {
-            Ok(message) => inbox.receive(&message, handler).await,
-            Err(reason) => Err(inbox.refused(parts.id, reason)),
-        };
-        let acked = match settle(&result, &self.settings.redelivery) {
-            Settle::Ack => delivery.ack(BasicAckOptions::default()).await.map(drop),
-            Settle::Redeliver(delay) => {
-                if let Err(error) = &result {
-                    tracing::warn!(queue = self.settings.queue, %error, "RabbitMQ inbox adapter: the inbox failed; the delivery will be requeued");
-                }
-                let acker = delivery.acker;
-                delayed.spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let requeue = BasicNackOptions {
-                        requeue: true,
-                        multiple: false,
-                    };
-                    let _ = acker.nack(requeue).await;
-                });
-                Ok(())
-            }
-            Settle::Reject(reason) => {
-                inbox.count_rejected();
-                tracing::warn!(
-                    queue = self.settings.queue,
-                    dead_letters = self.dead_letter_queue(),
-                    reason,
-                    "RabbitMQ inbox adapter: a delivery the inbox cannot store is dead-lettered"
-                );
-                delivery
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
-                    .map(drop)
-            }
-        };
-        if let Err(error) = acked {
-            // Unacknowledged, it is requeued when the channel closes; the inbox answers it then.
-            tracing::warn!(queue = self.settings.queue, %error, "RabbitMQ inbox adapter: the ack was not sent");
-        }
-    }
-
     /// A clean stop: no more deliveries; the ones already received (up to the prefetch) are
     /// settled, so that a stop leaves nothing to redeliver; then the channel and connection
     /// are closed after the acks.
@@ -540,25 +245,5 @@ impl RabbitInbox {
             at: redact_url(&self.settings.uri),
             reason,
         }
-    }
-}
-
-/// A header's value as text: strings as they are, integers in decimal.
-fn text(table: &FieldTable, name: &str) -> Option<String> {
-    let value = table
-        .inner()
-        .iter()
-        .find(|(key, _)| key.as_str() == name)
-        .map(|(_, value)| value)?;
-    match value {
-        AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok().map(str::to_owned),
-        AMQPValue::ShortString(text) => Some(text.as_str().to_owned()),
-        AMQPValue::LongLongInt(n) => Some(n.to_string()),
-        AMQPValue::LongInt(n) => Some(n.to_string()),
-        AMQPValue::LongUInt(n) => Some(n.to_string()),
-        AMQPValue::ShortInt(n) => Some(n.to_string()),
-        AMQPValue::ShortUInt(n) => Some(n.to_string()),
-        AMQPValue::Timestamp(n) => Some(n.to_string()),
-        _ => None,
     }
 }

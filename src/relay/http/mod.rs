@@ -139,41 +139,29 @@
 //! without an attempt), so a receiver never sees a key's events out of order.
 
 mod answer;
+mod builder;
 mod destinations;
+mod post;
 mod signature;
 
-use crate::wire::http as wire;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use reqwest::Client;
-use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
-use answer::{answer, request_failed};
+pub use builder::WebhookSinkBuilder;
+use builder::client;
 use destinations::Destinations;
+use post::by_key;
 pub use signature::{sign, verify_signature};
-use tokio::time::Instant;
 
 use super::{Message, Outcomes, SendError, Sink};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Maps a message to the URL it is posted to.
 pub type UrlFn = Arc<dyn Fn(&Message) -> String + Send + Sync>;
-
-/// The settings of a [`WebhookSink`]: start with [`WebhookSink::builder`].
-#[must_use]
-pub struct WebhookSinkBuilder {
-    url: String,
-    secret: Vec<u8>,
-    route: Option<UrlFn>,
-    timeout: Option<Duration>,
-    connect_timeout: Duration,
-    concurrency: usize,
-    max_response_bytes: usize,
-}
 
 /// The most bytes of an answer's body read by default (see
 /// [`WebhookSinkBuilder::max_response_bytes`]).
@@ -188,143 +176,6 @@ pub const MIN_SECRET_BYTES: usize = 16;
 
 /// A request's timeout when none is set and no relay derived one.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-
-impl fmt::Debug for WebhookSinkBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WebhookSinkBuilder")
-            .field("url", &crate::wire::redact_url(&self.url))
-            .field("secret", &"***")
-            .field("custom_route", &self.route.is_some())
-            .field("timeout", &self.timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("concurrency", &self.concurrency)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .finish()
-    }
-}
-
-impl WebhookSinkBuilder {
-    /// The URL of each message, instead of the one given to [`WebhookSink::builder`] (e.g. one
-    /// endpoint per recipient). A URL that does not parse fails that message permanently.
-    pub fn route(mut self, url: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
-        self.route = Some(Arc::new(url));
-        self
-    }
-
-    /// How long one request may take, from connecting to the end of the answer's headers: a
-    /// request past it is that message's transient failure (an attempt). Not zero. Default:
-    /// derived by the relay that runs the sink, half its batch deadline, at most 10 s (10 s
-    /// when used without a relay); a timeout set at or past the relay's batch deadline
-    /// is refused when the relay starts (see [`Sink::fit_to_deadline`]).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// How long connecting may take. Default 5 s; not zero.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How many requests are in flight at once (each key's one after another). Default 16;
-    /// not zero.
-    pub fn concurrency(mut self, keys: usize) -> Self {
-        self.concurrency = keys;
-        self
-    }
-
-    /// The most bytes of an answer's body read, in bytes. A body within it is read whole (so
-    /// the connection serves the next request) and, in the error of an answer that is not a
-    /// 2xx, quoted (its first 120 characters, escaped); a larger one is not read, and the error
-    /// says it was over this limit. A 2xx is delivered whatever its body. Default
-    /// [`DEFAULT_MAX_RESPONSE_BYTES`] (64 KiB); 0 reads no body.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// Checks the settings and returns the sink.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`] naming the setting: a URL that is empty or not `http(s)`, a
-    /// secret shorter than [`MIN_SECRET_BYTES`] (16 bytes), a zero timeout or concurrency.
-    pub fn build(self) -> Result<WebhookSink> {
-        if self.route.is_none() {
-            check_url(&self.url)?;
-        }
-        if self.secret.is_empty() {
-            return Error::invalid_config(
-                "webhook secret",
-                "is empty; receivers could not tell your requests from anyone's",
-            );
-        }
-        if self.secret.len() < MIN_SECRET_BYTES {
-            return Err(Error::InvalidConfig {
-                setting: "webhook secret",
-                reason: format!(
-                    "is {} bytes; at least {MIN_SECRET_BYTES} are needed (a shorter key is found by \
-                     testing guesses against one signed request, and then every request can be \
-                     forged): use 32 random bytes, e.g. `openssl rand -hex 32`",
-                    self.secret.len()
-                ),
-            });
-        }
-        if self.timeout.is_some_and(|timeout| timeout.is_zero()) {
-            return Error::invalid_config("webhook timeout", "must be more than zero");
-        }
-        if self.connect_timeout.is_zero() {
-            return Error::invalid_config("webhook connect_timeout", "must be more than zero");
-        }
-        if self.concurrency == 0 {
-            return Error::invalid_config("webhook concurrency", "must be at least 1");
-        }
-        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        let client = client(timeout, self.connect_timeout)?;
-        let url = self.url;
-        let route = self.route.unwrap_or_else(|| {
-            let url = url.clone();
-            Arc::new(move |_: &Message| url.clone())
-        });
-        Ok(WebhookSink {
-            client,
-            url,
-            route,
-            secret: Arc::from(self.secret),
-            configured_timeout: self.timeout,
-            timeout,
-            connect_timeout: self.connect_timeout,
-            concurrency: self.concurrency,
-            max_response_bytes: self.max_response_bytes,
-            destinations: Destinations::default(),
-        })
-    }
-}
-
-fn check_url(url: &str) -> Result<()> {
-    match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(()),
-        Ok(_) => Error::invalid_config("webhook url", "must be an http:// or https:// URL"),
-        Err(_) if url.trim().is_empty() => Error::invalid_config("webhook url", "is empty"),
-        Err(error) => Error::invalid_config(
-            "webhook url",
-            &format!("{:?} does not parse: {error}", crate::wire::redact_url(url)),
-        ),
-    }
-}
-
-fn client(timeout: Duration, connect_timeout: Duration) -> Result<Client> {
-    Client::builder()
-        .timeout(timeout)
-        .connect_timeout(connect_timeout)
-        // A redirected POST may turn into a GET; a moved endpoint is a configuration error.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .or_else(|error| {
-            Error::invalid_config("webhook", &format!("the HTTP client cannot start: {error}"))
-        })
-}
 
 /// Delivers to HTTP endpoints. See the [module docs](self) for the request, the answers and
 /// the order of delivery.
@@ -379,84 +230,6 @@ impl WebhookSink {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
-
-    /// One key's messages, sent one after another in batch order, each result as it comes;
-    /// after a failure the later ones are not sent (no result: they are not to blame).
-    fn send_key<'a>(
-        &'a self,
-        batch: &'a [Message],
-        indexes: Vec<usize>,
-    ) -> impl futures::Stream<Item = (usize, Result<(), SendError>)> + Send + 'a {
-        futures::stream::unfold(indexes.into_iter(), move |mut rest| async move {
-            let index = rest.next()?;
-            let result = self.post(&batch[index]).await;
-            if result.is_err() {
-                rest = Vec::new().into_iter();
-            }
-            Some(((index, result), rest))
-        })
-    }
-
-    /// Posts `message`; a transient failure while its URL answered nothing since is that
-    /// URL's outage ([`SendError::Unavailable`]), not the message's.
-    async fn post(&self, message: &Message) -> Result<(), SendError> {
-        let url = super::guarded("route", || (self.route)(message))?;
-        let sent_at = Instant::now();
-        let posted = self.post_to(&url, message).await;
-        self.destinations.judge(&url, sent_at, posted)
-    }
-
-    async fn post_to(&self, url: &str, message: &Message) -> Result<(), SendError> {
-        let timestamp = chrono::Utc::now().timestamp().to_string();
-        let signature = sign(&self.secret, &timestamp, &message.payload);
-        let mut request = self
-            .client
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .header(wire::EVENT_ID, message.id.to_string())
-            .header(wire::SEQUENCE, message.sequence.get().to_string())
-            .header(wire::POSITION, message.position.to_string())
-            .header(wire::LANE, message.lane.as_str())
-            .header(wire::TIMESTAMP, timestamp)
-            .header(wire::SIGNATURE, signature);
-        // Optional headers whose text a header cannot carry are left out rather than failing.
-        let optional = [
-            (wire::EVENT_TYPE, message.event_type.as_deref()),
-            (wire::KEY, message.key.as_deref()),
-            (wire::SOURCE, message.source.as_deref()),
-            (crate::wire::TRACEPARENT, message.traceparent()),
-        ];
-        for (name, value) in optional {
-            if let Some(value) = value.and_then(|text| HeaderValue::from_str(text).ok()) {
-                request = request.header(name, value);
-            }
-        }
-        let response = request
-            .body(message.payload.clone())
-            .send()
-            .await
-            .map_err(|error| request_failed(&error, url))?;
-        answer(response, url, self.max_response_bytes).await
-    }
-}
-
-/// The batch's messages grouped by key, each group in batch order, groups in order of first
-/// appearance; a message without a key is a group of its own (nothing orders it).
-fn by_key(batch: &[Message]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut group_of: HashMap<&str, usize> = HashMap::new();
-    for (index, message) in batch.iter().enumerate() {
-        let Some(key) = message.key.as_deref() else {
-            groups.push(vec![index]);
-            continue;
-        };
-        let group = *group_of.entry(key).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[group].push(index);
-    }
-    groups
 }
 
 impl Sink for WebhookSink {
@@ -502,25 +275,4 @@ impl Sink for WebhookSink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::by_key;
-    use crate::relay::Message;
-
-    #[test]
-    fn keys_keep_batch_order() {
-        let batch: Vec<Message> = ["a", "b", "a", "c", "b"]
-            .iter()
-            .map(|key| Message::new(&b"{}"[..]).with_key(Some(key)))
-            .collect();
-        assert_eq!(by_key(&batch), vec![vec![0, 2], vec![1, 4], vec![3]]);
-    }
-
-    #[test]
-    fn messages_without_a_key_are_each_their_own_group() {
-        let batch: Vec<Message> = [None, Some("a"), None, Some("a")]
-            .iter()
-            .map(|key| Message::new(&b"{}"[..]).with_key(*key))
-            .collect();
-        assert_eq!(by_key(&batch), vec![vec![0], vec![1, 3], vec![2]]);
-    }
-}
+mod tests;
