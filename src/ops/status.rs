@@ -242,7 +242,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
 /// letters and its stalled keys.
 ///
 /// # Errors
-/// [`Error::Database`] if the table cannot be read.
+/// [`Error::Database`](crate::Error::Database) if the table cannot be read.
 pub async fn list_subscriptions(pool: &PgPool) -> Result<Vec<SubscriptionStatus>> {
     let at = sql::positions(pool).await?;
     Ok(sql::subscriptions(
