@@ -178,6 +178,7 @@ mod ops;
 mod outbox;
 mod position;
 pub mod relay;
+mod schema;
 mod subscription;
 mod task;
 mod telemetry;

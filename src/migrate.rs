@@ -5,9 +5,7 @@ use sqlx::migrate::Migrator;
 
 use crate::error::{Error, Result};
 
-/// The table in which ordo records its applied migrations. It lives in the `ordo` schema, so
-/// ordo's history never mixes with an application's own `_sqlx_migrations`.
-pub const MIGRATIONS_TABLE: &str = "ordo._sqlx_migrations";
+pub use crate::schema::MIGRATIONS_TABLE;
 
 /// Whether ordo's history table exists yet (a database never migrated has none).
 const HISTORY_EXISTS: &str = "SELECT to_regclass('ordo._sqlx_migrations') IS NOT NULL";

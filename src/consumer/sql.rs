@@ -76,6 +76,8 @@ WHERE s.name = free.name
 RETURNING s.position, s.status, s.attempts, s.last_error
 "#;
 
+/// Extends a lease we hold; no row means we lost it. Also reports the row's state, so an
+/// operator's pause, resume or reset is seen while idle.
 pub(crate) const RENEW: &str = r#"
 UPDATE ordo.subscriptions
 SET lease_expires_at = now() + make_interval(secs => $3::float8 / 1000)
@@ -191,6 +193,8 @@ pub(crate) async fn lease_statement(
     row.as_ref().map(|row| Stored::read(row, lane)).transpose()
 }
 
+/// [`HALT`]: halts the subscription at `at` (fenced by the lease and the position); false when
+/// the fence refused (another runner holds the lease, or an operator moved the position).
 pub(crate) async fn halt(
     pool: &PgPool,
     name: &str,
@@ -210,6 +214,7 @@ pub(crate) async fn halt(
     Ok(done.rows_affected() == 1)
 }
 
+/// [`RELEASE`]: gives up `owner`'s lease, if it still holds it.
 pub(crate) async fn release(pool: &PgPool, name: &str, owner: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(RELEASE)
         .bind(name)

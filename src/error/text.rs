@@ -101,7 +101,7 @@ pub(super) fn migrate_reason(error: &sqlx::migrate::MigrateError) -> String {
             "migration {version} is partially applied (its row in {table} says success = false): \
              repair by hand what it left half done, then delete that row (DELETE FROM {table} \
              WHERE version = {version}) and migrate again (`ordo migrate`)",
-            table = crate::migrate::MIGRATIONS_TABLE
+            table = crate::schema::MIGRATIONS_TABLE
         ),
         other => other.to_string(),
     }

@@ -36,9 +36,6 @@ pub(crate) async fn roll_back(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
     }
 }
 
-/// Extends a lease we hold; no row means we lost it. Also reports the row's state, so an
-/// operator's pause, resume or reset is seen while idle.
-
 /// The checkpoint, in the handler's transaction, fenced by the lease and the expected position
 /// (an operator's reset moves the position, which also fails the fence).
 pub(crate) const CHECKPOINT: &str = r#"
@@ -151,9 +148,6 @@ pub(crate) async fn record_failure(
     Ok(done.rows_affected() == 1)
 }
 
-/// [`HALT`]: halts the subscription at `at` (fenced by the lease and the position); false when
-/// the fence refused (another runner holds the lease, or an operator moved the position).
-
 /// [`DEAD_LETTER`] in the dead-lettering transaction: the event `sequence` at `position`.
 pub(crate) async fn dead_letter(
     tx: &mut PgConnection,
@@ -174,8 +168,6 @@ pub(crate) async fn dead_letter(
         .await?;
     Ok(())
 }
-
-/// [`RELEASE`]: gives up `owner`'s lease, if it still holds it.
 
 /// [`RETRY_ORPHANS`]: refuses the retries whose event retention dropped.
 pub(crate) async fn refuse_orphan_retries(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
@@ -222,7 +214,6 @@ pub(crate) async fn retry_failed(pool: &PgPool, id: i64, message: &str) -> Resul
 }
 
 /// A subscription's lane, position and status, for waits from any process.
-
 pub(crate) const PROGRESS: &str = r#"
 SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $1
 "#;

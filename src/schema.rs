@@ -1,0 +1,6 @@
+//! Names in the `ordo` schema that more than one part states (the migrator and the errors that
+//! tell an operator how to repair it). A leaf: it imports nothing of ordo's.
+
+/// The table in which ordo records its applied migrations. It lives in the `ordo` schema, so
+/// ordo's history never mixes with an application's own `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "ordo._sqlx_migrations";
