@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use super::cache::Slot;
 use super::resolve::{Resolution, Resolver};
-use super::rows;
 use super::{CommittedBatch, LaneShared};
+use super::{heads, rows};
 use crate::config::OutboxConfig;
 use crate::error::Result;
 use crate::position::EventSequence;
@@ -197,13 +197,13 @@ where
     async fn look(&mut self) -> Result<()> {
         let pool = &self.shared.pool;
         if let Some(head) = self.above_head
-            && rows::head(pool).await? > head
+            && heads::head(pool).await? > head
         {
             // Writers have drawn more: the holes below the new head can be resolved again.
             self.above_head = None;
         }
         if self.hole.is_none() && self.known_head <= self.max_known() {
-            self.known_head = self.known_head.max(rows::head(pool).await?);
+            self.known_head = self.known_head.max(heads::head(pool).await?);
             if self.known_head <= self.max_known() {
                 self.schedule(self.config.resync_interval);
                 return Ok(());

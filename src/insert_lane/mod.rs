@@ -8,6 +8,7 @@
 
 pub(crate) mod cache;
 pub(crate) mod frontier;
+pub(crate) mod heads;
 pub(crate) mod listener;
 pub(crate) mod reader;
 pub(crate) mod resolve;
@@ -172,7 +173,7 @@ pub(crate) async fn spawn<P>(
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    let frontier = rows::initial_frontier(pool).await?;
+    let frontier = heads::initial_frontier(pool).await?;
     let lane = Arc::new(LaneShared::new(
         pool.clone(),
         frontier,

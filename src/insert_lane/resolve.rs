@@ -5,7 +5,7 @@
 //! only the transactions that can have drawn it, never the rest of the server: a long batch job
 //! in another database, or a transaction here that never publishes, cannot hold it up.
 //!
-//! 1. **The head is read first** ([`rows::HEAD`], `ordo.events_sequence` has `CACHE 1`, so its
+//! 1. **The head is read first** ([`heads::HEAD`], `ordo.events_sequence` has `CACHE 1`, so its
 //!    `last_value` is the last sequence any transaction drew). The range is cut there: every
 //!    sequence the lane asks about was drawn by a `nextval` that had returned before that read.
 //! 2. **Then the drawers are read** ([`DRAWERS`]). `nextval` locks the sequence
@@ -37,7 +37,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::rows;
+use super::heads;
 use crate::error::Result;
 use crate::position::EventSequence;
 
@@ -175,10 +175,10 @@ impl Resolver {
         // was drawn before they are read. A legitimate row is never above it (its writer drew it
         // before inserting), so the range is cut there and a forged row cannot make the lane
         // fill sequences nobody drew.
-        let head = rows::head(&self.pool).await?;
+        let head = heads::head(&self.pool).await?;
         let upto = upto.min(head);
         if from > upto {
-            let rows = rows::rows_above(&self.pool, head).await?;
+            let rows = heads::rows_above(&self.pool, head).await?;
             return Ok(Resolution::AboveHead { head, rows });
         }
         // Step 2: a drawer of any sequence up to `head` that is still open is among these.

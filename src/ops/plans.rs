@@ -11,7 +11,7 @@
 use crate::commit_lane::sql as commit;
 use crate::consumer::progress as keyed;
 use crate::consumer::sql as sub;
-use crate::insert_lane::{resolve, rows};
+use crate::insert_lane::{heads, resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
@@ -84,14 +84,14 @@ const HOT_PATH: &[HotStatement] = &[
         "bigint[], bigint, bigint",
         "ARRAY[5]::bigint[], 10, 512",
     ),
-    s("insert lane: sequence head", rows::HEAD, "", ""),
+    s("insert lane: sequence head", heads::HEAD, "", ""),
     s(
         "insert lane: contiguous end",
-        rows::CONTIGUOUS_END,
+        heads::CONTIGUOUS_END,
         "bigint",
         "0",
     ),
-    s("insert lane: resolved floor", rows::RESOLVED_FLOOR, "", ""),
+    s("insert lane: resolved floor", heads::RESOLVED_FLOOR, "", ""),
     s("insert lane: retention floors", rows::FLOORS, "", ""),
     s("insert lane: sequence drawers", resolve::DRAWERS, "", ""),
     s(

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use super::sql;
 use crate::consumer::SubscriptionStatus;
 use crate::error::Result;
-use crate::insert_lane::rows::initial_frontier;
+use crate::insert_lane::heads::initial_frontier;
 use crate::position::{CommitSequence, EventSequence, Ordering};
 
 /// Which clock the ages are measured on.
@@ -283,7 +283,7 @@ async fn rows_above_head(
     if committed_head <= sequence_head {
         return Ok(Vec::new());
     }
-    let rows = crate::insert_lane::rows::rows_above(pool, sequence_head.get()).await?;
+    let rows = crate::insert_lane::heads::rows_above(pool, sequence_head.get()).await?;
     Ok(rows
         .into_iter()
         .map(|(sequence, _)| EventSequence::new(sequence))

@@ -99,7 +99,7 @@ async fn crowded(pool: &PgPool, config: &RetentionConfig, covered: Option<(u64, 
     let Some((until, size)) = covered else {
         return false;
     };
-    match crate::insert_lane::rows::head(pool).await {
+    match crate::insert_lane::heads::head(pool).await {
         Ok(head) => head + u64::from(config.ahead) * size >= until,
         Err(_) => false,
     }

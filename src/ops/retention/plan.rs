@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use super::sql;
 use super::{PartitionInfo, RetentionConfig};
 use crate::error::{Error, Result};
-use crate::insert_lane::rows::frontier_on;
+use crate::insert_lane::heads::frontier_on;
 use crate::position::EventSequence;
 
 /// A range partition pair, named after its `ordo.events` partition.
