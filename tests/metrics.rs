@@ -153,6 +153,10 @@ async fn every_documented_metric_is_emitted() {
         .wait_for(Duration::from_secs(20), |s| s.position.get() >= 4)
         .await;
     assert!(relayed, "the relay delivered everything");
+    assert!(
+        relay.status().lease_owner.is_some(),
+        "a running relay's status names the owner of its lease (the core notes every claim)"
+    );
     relay.shutdown().await;
 
     // An inbox consumer receives one message twice.

@@ -166,15 +166,7 @@ impl<T> Lanes<T> {
         let done = state == State::Done;
         let detached = self.let_stalled_go && state == State::Stalled;
         if !done && !detached {
-            for key in keys.shared() {
-                self.queues
-                    .entry(Arc::clone(key))
-                    .or_default()
-                    .push_back(slot);
-            }
-            if barrier {
-                self.barriers.insert(slot);
-            }
+            self.join_lanes(slot, &keys, barrier);
         }
         let weight = if done { 0 } else { weight };
         self.held_bytes += weight;
@@ -259,6 +251,19 @@ impl<T> Lanes<T> {
     }
 
     /// Takes `slot` out of its lanes (and the barriers): the events behind it may run.
+    /// Puts `slot` at the end of each of its keys' lanes (and among the barriers, if it is one).
+    fn join_lanes(&mut self, slot: Slot, keys: &Keys, barrier: bool) {
+        for key in keys.shared() {
+            self.queues
+                .entry(Arc::clone(key))
+                .or_default()
+                .push_back(slot);
+        }
+        if barrier {
+            self.barriers.insert(slot);
+        }
+    }
+
     fn leave_lanes(&mut self, slot: Slot, keys: &Keys, barrier: bool) {
         for key in keys.shared() {
             let Some(queue) = self.queues.get_mut(key) else {

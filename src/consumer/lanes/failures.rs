@@ -1,8 +1,6 @@
 //! What a failure does to the schedule: an event backing off and waking, stalled (parked)
 //! and retried by an operator, and the stalled keys as the status lists them.
 
-use std::sync::Arc;
-
 use tokio::time::Instant;
 
 use super::{Entry, Lanes, Slot, State};
@@ -56,15 +54,7 @@ impl<T> Lanes<T> {
                 // may be running), ahead of those still to come. Never two of a key at once.
                 self.detached -= 1;
                 let (keys, barrier) = (entry.keys.clone(), entry.barrier);
-                for key in keys.shared() {
-                    self.queues
-                        .entry(Arc::clone(key))
-                        .or_default()
-                        .push_back(slot);
-                }
-                if barrier {
-                    self.barriers.insert(slot);
-                }
+                self.join_lanes(slot, &keys, barrier);
             }
             self.check(slot);
         }
