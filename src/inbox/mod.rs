@@ -59,6 +59,8 @@
 //! send in commit order: give every event the same key (`|_| Keys::one("all")`); with per-key
 //! order, messages of different keys overtake each other and wait out `Gap` redeliveries.
 
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+mod adapter;
 mod admin;
 mod config;
 mod handler;

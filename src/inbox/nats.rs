@@ -46,14 +46,12 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 
 use super::Inbox;
+use super::adapter::{self, Transport};
 use super::handler::InboxHandler;
-use super::transport::{Parts, Redelivery, Settle, settle};
+use super::transport::{Parts, Redelivery, Settle};
 use crate::error::{Error, Result};
 use crate::wire::nats as wire;
 use crate::wire::redact_url;
-
-/// How long the adapter waits before opening the message stream again after it failed.
-const REOPEN_AFTER: Duration = Duration::from_secs(1);
 
 /// The settings of a [`NatsInbox`]: start with [`NatsInbox::builder`].
 #[must_use]
@@ -230,51 +228,7 @@ impl NatsInbox {
         handler: &H,
         shutdown: impl Future<Output = ()>,
     ) -> Result<()> {
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(self.settings.connect_timeout)
-            .connect(self.settings.url.as_str())
-            .await
-            .map_err(|error| self.broker(format!("cannot connect: {error}")))?;
-        let consumer = self.consumer(&client).await?;
-        tracing::info!(
-            consumer = inbox.config().consumer(),
-            stream = self.settings.stream,
-            durable = self.settings.durable,
-            "inbox adapter consuming from NATS JetStream"
-        );
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut consumer = Some(consumer);
-        loop {
-            let opened = match &consumer {
-                Some(consumer) => consumer.messages().await.map_err(|e| e.to_string()),
-                None => Err("the consumer is not there".to_owned()),
-            };
-            match opened {
-                Ok(mut messages) => loop {
-                    let next = tokio::select! {
-                        () = &mut shutdown => return self.stop(&client).await,
-                        next = messages.next() => next,
-                    };
-                    match next {
-                        Some(Ok(message)) => self.deliver(inbox, handler, message).await,
-                        Some(Err(error)) => {
-                            tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: pulling failed; opening again");
-                            break;
-                        }
-                        None => break,
-                    }
-                },
-                Err(error) => {
-                    tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: cannot open the message stream; trying again");
-                }
-            }
-            tokio::select! {
-                () = &mut shutdown => return self.stop(&client).await,
-                () = tokio::time::sleep(REOPEN_AFTER) => {}
-            }
-            // The consumer may have been deleted, or the stream moved: set it up again.
-            consumer = self.consumer(&client).await.ok();
-        }
+        adapter::run(self, inbox, handler, shutdown).await
     }
 
     /// The durable pull consumer, created or updated to these settings.
@@ -302,13 +256,86 @@ impl NatsInbox {
         })
     }
 
-    /// One message through the inbox, then its ack, delayed nak or termination.
-    async fn deliver<H: InboxHandler>(
+    fn broker(&self, reason: String) -> Error {
+        Error::Broker {
+            broker: "nats",
+            at: redact_url(&self.settings.url),
+            reason,
+        }
+    }
+}
+
+/// The client, the durable consumer and, once opened, its message stream.
+pub(crate) struct Session {
+    client: async_nats::Client,
+    consumer: PullConsumer,
+    messages: Option<pull::Stream>,
+}
+
+impl Transport for NatsInbox {
+    const BROKER: &'static str = "NATS";
+    const ID_HEADER: &'static str = wire::MSG_ID;
+    type Session = Session;
+    type Message = jetstream::Message;
+
+    fn consumer(&self) -> &str {
+        &self.settings.durable
+    }
+
+    fn redelivery(&self) -> &Redelivery {
+        &self.settings.redelivery
+    }
+
+    fn rejected(&self) -> String {
+        "terminated (TERM)".to_owned()
+    }
+
+    async fn start(&self) -> Result<Session> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(self.settings.connect_timeout)
+            .connect(self.settings.url.as_str())
+            .await
+            .map_err(|error| self.broker(format!("cannot connect: {error}")))?;
+        let consumer = self.consumer(&client).await?;
+        Ok(Session {
+            client,
+            consumer,
+            messages: None,
+        })
+    }
+
+    /// The consumer may have been deleted, or the stream moved: set it up again.
+    async fn resume(&self, session: &mut Session) -> Result<()> {
+        session.messages = None;
+        session.consumer = self.consumer(&session.client).await?;
+        Ok(())
+    }
+
+    async fn next(
         &self,
-        inbox: &Inbox,
-        handler: &H,
-        message: jetstream::Message,
-    ) {
+        session: &mut Session,
+    ) -> Option<std::result::Result<jetstream::Message, String>> {
+        if session.messages.is_none() {
+            match session.consumer.messages().await {
+                Ok(messages) => session.messages = Some(messages),
+                Err(error) => return Some(Err(format!("cannot open the message stream: {error}"))),
+            }
+        }
+        let next = session.messages.as_mut()?.next().await;
+        match next {
+            Some(Ok(message)) => Some(Ok(message)),
+            Some(Err(error)) => {
+                session.messages = None;
+                Some(Err(format!("pulling failed: {error}")))
+            }
+            None => {
+                session.messages = None;
+                None
+            }
+        }
+    }
+
+    fn parts<R>(message: &jetstream::Message, read: impl FnOnce(Parts<'_>) -> R) -> R {
         let header = |name: &str| {
             message
                 .headers
@@ -316,56 +343,39 @@ impl NatsInbox {
                 .and_then(|headers| headers.get(name))
                 .map(|value| value.as_str())
         };
-        let parts = Parts {
+        read(Parts {
             id: header(wire::MSG_ID),
             payload: &message.payload,
             headers: header(wire::HEADERS),
             source: header(wire::SOURCE),
             position: header(wire::POSITION),
             lane: header(wire::LANE),
-        };
-        let result = match parts.message(wire::MSG_ID) {
-            Ok(inbox_message) => inbox.receive(&inbox_message, handler).await,
-            Err(reason) => Err(inbox.refused(parts.id, reason)),
-        };
-        let acked = match settle(&result, &self.settings.redelivery) {
+        })
+    }
+
+    async fn settle(
+        &self,
+        _: &mut Session,
+        message: jetstream::Message,
+        settle: Settle,
+    ) -> std::result::Result<(), String> {
+        let acked = match settle {
             Settle::Ack => message.ack().await,
-            Settle::Redeliver(delay) => {
-                if let Err(error) = &result {
-                    tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the inbox failed; the message will be redelivered");
-                }
-                message.ack_with(AckKind::Nak(Some(delay))).await
-            }
-            Settle::Reject(reason) => {
-                inbox.count_rejected();
-                tracing::warn!(
-                    durable = self.settings.durable,
-                    subject = message.subject.as_str(),
-                    reason,
-                    "NATS inbox adapter: a message the inbox cannot store is terminated"
-                );
-                message.ack_with(AckKind::Term).await
-            }
+            Settle::Redeliver(delay) => message.ack_with(AckKind::Nak(Some(delay))).await,
+            Settle::Reject(_) => message.ack_with(AckKind::Term).await,
         };
-        if let Err(error) = acked {
-            // The message comes back after ack_wait, and the inbox answers it from its record.
-            tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the ack was not sent");
-        }
+        acked.map_err(|error| error.to_string())
     }
 
-    /// A clean stop: the acks written so far reach the server before the connection goes.
-    async fn stop(&self, client: &async_nats::Client) -> Result<()> {
-        if let Err(error) = client.flush().await {
+    /// Nothing to drain: a pulled message not yet handled comes back after `ack_wait`.
+    async fn cancel(&self, _: &mut Session) -> bool {
+        false
+    }
+
+    /// The acks written so far reach the server before the connection goes.
+    async fn close(&self, session: Session) {
+        if let Err(error) = session.client.flush().await {
             tracing::warn!(durable = self.settings.durable, %error, "NATS inbox adapter: the last acks may not have been sent; those messages come back as duplicates");
-        }
-        Ok(())
-    }
-
-    fn broker(&self, reason: String) -> Error {
-        Error::Broker {
-            broker: "nats",
-            at: redact_url(&self.settings.url),
-            reason,
         }
     }
 }

@@ -58,31 +58,23 @@
 use std::future::Future;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::BasicCancelOptions;
 use lapin::{Channel, Connection};
-use tokio::task::JoinSet;
 
 use super::Inbox;
+use super::adapter;
 use super::handler::InboxHandler;
 use super::transport::Redelivery;
 use crate::error::{Error, Result};
 use crate::wire::redact_url;
 
 mod builder;
-mod deliver;
 mod open;
+mod transport;
 
 pub use builder::RabbitInboxBuilder;
 
 /// The exchange every inbox queue's dead letters go through.
 pub const DEAD_LETTER_EXCHANGE: &str = "ordo.dlq";
-
-/// How long a stopping adapter waits for the next delivery the broker sent before its cancel.
-const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
-
-/// How long the adapter waits before connecting again after the connection failed.
-const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// Consumes a RabbitMQ queue into an [`Inbox`] (see the [module docs](self)).
 ///
@@ -134,8 +126,8 @@ impl RabbitInbox {
 
     /// Receives deliveries into `inbox`, handled by `handler`, one at a time, until `shutdown`
     /// completes; then cancels the consumer, settles the deliveries already received (up to
-    /// the [`prefetch`](RabbitInboxBuilder::prefetch)), closes the connection and returns. A lost connection is logged and made
-    /// again; it does not end the run.
+    /// the [`prefetch`](RabbitInboxBuilder::prefetch)), closes the connection and returns. A
+    /// lost connection is logged and made again; it does not end the run.
     ///
     /// # Errors
     /// [`Error::Broker`] when the start fails: the broker cannot be reached, the queue cannot
@@ -150,93 +142,7 @@ impl RabbitInbox {
         handler: &H,
         shutdown: impl Future<Output = ()>,
     ) -> Result<()> {
-        let mut open = Some(self.open().await?);
-        tracing::info!(
-            consumer = inbox.config().consumer(),
-            queue = self.settings.queue,
-            "inbox adapter consuming from RabbitMQ"
-        );
-        let mut shutdown = std::pin::pin!(shutdown);
-        // Deliveries waiting out their redelivery delay before their nack.
-        let mut delayed = JoinSet::new();
-        loop {
-            if let Some(current) = open.as_mut() {
-                loop {
-                    while delayed.try_join_next().is_some() {}
-                    let next = tokio::select! {
-                        () = &mut shutdown => {
-                            delayed.abort_all();
-                            return self.stop(inbox, handler, current).await;
-                        }
-                        next = current.consumer.next() => next,
-                    };
-                    match next {
-                        Some(Ok(delivery)) => {
-                            self.deliver(inbox, handler, delivery, &mut delayed).await;
-                        }
-                        Some(Err(error)) => {
-                            tracing::warn!(queue = self.settings.queue, %error, "RabbitMQ inbox adapter: the consumer failed; connecting again");
-                            break;
-                        }
-                        None => {
-                            tracing::warn!(
-                                queue = self.settings.queue,
-                                "RabbitMQ inbox adapter: the broker ended the consumer; connecting again"
-                            );
-                            break;
-                        }
-                    }
-                }
-            }
-            // The deliveries of a lost channel are requeued by the broker; their nacks are void.
-            delayed.abort_all();
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                () = tokio::time::sleep(RECONNECT_AFTER) => {}
-            }
-            open = match self.open().await {
-                Ok(open) => Some(open),
-                Err(error) => {
-                    tracing::warn!(queue = self.settings.queue, %error, "RabbitMQ inbox adapter: cannot connect; trying again");
-                    None
-                }
-            };
-        }
-    }
-
-    /// A clean stop: no more deliveries; the ones already received (up to the prefetch) are
-    /// settled, so that a stop leaves nothing to redeliver; then the channel and connection
-    /// are closed after the acks.
-    async fn stop<H: InboxHandler>(
-        &self,
-        inbox: &Inbox,
-        handler: &H,
-        open: &mut Open,
-    ) -> Result<()> {
-        let cancel = open
-            .channel
-            .basic_cancel(open.consumer.tag(), BasicCancelOptions::default())
-            .await;
-        if cancel.is_ok() {
-            // After the cancel, the stream yields what the broker sent before it, then ends.
-            let mut delayed = JoinSet::new();
-            while let Ok(Some(Ok(delivery))) =
-                tokio::time::timeout(DRAIN_PATIENCE, open.consumer.next()).await
-            {
-                self.deliver(inbox, handler, delivery, &mut delayed).await;
-            }
-            // Those waiting out a redelivery delay go back to the queue as the channel closes.
-            delayed.abort_all();
-        }
-        let _ = open
-            .channel
-            .close(200, "inbox adapter stopping".into())
-            .await;
-        let _ = open
-            .connection
-            .close(200, "inbox adapter stopping".into())
-            .await;
-        Ok(())
+        adapter::run(self, inbox, handler, shutdown).await
     }
 
     fn broker(&self, reason: String) -> Error {
