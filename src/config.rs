@@ -164,7 +164,10 @@ impl OutboxConfig {
         self
     }
 
-    /// The `LISTEN`/`NOTIFY` channel for wake-ups. Default `ordo_events`.
+    /// The `LISTEN`/`NOTIFY` channel for wake-ups. Default `ordo_events`; 1 to 63 ASCII
+    /// letters, digits or underscores, and not `ordo_latest` (the latest values' channel). The
+    /// outbox listens on it, and on `ordo_latest` once a latest stream is open, over one
+    /// connection of its own (`application_name` `ordo.listen`).
     pub fn notify_channel(mut self, channel: impl Into<String>) -> Self {
         self.notify_channel = channel.into();
         self
@@ -323,6 +326,12 @@ impl OutboxConfig {
             return invalid(
                 "notify_channel",
                 "must be 1 to 63 ASCII letters, digits or underscores",
+            );
+        }
+        if self.notify_channel == crate::latest::CHANNEL {
+            return invalid(
+                "notify_channel",
+                "ordo_latest is the latest values' channel; wake-ups need one of their own",
             );
         }
         Ok(())

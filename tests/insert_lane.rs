@@ -406,6 +406,10 @@ async fn contradictory_configuration_is_refused_naming_the_settings() {
             "notify_channel",
         ),
         (
+            OutboxConfig::default().notify_channel("ordo_latest"),
+            "notify_channel",
+        ),
+        (
             OutboxConfig::default().fold_interval(Duration::from_secs(5)),
             "fold_interval",
         ),

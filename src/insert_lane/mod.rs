@@ -25,6 +25,7 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::OutboxConfig;
 use crate::error::Result;
+use crate::listen::Listen;
 use crate::task::Tasks;
 use cache::{Cache, Slot};
 use frontier::FrontierTask;
@@ -163,10 +164,11 @@ impl<P> LaneShared<P> {
 pub(crate) type CommittedBatch<P> = Vec<Slot<P>>;
 
 /// Starts the insert lane: reads its frontier from the table, then spawns the frontier task and,
-/// when `config` wakes other processes, the wake-up listener. Returns the lane and the sender
+/// when `config` wakes other processes, has `listen` hand it their wake-ups. Returns the lane and the sender
 /// this process's commits hand their events to.
 pub(crate) async fn spawn<P>(
     tasks: &Tasks,
+    listen: &Listen,
     pool: &PgPool,
     config: &OutboxConfig,
 ) -> Result<(Arc<LaneShared<P>>, mpsc::UnboundedSender<CommittedBatch<P>>)>
@@ -185,15 +187,7 @@ where
     let task = FrontierTask::new(Arc::clone(&lane), committed, tasks.signal(), config.clone());
     tasks.spawn("insert_lane.frontier", task.run());
     if config.cross_process_wakeups {
-        tasks.spawn(
-            "insert_lane.wakeup",
-            wakeup::run(
-                pool.clone(),
-                config.notify_channel.clone(),
-                Arc::clone(&lane),
-                tasks.signal(),
-            ),
-        );
+        wakeup::listen(listen, tasks, &config.notify_channel, Arc::clone(&lane));
     }
     Ok((lane, handoff))
 }

@@ -1,10 +1,9 @@
 //! Cross-process wake-ups, receiving side: a `LISTEN` connection whose notifications only
 //! hint that something was committed. The table stays the only data channel: after a
 //! reconnect the lane looks at the table again, so a lost notification costs latency, never an
-//! event. The connection and its reconnects are `crate::listen`'s; this is what the lane does
-//! with what it hears.
+//! event. The connection and its reconnects are `crate::listen`'s (one for every channel of the
+//! outbox); this is what the lane does with what it hears.
 
-use sqlx::PgPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,25 +11,23 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::LaneShared;
-use crate::listen::Notified;
-use crate::task::StopSignal;
+use crate::listen::{Listen, Notified};
+use crate::task::Tasks;
 
-/// Listens on `channel` until `stop`, on a pool of its own with `pool`'s options.
-pub(crate) async fn run<P>(
-    pool: PgPool,
-    channel: String,
+/// Has the outbox's LISTEN connection hand `channel`'s wake-ups to the lane.
+pub(crate) fn listen<P: Send + Sync + 'static>(
+    listen: &Listen,
+    tasks: &Tasks,
+    channel: &str,
     shared: Arc<LaneShared<P>>,
-    stop: StopSignal,
 ) {
-    let options = pool.connect_options().as_ref().clone();
-    drop(pool);
-    crate::listen::run(options, &channel, "wake-up", &Wakeups(shared), stop).await;
+    listen.add(tasks, channel, "wake-up", Arc::new(Wakeups(shared)));
 }
 
 /// The insert lane's side of the wake-up connection.
 struct Wakeups<P>(Arc<LaneShared<P>>);
 
-impl<P> Notified for Wakeups<P> {
+impl<P: Send + Sync> Notified for Wakeups<P> {
     /// Whatever was notified while we were away is in the table: look now.
     fn connected(&self) {
         self.0.request_resync();

@@ -1,31 +1,18 @@
-//! The `latest.listen` task: one `LISTEN ordo_latest` connection per outbox, for every latest
-//! stream of it. A notification only says "type X has version N now"; the fetch task reads
-//! the row. Every time the connection is (re)established, streams read their types again:
-//! what was notified while it was down is lost, but it is in the table.
-//!
-//! The connection and its reconnects are `crate::listen`'s (a pool of its own, one connection,
-//! `application_name` `ordo.latest`), as for the insert lane's wake-ups.
+//! The latest streams' side of the outbox's LISTEN connection (`crate::listen`, one for every
+//! channel of the outbox): `ordo_latest` is added to it by the first latest stream. A
+//! notification only says "type X has version N now"; the fetch task reads the row. Every time
+//! the connection is (re)established, streams read their types again: what was notified while
+//! it was down is lost, but it is in the table.
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
-
 use super::{CHANNEL, HubShared};
-use crate::listen::Notified;
-use crate::task::StopSignal;
+use crate::listen::{Listen, Notified};
+use crate::task::Tasks;
 
-/// The `application_name` of the LISTEN connection, for `pg_stat_activity`.
-pub(crate) const APPLICATION_NAME: &str = "ordo.latest";
-
-/// Listens on [`CHANNEL`] for every latest stream of the outbox, until `stop`.
-pub(crate) async fn run(pool: PgPool, shared: Arc<HubShared>, stop: StopSignal) {
-    let options = pool
-        .connect_options()
-        .as_ref()
-        .clone()
-        .application_name(APPLICATION_NAME);
-    drop(pool);
-    crate::listen::run(options, CHANNEL, "latest-value", &Latest(shared), stop).await;
+/// Has the outbox's LISTEN connection hand [`CHANNEL`] to every latest stream of the outbox.
+pub(crate) fn listen(listen: &Listen, tasks: &Tasks, shared: Arc<HubShared>) {
+    listen.add(tasks, CHANNEL, "latest-value", Arc::new(Latest(shared)));
 }
 
 /// The latest streams' side of the connection.

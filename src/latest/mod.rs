@@ -38,6 +38,7 @@ use tokio::sync::{Notify, broadcast, watch};
 
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
+use crate::listen::Listen;
 use crate::task::Tasks;
 
 pub use stream::LatestStream;
@@ -168,9 +169,9 @@ impl LatestHub {
         }
     }
 
-    /// The shared state, starting the `latest.listen` and `latest.fetch` tasks under `tasks`
-    /// the first time.
-    pub(crate) fn start(&self, tasks: &Tasks) -> Arc<HubShared> {
+    /// The shared state, the first time adding [`CHANNEL`] to the outbox's LISTEN connection
+    /// and starting the `latest.fetch` task under `tasks`.
+    pub(crate) fn start(&self, tasks: &Tasks, listen: &Listen) -> Arc<HubShared> {
         let shared = self.started.get_or_init(|| {
             let shared = Arc::new(HubShared {
                 pool: self.pool.clone(),
@@ -179,10 +180,7 @@ impl LatestHub {
                 pending: Mutex::new(HashSet::new()),
                 poke: Notify::new(),
             });
-            tasks.spawn(
-                "latest.listen",
-                listen::run(self.pool.clone(), Arc::clone(&shared), tasks.signal()),
-            );
+            listen::listen(listen, tasks, Arc::clone(&shared));
             tasks.spawn(
                 "latest.fetch",
                 fetch::run(Arc::clone(&shared), tasks.signal()),

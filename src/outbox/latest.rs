@@ -121,7 +121,10 @@ where
         if stop.is_stopped() {
             return Err(Error::Shutdown);
         }
-        let hub = self.inner.latest.start(&self.inner.tasks);
+        let hub = self
+            .inner
+            .latest
+            .start(&self.inner.tasks, &self.inner.listen);
         Ok(latest::stream(hub, types, stop))
     }
 

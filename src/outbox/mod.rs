@@ -24,6 +24,7 @@ use crate::consumer::{Runners, Shared, SubscriptionHandle};
 use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
 use crate::latest::LatestHub;
+use crate::listen::Listen;
 use crate::position::EventSequence;
 use crate::subscription::{self, JobConfig, Subscriber};
 use crate::task::Tasks;
@@ -72,6 +73,8 @@ struct Inner<P> {
     sink: Arc<CommitSink<P>>,
     /// Latest values: its tasks start with the first latest stream, under `tasks`.
     latest: LatestHub,
+    /// The one LISTEN connection, for the wake-ups and the latest values.
+    listen: Listen,
     /// Subscription runners: stopped before the lanes they read.
     runners: Runners,
     /// The lanes' and operations' tasks.
@@ -106,13 +109,15 @@ where
         crate::migrate::check_schema_version(&pool).await?;
         crate::metrics::describe();
         let tasks = Tasks::new();
-        let (lane, handoff) = insert_lane::spawn(&tasks, &pool, &config).await?;
+        let listen = Listen::new(&pool);
+        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, &pool, &config).await?;
         let sink = crate::write::spawn(&tasks, &pool, &config, &lane, handoff);
         crate::ops::spawn(&tasks, &pool, &config);
         let commit = commit_lane::spawn(&tasks, &pool, &config, &lane).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 latest: LatestHub::new(pool.clone()),
+                listen,
                 pool,
                 config,
                 lane,
