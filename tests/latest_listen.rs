@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::TestDb;
 use futures::StreamExt;
-use ordo::{Error, Latest, LatestStream, Outbox, OutboxConfig, Start};
+use ordo::{Envelope, Error, EventStream, Latest, LatestStream, Outbox, OutboxConfig, Start};
 use sqlx::PgPool;
 use tokio::time::timeout;
 
@@ -42,6 +42,18 @@ async fn next_within<T>(stream: &mut LatestStream<T>, limit: Duration) -> Latest
         .expect("a latest value in time")
         .expect("the stream ended early")
         .expect("a value, not an error")
+}
+
+/// The next event of `events` within `limit`.
+async fn next_event(
+    events: &mut EventStream<serde_json::Value>,
+    limit: Duration,
+) -> std::sync::Arc<Envelope<serde_json::Value>> {
+    timeout(limit, events.next())
+        .await
+        .expect("the event in time")
+        .expect("the stream goes on")
+        .expect("an event, not an error")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,11 +166,7 @@ async fn one_listen_connection_per_outbox_carries_the_wake_ups_and_the_latest_va
         tx.publish(serde_json::json!({ "round": round }))
             .expect("publish");
         tx.commit().await.expect("commit");
-        let event = timeout(limit, events.next())
-            .await
-            .expect("the event in time")
-            .expect("the stream goes on")
-            .expect("an event, not an error");
+        let event = next_event(&mut events, limit).await;
         assert_eq!(event.payload["round"], round);
         // Still one connection each: the latest values joined the reader's wake-up connection.
         let pids = listen_pids(&db.pool).await;
@@ -182,10 +190,6 @@ async fn one_listen_connection_per_outbox_carries_the_wake_ups_and_the_latest_va
     tx.publish(serde_json::json!({ "round": 4 }))
         .expect("publish");
     tx.commit().await.expect("commit");
-    let event = timeout(limit, events.next())
-        .await
-        .expect("the event in time")
-        .expect("the stream goes on")
-        .expect("an event, not an error");
+    let event = next_event(&mut events, limit).await;
     assert_eq!(event.payload["round"], 4);
 }
