@@ -1,0 +1,536 @@
+//! One writer, one event per transaction, measured where a user's clock runs: what ordo adds
+//! to a transaction next to a raw `INSERT` transaction on the same pool settings, and how soon
+//! a listener in the writer's process has the event, counted from before `commit()` is called.
+//!
+//! ```sh
+//! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
+//! cargo run --release --example single_writer                     # 2 sittings, ~1 min
+//! cargo run --release --example single_writer -- --seconds 3 --sittings 3 --variants raw,ordo
+//! ```
+//!
+//! Options: `--seconds N` (each run, default 3), `--sittings N` (default 2), `--rate N` (the
+//! paced phase's transactions per second, default 500), `--variants a,b` (default every one).
+//!
+//! Variants, each run on a fresh database (`ordo_load_<random>`, migrated, dropped at the end)
+//! with a pool of 10 connections, sqlx's defaults otherwise:
+//! - `raw`: `pool.begin()`, `INSERT INTO ordo.events (payload) VALUES ($1)`, `commit()`.
+//! - `ordo`: `Outbox::new` with `OutboxConfig::default()` (commit lane on), `begin()`,
+//!   `publish()`, `commit()`.
+//! - `no_seq`: the same with `sequencer(false)` (the commit lane off).
+//! - `bare`: `sequencer(false)` and `cross_process_wakeups(false)`: the write path alone.
+//!
+//! Within a sitting the variants run in order and then in reverse (A, B, C, C, B, A), so a
+//! burst of background load falls on both sides of a comparison. Each run has two phases:
+//! 1. **flat out**: back to back for `--seconds`. Transactions per second, and each
+//!    transaction's latency from before `begin()` to `commit()` returning. Also what the run
+//!    cost: CPU of this process and of the whole machine (`/proc`), and transactions the
+//!    server committed (`pg_stat_database.xact_commit`, every database), per transaction.
+//! 2. **paced** at `--rate`, with listeners in the same process (`listen_inserted` and, with
+//!    the sequencer on, `listen_committed`, both from `Start::Now`). Latency from before
+//!    `commit()` is called to the listener's task holding the event. The raw variant has no
+//!    listener: its figures are from before its `INSERT` to `commit()` returning (in the
+//!    `insert lane` column: the floor a listener told after the commit cannot beat, since
+//!    ordo's `commit()` sends the `INSERT` too), and from before its `COMMIT` alone.
+//!
+//! The first half second of each phase is warm-up and is not recorded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use ordo::{Outbox, OutboxConfig, Start};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::types::Json;
+use tokio::sync::Mutex;
+use tokio::time::MissedTickBehavior;
+
+#[path = "support/scratch.rs"]
+mod scratch;
+
+use scratch::Scratch;
+
+const WARM_UP: Duration = Duration::from_millis(500);
+const POOL: u32 = 10;
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// About 100 bytes of JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrderPlaced {
+    order_id: u64,
+    customer_id: u64,
+    sku: String,
+    quantity: u32,
+    total_cents: u64,
+    currency: String,
+}
+
+fn payload(n: u64) -> OrderPlaced {
+    OrderPlaced {
+        order_id: n,
+        customer_id: n % 977,
+        sku: format!("SKU-{:06}", n % 100_000),
+        quantity: 1 + (n % 5) as u32,
+        total_cents: 1_999 + n % 10_000,
+        currency: "EUR".to_owned(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Raw,
+    Ordo,
+    NoSeq,
+    Bare,
+    /// `ordo` with `notify_debounce(10 ms)`.
+    Debounce10,
+    /// `ordo` with `fold_interval(2 ms)`.
+    Fold2,
+}
+
+impl Variant {
+    const ALL: [Variant; 6] = [
+        Variant::Raw,
+        Variant::Ordo,
+        Variant::NoSeq,
+        Variant::Bare,
+        Variant::Debounce10,
+        Variant::Fold2,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Raw => "raw",
+            Variant::Ordo => "ordo",
+            Variant::NoSeq => "no_seq",
+            Variant::Bare => "bare",
+            Variant::Debounce10 => "ordo_d10",
+            Variant::Fold2 => "ordo_f2",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == name)
+            .with_context(|| {
+                format!("unknown variant {name:?} (raw, ordo, no_seq, bare, ordo_d10, ordo_f2)")
+            })
+    }
+
+    fn config(self) -> Option<OutboxConfig> {
+        let config = OutboxConfig::default();
+        match self {
+            Variant::Raw => None,
+            Variant::Ordo => Some(config),
+            Variant::NoSeq => Some(config.sequencer(false)),
+            Variant::Bare => Some(config.sequencer(false).cross_process_wakeups(false)),
+            Variant::Debounce10 => Some(config.notify_debounce(Duration::from_millis(10))),
+            Variant::Fold2 => Some(config.fold_interval(Duration::from_millis(2))),
+        }
+    }
+}
+
+struct Settings {
+    seconds: f64,
+    sittings: usize,
+    rate: u32,
+    variants: Vec<Variant>,
+}
+
+fn settings() -> Result<Settings> {
+    let mut s = Settings {
+        seconds: 3.0,
+        sittings: 2,
+        rate: 500,
+        variants: Variant::ALL[..4].to_vec(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--seconds" => s.seconds = value()?.parse().context("--seconds")?,
+            "--sittings" => s.sittings = value()?.parse().context("--sittings")?,
+            "--rate" => s.rate = value()?.parse().context("--rate")?,
+            "--variants" => {
+                s.variants = value()?
+                    .split(',')
+                    .map(Variant::parse)
+                    .collect::<Result<_>>()?;
+            }
+            other => bail!("unknown option {other:?} (--seconds, --sittings, --rate, --variants)"),
+        }
+    }
+    if s.seconds.is_nan() || s.seconds <= 0.5 || s.sittings == 0 || s.rate == 0 || s.variants.is_empty() {
+        bail!("--seconds must exceed 0.5, --sittings, --rate and --variants must be non-empty");
+    }
+    Ok(s)
+}
+
+fn histogram() -> Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1_000, 60_000_000_000, 3)?)
+}
+
+fn nanos(d: Duration) -> u64 {
+    (d.as_nanos() as u64).max(1_000)
+}
+
+fn ms(nanos: u64) -> f64 {
+    nanos as f64 / 1e6
+}
+
+/// CPU jiffies: this process's (user + system) and the machine's busy total.
+fn cpu() -> (u64, u64) {
+    let own = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name's closing parenthesis; utime and stime are the
+            // 14th and 15th fields of the line.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    let machine = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| {
+            let line = stat.lines().next()?;
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            Some(v.iter().take(8).sum::<u64>() - v.get(3)? - v.get(4)?)
+        })
+        .unwrap_or(0);
+    (own, machine)
+}
+
+async fn commits(pool: &PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT sum(xact_commit)::bigint FROM pg_stat_database")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// What one run of one variant measured.
+struct Run {
+    variant: Variant,
+    tps: f64,
+    tx: Histogram<u64>,
+    own_cpu_us: f64,
+    machine_cpu_us: f64,
+    server_commits: f64,
+    inserted: Histogram<u64>,
+    committed: Option<Histogram<u64>>,
+}
+
+enum Writer {
+    Raw(PgPool),
+    Ordo(Outbox<OrderPlaced>),
+}
+
+impl Writer {
+    async fn start(variant: Variant, pool: PgPool) -> Result<Self> {
+        Ok(match variant.config() {
+            None => Writer::Raw(pool),
+            Some(config) => Writer::Ordo(Outbox::new(pool, config).await?),
+        })
+    }
+
+    /// One transaction; returns the instant just before `commit()` was called (for raw, just
+    /// before its `INSERT`) and, for raw, the instant just before its `COMMIT`.
+    async fn transaction(&self, n: u64) -> Result<(Instant, Option<Instant>)> {
+        match self {
+            Writer::Raw(pool) => {
+                let mut tx = pool.begin().await?;
+                let before = Instant::now();
+                sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
+                    .bind(Json(payload(n)))
+                    .execute(&mut *tx)
+                    .await?;
+                let before_commit = Instant::now();
+                tx.commit().await?;
+                Ok((before, Some(before_commit)))
+            }
+            Writer::Ordo(outbox) => {
+                let mut tx = outbox.begin().await?;
+                tx.publish(payload(n))?;
+                let before = Instant::now();
+                tx.commit().await?;
+                Ok((before, None))
+            }
+        }
+    }
+}
+
+async fn flat_out(
+    writer: &Writer,
+    pool: &PgPool,
+    seconds: f64,
+) -> Result<(f64, Histogram<u64>, [f64; 3])> {
+    let mut tx = histogram()?;
+    let mut n = 0u64;
+    let warm = Instant::now() + WARM_UP;
+    while Instant::now() < warm {
+        writer.transaction(n).await?;
+        n += 1;
+    }
+    let (own0, machine0) = cpu();
+    let commits0 = commits(pool).await?;
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    let mut count = 0u64;
+    while Instant::now() < until {
+        let t = Instant::now();
+        writer.transaction(n).await?;
+        tx.record(nanos(t.elapsed()))?;
+        n += 1;
+        count += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (own1, machine1) = cpu();
+    // One of the commits counted is this query's own transaction; negligible.
+    let commits1 = commits(pool).await?;
+    let jiffy_us = 1e6 / 100.0;
+    let per = |d: u64| d as f64 * jiffy_us / count as f64;
+    Ok((
+        count as f64 / elapsed,
+        tx,
+        [
+            per(own1 - own0),
+            per(machine1 - machine0),
+            (commits1 - commits0) as f64 / count as f64,
+        ],
+    ))
+}
+
+type Received = Arc<Mutex<HashMap<u64, Instant>>>;
+
+/// Paced transactions; the listeners note when each event reaches them, by the event's
+/// `order_id`.
+async fn paced(
+    writer: &Writer,
+    rate: u32,
+    seconds: f64,
+    first: u64,
+    commit_lane: bool,
+) -> Result<(Histogram<u64>, Option<Histogram<u64>>)> {
+    let total = (f64::from(rate) * seconds) as u64;
+    let warm = (f64::from(rate) * WARM_UP.as_secs_f64()) as u64;
+    let inserted: Received = Arc::default();
+    let committed: Received = Arc::default();
+    let mut tasks = Vec::new();
+    if let Writer::Ordo(outbox) = writer {
+        let mut events = outbox.listen_inserted(Start::Now);
+        let seen = Arc::clone(&inserted);
+        tasks.push(tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                let event = event?;
+                let at = Instant::now();
+                if event.payload.order_id < first {
+                    // A flat-out event the lane still delivers: not this phase's.
+                    continue;
+                }
+                let mut seen = seen.lock().await;
+                seen.insert(event.payload.order_id, at);
+                if seen.len() as u64 == total {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        }));
+        if commit_lane {
+            let mut events = outbox.listen_committed(Start::Now);
+            let seen = Arc::clone(&committed);
+            tasks.push(tokio::spawn(async move {
+                while let Some(event) = events.next().await {
+                    let event = event?;
+                    let at = Instant::now();
+                    if event.event.payload.order_id < first {
+                        // A flat-out event the lane still delivers: not this phase's.
+                        continue;
+                    }
+                    let mut seen = seen.lock().await;
+                    seen.insert(event.event.payload.order_id, at);
+                    if seen.len() as u64 == total {
+                        break;
+                    }
+                }
+                anyhow::Ok(())
+            }));
+        }
+        // Let the streams start before the clock does.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut before = Vec::with_capacity(total as usize);
+    let mut floor = histogram()?;
+    let mut commit_only = histogram()?;
+    for i in 0..total {
+        tick.tick().await;
+        let (at, before_commit) = writer.transaction(first + i).await?;
+        if i >= warm {
+            floor.record(nanos(at.elapsed()))?;
+            if let Some(before_commit) = before_commit {
+                commit_only.record(nanos(before_commit.elapsed()))?;
+            }
+        }
+        before.push(at);
+    }
+    if tasks.is_empty() {
+        return Ok((floor, Some(commit_only)));
+    }
+    for task in tasks {
+        tokio::time::timeout(PATIENCE, task)
+            .await
+            .context("a listener did not receive every event")???;
+    }
+    let latencies = |seen: &HashMap<u64, Instant>| -> Result<Histogram<u64>> {
+        let mut h = histogram()?;
+        for (i, at) in before.iter().enumerate().skip(warm as usize) {
+            let got = seen
+                .get(&(first + i as u64))
+                .context("an event never reached its listener")?;
+            h.record(nanos(got.saturating_duration_since(*at)))?;
+        }
+        Ok(h)
+    };
+    let inserted = latencies(&*inserted.lock().await)?;
+    let committed = if committed.lock().await.is_empty() {
+        None
+    } else {
+        Some(latencies(&*committed.lock().await)?)
+    };
+    Ok((inserted, committed))
+}
+
+async fn run(variant: Variant, settings: &Settings) -> Result<Run> {
+    let db = Scratch::create(&scratch::server_url()).await?;
+    let pool = db.pool(POOL).await?;
+    let stats = db.pool(1).await?;
+    let writer = Writer::start(variant, pool.clone()).await?;
+    let (tps, tx, [own_cpu_us, machine_cpu_us, server_commits]) =
+        flat_out(&writer, &stats, settings.seconds).await?;
+    let (inserted, committed) = paced(
+        &writer,
+        settings.rate,
+        settings.seconds,
+        1 << 40,
+        !matches!(variant, Variant::Raw | Variant::NoSeq | Variant::Bare),
+    )
+    .await?;
+    if let Writer::Ordo(outbox) = writer {
+        outbox.shutdown().await;
+    }
+    pool.close().await;
+    stats.close().await;
+    db.drop_db().await?;
+    Ok(Run {
+        variant,
+        tps,
+        tx,
+        own_cpu_us,
+        machine_cpu_us,
+        server_commits,
+        inserted,
+        committed,
+    })
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn print(run: &Run, raw: Option<&Run>) {
+    let ratio = raw.map_or(String::from("-"), |raw| {
+        format!("{:.2}x", run.tps / raw.tps)
+    });
+    let p50_over = raw.map_or(String::from("-"), |raw| {
+        format!(
+            "{:+.0}",
+            (run.tx.value_at_quantile(0.5) as f64 - raw.tx.value_at_quantile(0.5) as f64) / 1e3
+        )
+    });
+    let lane = |h: &Histogram<u64>| {
+        format!(
+            "p50 {:.3} p99 {:.3} max {:.3}",
+            ms(h.value_at_quantile(0.5)),
+            ms(h.value_at_quantile(0.99)),
+            ms(h.max())
+        )
+    };
+    println!(
+        "  {:<7} {:>7.0} tx/s {:>6} of raw | tx p50 {:.3} ms ({} us over raw) p99 {:.3} | cpu/tx own {:>4.0} us machine {:>4.0} us | server commits/tx {:.2} | paced: insert lane {}{}",
+        run.variant.name(),
+        run.tps,
+        ratio,
+        ms(run.tx.value_at_quantile(0.5)),
+        p50_over,
+        ms(run.tx.value_at_quantile(0.99)),
+        run.own_cpu_us,
+        run.machine_cpu_us,
+        run.server_commits,
+        lane(&run.inserted),
+        run.committed.as_ref().map_or(String::new(), |h| {
+            let what = if run.variant == Variant::Raw {
+                "COMMIT alone"
+            } else {
+                "commit lane"
+            };
+            format!(" | {what} {}", lane(h))
+        }),
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let settings = settings()?;
+    println!(
+        "single writer, 1 event per transaction: {} s per phase, paced at {} tx/s, {} sittings",
+        settings.seconds, settings.rate, settings.sittings
+    );
+    for sitting in 1..=settings.sittings {
+        let mut order = settings.variants.clone();
+        let mut back = order.clone();
+        back.reverse();
+        order.extend(back);
+        println!("sitting {sitting} (load {} at its start):", load());
+        let mut raw_runs: Vec<Run> = Vec::new();
+        let mut runs = Vec::new();
+        for variant in order {
+            let run = run(variant, &settings).await?;
+            if variant == Variant::Raw {
+                raw_runs.push(run);
+            } else {
+                runs.push(run);
+            }
+        }
+        // Compare each run with the raw run nearest it in the order (the first raw for the
+        // first half, the second for the second).
+        let half = runs.len() / 2;
+        for (i, raw) in raw_runs.iter().enumerate() {
+            print(raw, None);
+            let part = if i == 0 { &runs[..half] } else { &runs[half..] };
+            for run in part {
+                print(run, Some(raw));
+            }
+        }
+        if raw_runs.is_empty() {
+            for run in &runs {
+                print(run, None);
+            }
+        }
+        println!("  (load {} at its end)", load());
+    }
+    Ok(())
+}
