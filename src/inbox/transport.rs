@@ -19,6 +19,7 @@ use super::message::{InboxMessage, Receipt};
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::position::Ordering;
+use crate::telemetry::clipped;
 
 /// The longest delay [`Redelivery`] takes, each of its settings: 24 hours. Until its delay
 /// is over a message holds its place at the broker (a RabbitMQ prefetch slot, a JetStream
@@ -155,6 +156,10 @@ pub(crate) fn settle(result: &Result<Receipt>, redelivery: &Redelivery) -> Settl
     }
 }
 
+/// The most characters of a header value a refusal quotes: the values are a sender's, and a
+/// refusal is logged.
+const MAX_SHOWN: usize = 64;
+
 /// The parts of a broker message the inbox reads, as the adapter found them.
 #[derive(Debug, Default)]
 pub(crate) struct Parts<'a> {
@@ -185,7 +190,10 @@ impl Parts<'_> {
         let mut message = InboxMessage::new(id, payload);
         if let Some(json) = self.headers {
             let headers: Headers = serde_json::from_str(json).map_err(|error| {
-                format!("the Ordo-Headers header is not a JSON object: {error}")
+                format!(
+                    "the Ordo-Headers header is not a JSON object: {}",
+                    clipped(&error.to_string(), MAX_SHOWN)
+                )
             })?;
             message = message.with_headers(headers);
         }
@@ -193,14 +201,21 @@ impl Parts<'_> {
             None => None,
             Some(lane) if lane == Ordering::Commit.as_str() => Some(Ordering::Commit),
             Some(lane) if lane == Ordering::Insert.as_str() => Some(Ordering::Insert),
-            Some(lane) => return Err(format!("Ordo-Lane {lane:?} is neither commit nor insert")),
+            Some(lane) => {
+                return Err(format!(
+                    "Ordo-Lane \"{}\" is neither commit nor insert",
+                    clipped(lane, MAX_SHOWN)
+                ));
+            }
         };
         let position = match self.position {
             None => None,
-            Some(text) => Some(
-                text.parse::<u64>()
-                    .map_err(|_| format!("Ordo-Position {text:?} is not a position"))?,
-            ),
+            Some(text) => Some(text.parse::<u64>().map_err(|_| {
+                format!(
+                    "Ordo-Position \"{}\" is not a position",
+                    clipped(text, MAX_SHOWN)
+                )
+            })?),
         };
         if let (Some(source), Some(position)) = (self.source, position)
             && lane != Some(Ordering::Insert)
@@ -214,6 +229,40 @@ impl Parts<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_quotes_a_hostile_header_cut_and_on_one_line() {
+        let huge = format!("commit\nFORGED LINE {}", "x".repeat(10_000));
+        let parts = |lane, position| Parts {
+            id: Some("m-1"),
+            payload: b"{}",
+            lane,
+            position,
+            ..Parts::default()
+        };
+        for reason in [
+            parts(Some(&huge), None).message("Nats-Msg-Id"),
+            parts(None, Some(&huge)).message("Nats-Msg-Id"),
+        ]
+        .map(|refused| refused.err().unwrap_or_default())
+        {
+            assert!(reason.contains("commit\\nFORGED LINE"), "{reason}");
+            assert!(reason.contains("(10019 bytes in all)"), "{reason}");
+            assert!(!reason.contains('\n'), "{reason}");
+            assert!(reason.len() < 200, "{} bytes", reason.len());
+        }
+        let json = format!("\"{huge}\"");
+        let headers = Parts {
+            headers: Some(&json),
+            ..parts(None, None)
+        };
+        let reason = headers.message("Nats-Msg-Id").err().unwrap_or_default();
+        assert!(
+            reason.starts_with("the Ordo-Headers header is not a JSON object"),
+            "{reason}"
+        );
+        assert!(!reason.contains('\n') && reason.len() < 400, "{reason}");
+    }
 
     #[test]
     fn settled_receipts_are_acknowledged_and_others_redelivered() {

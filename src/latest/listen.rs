@@ -30,7 +30,10 @@ impl Notified for Latest {
             Some((_, event_type)) => self.0.notified(event_type.to_owned()),
             None => {
                 // Not ordo's shape (someone else's NOTIFY on our channel): read everything.
-                tracing::debug!(payload, "unexpected notification");
+                tracing::debug!(
+                    payload = %crate::telemetry::clipped(payload, 200),
+                    "unexpected notification"
+                );
                 self.0.resync();
             }
         }

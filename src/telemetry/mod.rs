@@ -8,5 +8,5 @@ mod printable;
 pub(crate) mod trace;
 
 pub use hot::HotStatement;
-pub(crate) use printable::needs_escape;
 pub use printable::printable;
+pub(crate) use printable::{clipped, needs_escape};
