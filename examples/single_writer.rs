@@ -164,7 +164,12 @@ fn settings() -> Result<Settings> {
             other => bail!("unknown option {other:?} (--seconds, --sittings, --rate, --variants)"),
         }
     }
-    if s.seconds.is_nan() || s.seconds <= 0.5 || s.sittings == 0 || s.rate == 0 || s.variants.is_empty() {
+    if s.seconds.is_nan()
+        || s.seconds <= 0.5
+        || s.sittings == 0
+        || s.rate == 0
+        || s.variants.is_empty()
+    {
         bail!("--seconds must exceed 0.5, --sittings, --rate and --variants must be non-empty");
     }
     Ok(s)
@@ -312,6 +317,34 @@ async fn flat_out(
 
 type Received = Arc<Mutex<HashMap<u64, Instant>>>;
 
+/// Notes when each of `total` events from `first` on reaches a listener, by its `order_id`.
+fn record<S>(
+    mut order_ids: S,
+    first: u64,
+    total: u64,
+    seen: Received,
+) -> tokio::task::JoinHandle<Result<()>>
+where
+    S: futures::Stream<Item = ordo::Result<u64>> + Send + Unpin + 'static,
+{
+    tokio::spawn(async move {
+        while let Some(order_id) = order_ids.next().await {
+            let order_id = order_id?;
+            let at = Instant::now();
+            if order_id < first {
+                // A flat-out event the lane still delivers: not this phase's.
+                continue;
+            }
+            let mut seen = seen.lock().await;
+            seen.insert(order_id, at);
+            if seen.len() as u64 == total {
+                break;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Paced transactions; the listeners note when each event reaches them, by the event's
 /// `order_id`.
 async fn paced(
@@ -327,43 +360,15 @@ async fn paced(
     let committed: Received = Arc::default();
     let mut tasks = Vec::new();
     if let Writer::Ordo(outbox) = writer {
-        let mut events = outbox.listen_inserted(Start::Now);
-        let seen = Arc::clone(&inserted);
-        tasks.push(tokio::spawn(async move {
-            while let Some(event) = events.next().await {
-                let event = event?;
-                let at = Instant::now();
-                if event.payload.order_id < first {
-                    // A flat-out event the lane still delivers: not this phase's.
-                    continue;
-                }
-                let mut seen = seen.lock().await;
-                seen.insert(event.payload.order_id, at);
-                if seen.len() as u64 == total {
-                    break;
-                }
-            }
-            anyhow::Ok(())
-        }));
+        let events = outbox
+            .listen_inserted(Start::Now)
+            .map(|event| event.map(|event| event.payload.order_id));
+        tasks.push(record(events, first, total, Arc::clone(&inserted)));
         if commit_lane {
-            let mut events = outbox.listen_committed(Start::Now);
-            let seen = Arc::clone(&committed);
-            tasks.push(tokio::spawn(async move {
-                while let Some(event) = events.next().await {
-                    let event = event?;
-                    let at = Instant::now();
-                    if event.event.payload.order_id < first {
-                        // A flat-out event the lane still delivers: not this phase's.
-                        continue;
-                    }
-                    let mut seen = seen.lock().await;
-                    seen.insert(event.event.payload.order_id, at);
-                    if seen.len() as u64 == total {
-                        break;
-                    }
-                }
-                anyhow::Ok(())
-            }));
+            let events = outbox
+                .listen_committed(Start::Now)
+                .map(|event| event.map(|event| event.event.payload.order_id));
+            tasks.push(record(events, first, total, Arc::clone(&committed)));
         }
         // Let the streams start before the clock does.
         tokio::time::sleep(Duration::from_millis(200)).await;
