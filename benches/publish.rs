@@ -41,14 +41,16 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use ordo::{Outbox, OutboxConfig};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::types::Json;
 use tokio::runtime::Runtime;
 
+#[path = "../examples/support/order.rs"]
+mod order;
 #[path = "../examples/support/scratch.rs"]
 mod scratch;
 
+use order::{OrderPlaced, payload};
 use scratch::Scratch;
 
 /// Criterion samples per benchmark (criterion's minimum is 10).
@@ -65,28 +67,6 @@ const POOL_SIZE: u32 = 12;
 
 /// The hand-written baseline: the same payloads, one statement, the table's defaults.
 const RAW_INSERT: &str = "INSERT INTO ordo.events (payload) SELECT * FROM unnest($1::jsonb[])";
-
-/// About 100 bytes of JSON.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct OrderPlaced {
-    order_id: u64,
-    customer_id: u64,
-    sku: String,
-    quantity: u32,
-    total_cents: u64,
-    currency: String,
-}
-
-fn payload(n: u64) -> OrderPlaced {
-    OrderPlaced {
-        order_id: 1_000_000 + n,
-        customer_id: 500_000 + n % 997,
-        sku: format!("SKU-{:05}-BLUE-XL", n % 10_000),
-        quantity: 1 + (n % 5) as u32,
-        total_cents: 1_299 + n % 10_000,
-        currency: "EUR".to_owned(),
-    }
-}
 
 /// Who writes: the hand-written statement, or ordo with its defaults or one part turned off.
 #[derive(Clone, Copy, PartialEq, Eq)]

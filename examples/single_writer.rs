@@ -42,42 +42,22 @@ use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use ordo::{Outbox, OutboxConfig, Start};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::types::Json;
 use tokio::sync::Mutex;
 use tokio::time::MissedTickBehavior;
 
+#[path = "support/order.rs"]
+mod order;
 #[path = "support/scratch.rs"]
 mod scratch;
 
+use order::{OrderPlaced, payload};
 use scratch::Scratch;
 
 const WARM_UP: Duration = Duration::from_millis(500);
 const POOL: u32 = 10;
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// About 100 bytes of JSON.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct OrderPlaced {
-    order_id: u64,
-    customer_id: u64,
-    sku: String,
-    quantity: u32,
-    total_cents: u64,
-    currency: String,
-}
-
-fn payload(n: u64) -> OrderPlaced {
-    OrderPlaced {
-        order_id: n,
-        customer_id: n % 977,
-        sku: format!("SKU-{:06}", n % 100_000),
-        quantity: 1 + (n % 5) as u32,
-        total_cents: 1_999 + n % 10_000,
-        currency: "EUR".to_owned(),
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
@@ -317,9 +297,10 @@ async fn flat_out(
 
 type Received = Arc<Mutex<HashMap<u64, Instant>>>;
 
-/// Notes when each of `total` events from `first` on reaches a listener, by its `order_id`.
+/// Notes when each of `total` events from `first` on reaches a listener, by its order's
+/// [`number`](OrderPlaced::number).
 fn record<S>(
-    mut order_ids: S,
+    mut numbers: S,
     first: u64,
     total: u64,
     seen: Received,
@@ -328,15 +309,15 @@ where
     S: futures::Stream<Item = ordo::Result<u64>> + Send + Unpin + 'static,
 {
     tokio::spawn(async move {
-        while let Some(order_id) = order_ids.next().await {
-            let order_id = order_id?;
+        while let Some(number) = numbers.next().await {
+            let number = number?;
             let at = Instant::now();
-            if order_id < first {
+            if number < first {
                 // A flat-out event the lane still delivers: not this phase's.
                 continue;
             }
             let mut seen = seen.lock().await;
-            seen.insert(order_id, at);
+            seen.insert(number, at);
             if seen.len() as u64 == total {
                 break;
             }
@@ -345,8 +326,8 @@ where
     })
 }
 
-/// Paced transactions; the listeners note when each event reaches them, by the event's
-/// `order_id`.
+/// Paced transactions; the listeners note when each event reaches them, by its order's
+/// number.
 async fn paced(
     writer: &Writer,
     rate: u32,
@@ -362,12 +343,12 @@ async fn paced(
     if let Writer::Ordo(outbox) = writer {
         let events = outbox
             .listen_inserted(Start::Now)
-            .map(|event| event.map(|event| event.payload.order_id));
+            .map(|event| event.map(|event| event.payload.number()));
         tasks.push(record(events, first, total, Arc::clone(&inserted)));
         if commit_lane {
             let events = outbox
                 .listen_committed(Start::Now)
-                .map(|event| event.map(|event| event.event.payload.order_id));
+                .map(|event| event.map(|event| event.event.payload.number()));
             tasks.push(record(events, first, total, Arc::clone(&committed)));
         }
         // Let the streams start before the clock does.
