@@ -74,6 +74,9 @@ pub(crate) const SESSION: &[(&str, &str)] = &[
     ("enable_seqscan", "off"),
 ];
 
+/// [`SESSION`] as the statements a new connection runs (a test checks they agree).
+const SET_SESSION: &str = "SET synchronous_commit = off; SET jit = off; SET enable_seqscan = off";
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -111,14 +114,17 @@ where
         batch: usize,
         interval: Duration,
     ) -> Self {
-        let options = pool
-            .connect_options()
-            .as_ref()
-            .clone()
-            .options(SESSION.iter().copied());
+        // Set by statements once connected, not as startup `options`: PgBouncer refuses a
+        // connection whose startup packet carries them (`unsupported startup parameter`).
         let pool = PgPoolOptions::new()
             .max_connections(2)
-            .connect_lazy_with(options);
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql(SET_SESSION).execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
         Self {
             pool,
             lane,
@@ -387,5 +393,19 @@ where
             log.extend(entries);
         }
         self.commit.publish_head(state.head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statements_a_connection_runs_set_every_session_setting() {
+        let statements: Vec<String> = SESSION
+            .iter()
+            .map(|(name, value)| format!("SET {name} = {value}"))
+            .collect();
+        assert_eq!(SET_SESSION, statements.join("; "));
     }
 }
