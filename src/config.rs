@@ -58,6 +58,7 @@ pub struct OutboxConfig {
     pub(crate) retention: crate::RetentionConfig,
     pub(crate) maintenance_interval: Duration,
     pub(crate) partition_maintenance: bool,
+    pub(crate) background_pool: Option<sqlx::PgPool>,
 }
 
 impl Default for OutboxConfig {
@@ -79,6 +80,7 @@ impl Default for OutboxConfig {
             retention: crate::RetentionConfig::default(),
             maintenance_interval: Duration::from_secs(60),
             partition_maintenance: true,
+            background_pool: None,
         }
     }
 }
@@ -177,6 +179,38 @@ impl OutboxConfig {
     /// other processes are found by the idle resync only. Default on.
     pub fn cross_process_wakeups(mut self, enabled: bool) -> Self {
         self.cross_process_wakeups = enabled;
+        self
+    }
+
+    /// A pool for the outbox's background parts: the insert lane's reads, the wake-ups'
+    /// `LISTEN` connection and notifier, the sequencer, the maintainer, subscriptions, relays,
+    /// and the in-doubt commit checks. By default they use the pool given to
+    /// [`Outbox::new`](crate::Outbox::new), which then does everything.
+    ///
+    /// Set it when the application's pool goes through a transaction-mode pooler (PgBouncer's
+    /// `pool_mode = transaction`): give this pool a direct or session-mode connection, and keep
+    /// the pooled one for [`Outbox::new`](crate::Outbox::new), whose
+    /// [`begin`](crate::Outbox::begin) and [`publish_in`](crate::Outbox::publish_in) then send
+    /// unnamed statements, which a transaction-mode pooler passes. Without this setting,
+    /// `Outbox::new` refuses a pooled pool with [`Error::TransactionPooler`]; it refuses a
+    /// pooled pool here too. It must allow at least
+    /// [`MIN_POOL_CONNECTIONS`] connections. Default: none.
+    ///
+    /// ```no_run
+    /// # async fn run() -> ordo::Result<()> {
+    /// use ordo::{Outbox, OutboxConfig};
+    /// use sqlx::postgres::PgPoolOptions;
+    ///
+    /// // The application's pool, through PgBouncer in transaction mode.
+    /// let pooled = PgPoolOptions::new().connect("postgres://app@pgbouncer:6432/shop").await?;
+    /// // ordo's background parts, on the server itself.
+    /// let direct = PgPoolOptions::new().max_connections(4).connect("postgres://app@db:5432/shop").await?;
+    /// let config = OutboxConfig::default().background_pool(direct);
+    /// let outbox = Outbox::<serde_json::Value>::new(pooled, config).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn background_pool(mut self, pool: sqlx::PgPool) -> Self {
+        self.background_pool = Some(pool);
         self
     }
 

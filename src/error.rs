@@ -53,6 +53,21 @@ pub enum Error {
         source: Arc<serde_json::Error>,
     },
 
+    /// The pool given for `part` reaches PostgreSQL through a transaction-mode pooler
+    /// (PgBouncer's `pool_mode = transaction`), where each transaction may run on another
+    /// server connection: `part` needs a session of its own (`LISTEN`, session settings,
+    /// advisory locks, prepared statements). `fix` says where to get one. See
+    /// `docs/operations.md`, "Connection poolers".
+    #[error(
+        "{part} reaches PostgreSQL through a transaction-mode pooler (PgBouncer pool_mode = transaction), where it cannot keep a session: {fix}"
+    )]
+    TransactionPooler {
+        /// What needs the session.
+        part: &'static str,
+        /// The setting or connection that gives it one.
+        fix: &'static str,
+    },
+
     /// A configuration value is out of range, or two settings contradict each other.
     #[error("invalid ordo configuration: {setting}: {reason}")]
     InvalidConfig {

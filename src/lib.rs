@@ -176,6 +176,7 @@ mod listener;
 mod migrate;
 mod ops;
 mod outbox;
+mod pooler;
 mod position;
 pub mod relay;
 mod schema;
@@ -225,6 +226,9 @@ pub use write::transaction::OutboxTransaction;
 /// takes a pool on the database holding the `ordo` schema; none needs a running
 /// [`Outbox`].
 pub mod admin {
+    /// Whether a pool keeps its sessions, or goes through a transaction-mode pooler.
+    pub use crate::pooler::keeps_sessions;
+
     /// The outbox's positions, lag and stalls, naming the transactions that hold a lane.
     pub use crate::ops::status::{list_subscriptions, status};
 

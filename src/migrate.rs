@@ -46,7 +46,9 @@ pub fn migrator() -> Migrator {
 /// [`Error::SchemaTooNew`](crate::Error::SchemaTooNew) when the database holds a migration
 /// newer than any this version knows (a newer ordo migrated it);
 /// [`Error::Migrate`](crate::Error::Migrate) when a migration fails or an applied one was
-/// modified.
+/// modified; [`Error::TransactionPooler`](crate::Error::TransactionPooler) when `pool` goes
+/// through a transaction-mode pooler, where the advisory lock cannot be held (migrate on a
+/// direct connection).
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
@@ -54,6 +56,12 @@ pub fn migrator() -> Migrator {
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &PgPool) -> Result<()> {
+    crate::pooler::require_sessions(
+        pool,
+        "the pool given to ordo::migrate",
+        "migrate on a connection to the server itself or through a session-mode pool",
+    )
+    .await?;
     check_schema_version(pool).await?;
     let mut conn = pool.acquire().await?;
     sqlx::query(QUIET).execute(&mut *conn).await?;

@@ -57,6 +57,10 @@ pub(super) fn describe(error: &sqlx::Error) -> String {
         text.push_str(&code);
         text.push(']');
     }
+    if let Some(pooler) = crate::pooler::hint(error) {
+        text.push_str(": ");
+        text.push_str(pooler);
+    }
     text
 }
 

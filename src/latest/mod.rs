@@ -39,6 +39,7 @@ use tokio::sync::{Notify, broadcast, watch};
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::listen::Listen;
+use crate::pooler::Statements;
 use crate::task::Tasks;
 
 pub use stream::LatestStream;
@@ -229,12 +230,13 @@ where
 }
 
 /// Publishes `value` as the newest value of `event_type` on `conn`, in whatever transaction
-/// it is in. Returns the version.
+/// it is in, with `statements` as the connection's pool takes them. Returns the version.
 pub(crate) async fn publish<V>(
     conn: &mut PgConnection,
     event_type: &str,
     value: &V,
     headers: &Headers,
+    statements: Statements,
 ) -> Result<u64>
 where
     V: Serialize + ?Sized,
@@ -242,7 +244,7 @@ where
     check_type(event_type)?;
     let payload = serde_json::to_string(value).map_err(Error::Encode)?;
     let headers = serde_json::to_string(headers).map_err(Error::Encode)?;
-    Ok(sql::publish(conn, event_type, &payload, &headers).await?)
+    Ok(sql::publish(conn, event_type, &payload, &headers, statements).await?)
 }
 
 #[cfg(test)]

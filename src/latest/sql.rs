@@ -6,6 +6,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::LatestRow;
 use crate::envelope::Headers;
+use crate::pooler::Statements;
 
 /// Upserts a value and notifies `ordo_latest` at commit, through the function of migration
 /// `20261201000300` (the only write a writer role may make here). Returns the version.
@@ -24,8 +25,10 @@ pub(crate) async fn publish(
     event_type: &str,
     payload: &str,
     headers: &str,
+    statements: Statements,
 ) -> Result<u64, sqlx::Error> {
     let version: i64 = sqlx::query_scalar(PUBLISH)
+        .persistent(statements.persistent())
         .bind(event_type)
         .bind(payload)
         .bind(headers)

@@ -8,6 +8,7 @@ use super::Outbox;
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 use crate::latest::{self, Latest, LatestStream};
+use crate::pooler::Statements;
 
 impl<P> Outbox<P>
 where
@@ -60,8 +61,8 @@ where
         if self.inner.tasks.signal().is_stopped() {
             return Err(Error::Shutdown);
         }
-        let mut conn = self.inner.pool.acquire().await?;
-        latest::publish(&mut conn, event_type, value, headers).await
+        let mut conn = self.inner.direct.acquire().await?;
+        latest::publish(&mut conn, event_type, value, headers, Statements::Named).await
     }
 
     /// Publishes `value` as the newest value of `event_type` inside a transaction the caller
@@ -81,7 +82,14 @@ where
     where
         V: Serialize + ?Sized,
     {
-        latest::publish(tx, event_type, value, &Headers::new()).await
+        latest::publish(
+            tx,
+            event_type,
+            value,
+            &Headers::new(),
+            self.inner.sink.statements,
+        )
+        .await
     }
 
     /// Follows the latest values of `types`: first the current value of each type that has
@@ -140,7 +148,7 @@ where
     {
         latest::check_type(event_type)?;
         let types = [event_type.to_owned()];
-        let rows = latest::sql::read(&self.inner.pool, &types).await?;
+        let rows = latest::sql::read(&self.inner.direct, &types).await?;
         rows.first().map(latest::decode).transpose()
     }
 }

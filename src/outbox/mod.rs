@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
 use crate::latest::LatestHub;
 use crate::listen::Listen;
+use crate::pooler::{self, Sessions, Statements};
 use crate::position::EventSequence;
 use crate::subscription::{self, JobConfig, Subscriber};
 use crate::task::Tasks;
@@ -66,7 +67,10 @@ pub struct Outbox<P> {
 }
 
 struct Inner<P> {
+    /// The publishing pool: `begin`.
     pool: PgPool,
+    /// The background parts' pool: [`OutboxConfig::background_pool`], else `pool`.
+    direct: PgPool,
     config: OutboxConfig,
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
@@ -96,29 +100,63 @@ where
     /// Starts an outbox on `pool`: finds the insert lane's frontier in the table, then spawns
     /// the background tasks. The schema must exist ([`migrate`](crate::migrate)).
     ///
-    /// The pool must allow at least [`MIN_POOL_CONNECTIONS`] connections.
+    /// The pool must allow at least [`MIN_POOL_CONNECTIONS`] connections. It does everything,
+    /// unless [`OutboxConfig::background_pool`] gives the background parts a pool of their own;
+    /// then `pool` serves [`begin`](Self::begin) and [`publish_in`](Self::publish_in) only, and
+    /// may go through a transaction-mode pooler (its statements are then sent unnamed).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a contradictory `config`, or a pool whose `max_connections`
-    /// is below [`MIN_POOL_CONNECTIONS`]; [`Error::NotMigrated`] if the schema does not exist;
-    /// [`Error::SchemaTooNew`] if a newer ordo migrated it; [`Error::Database`] if the table
-    /// cannot be read.
+    /// is below [`MIN_POOL_CONNECTIONS`]; [`Error::TransactionPooler`] if the pool that runs
+    /// the background parts goes through a transaction-mode pooler; [`Error::NotMigrated`] if
+    /// the schema does not exist; [`Error::SchemaTooNew`] if a newer ordo migrated it;
+    /// [`Error::Database`] if the table cannot be read.
     pub async fn new(pool: PgPool, config: OutboxConfig) -> Result<Self> {
         config.validate()?;
         check_pool(&pool)?;
-        crate::migrate::check_schema_version(&pool).await?;
+        let statements = match &config.background_pool {
+            None => {
+                pooler::require_sessions(
+                    &pool,
+                    "the pool given to Outbox::new",
+                    "give ordo's background parts a direct or session-mode pool with \
+                     OutboxConfig::background_pool, or connect to the server itself",
+                )
+                .await?;
+                Statements::Named
+            }
+            Some(background) => {
+                check_pool(background)?;
+                pooler::require_sessions(
+                    background,
+                    "OutboxConfig::background_pool",
+                    "connect it to the server itself or to a session-mode pool",
+                )
+                .await?;
+                match pooler::probe(&pool).await? {
+                    Sessions::Kept => Statements::Named,
+                    Sessions::PerTransaction => Statements::Unnamed,
+                }
+            }
+        };
+        let direct = config
+            .background_pool
+            .clone()
+            .unwrap_or_else(|| pool.clone());
+        crate::migrate::check_schema_version(&direct).await?;
         crate::metrics::describe();
         let tasks = Tasks::new();
-        let listen = Listen::new(&pool);
-        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, &pool, &config).await?;
-        let sink = crate::write::spawn(&tasks, &pool, &config, &lane, handoff);
-        crate::ops::spawn(&tasks, &pool, &config);
-        let commit = commit_lane::spawn(&tasks, &pool, &config, &lane).await?;
+        let listen = Listen::new(&direct);
+        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, &direct, &config).await?;
+        let sink = crate::write::spawn(&tasks, &direct, &config, &lane, handoff, statements);
+        crate::ops::spawn(&tasks, &direct, &config);
+        let commit = commit_lane::spawn(&tasks, &direct, &config, &lane).await?;
         Ok(Self {
             inner: Arc::new(Inner {
-                latest: LatestHub::new(pool.clone()),
+                latest: LatestHub::new(direct.clone()),
                 listen,
                 pool,
+                direct,
                 config,
                 lane,
                 commit,
@@ -129,7 +167,9 @@ where
         })
     }
 
-    /// The pool this outbox writes and reads with.
+    /// The pool this outbox publishes with ([`begin`](Self::begin)): the one given to
+    /// [`new`](Self::new). The background parts use it too, unless
+    /// [`OutboxConfig::background_pool`] gave them another.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
@@ -195,7 +235,7 @@ where
     /// [`Error::Database`] if the server cannot be asked (or `xid` is in the future, that is,
     /// not a transaction id of this server).
     pub async fn commit_status(&self, xid: i64) -> Result<CommitStatus> {
-        in_doubt::status(&self.inner.pool, xid).await
+        in_doubt::status(&self.inner.direct, xid).await
     }
 
     /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost
@@ -208,7 +248,7 @@ where
     /// # Errors
     /// [`Error::Database`] if the query fails.
     pub async fn published(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
-        in_doubt::published(&self.inner.pool, ids).await
+        in_doubt::published(&self.inner.direct, ids).await
     }
 
     /// Starts a durable subscription: `subscriber` handles every event of the configured lane,
@@ -230,7 +270,7 @@ where
         S: Subscriber<P>,
     {
         subscription::spawn(
-            self.inner.pool.clone(),
+            self.inner.direct.clone(),
             Arc::clone(&self.inner.lane),
             Arc::clone(&self.inner.commit),
             &self.inner.runners,
@@ -314,7 +354,7 @@ where
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
         let shared = Shared {
-            pool: self.inner.pool.clone(),
+            pool: self.inner.direct.clone(),
             lane: Arc::clone(&self.inner.lane),
             commit: Arc::clone(&self.inner.commit),
         };
@@ -329,7 +369,7 @@ where
     /// # Errors
     /// [`Error::Database`] if a query fails.
     pub async fn status(&self) -> Result<crate::OutboxStatus> {
-        crate::admin::status(&self.inner.pool).await
+        crate::admin::status(&self.inner.direct).await
     }
 
     /// Shuts the outbox down, in this order:

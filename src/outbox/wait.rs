@@ -39,7 +39,7 @@ where
         limit: std::time::Duration,
     ) -> Result<Vec<CommitSequence>> {
         crate::commit_lane::wait::commit_positions(
-            &self.inner.pool,
+            &self.inner.direct,
             self.inner.commit.head.subscribe(),
             sequences,
             limit,
@@ -74,7 +74,7 @@ where
         limit: std::time::Duration,
     ) -> Result<()> {
         crate::subscription::wait::subscription_reached(
-            &self.inner.pool,
+            &self.inner.direct,
             self.inner.commit.head.subscribe(),
             name,
             sequences,

@@ -24,6 +24,7 @@ use super::sql;
 use crate::envelope::{Envelope, Headers};
 use crate::error::{Error, Result};
 use crate::insert_lane::cache::{Slot, SlotItem};
+use crate::pooler::Statements;
 use crate::position::EventSequence;
 
 /// Events per insert statement at most. Large enough that a statement's round trip is small
@@ -253,8 +254,13 @@ pub(crate) struct Written {
 }
 
 /// Inserts every buffered event on `conn`, chunk by chunk, dropping each chunk's JSON once it
-/// has been sent. The buffer keeps its ids.
-pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -> Result<Written> {
+/// has been sent, as `statements` says (unnamed through a transaction-mode pooler). The buffer
+/// keeps its ids.
+pub(crate) async fn insert<P>(
+    conn: &mut PgConnection,
+    buffer: &mut Buffer<P>,
+    statements: Statements,
+) -> Result<Written> {
     let keep_rows = buffer.typed.is_some();
     let mut written = Written {
         xid: 0,
@@ -272,6 +278,7 @@ pub(crate) async fn insert<P>(conn: &mut PgConnection, buffer: &mut Buffer<P>) -
             chunk.payloads.strs(),
             chunk.headers.strs(),
             &chunk.types,
+            statements,
         )
         .await?;
         if chunk.bytes() > SHRINK_AFTER_BYTES {

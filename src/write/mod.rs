@@ -17,19 +17,22 @@ use tokio::sync::mpsc;
 
 use crate::config::OutboxConfig;
 use crate::insert_lane::{CommittedBatch, LaneShared};
+use crate::pooler::Statements;
 use crate::task::Tasks;
 use sink::CommitSink;
 
 /// Starts the write side: the sink commits hand their events to (`handoff` is the insert
-/// lane's), and the wake-up notifier when `config` wakes other processes.
+/// lane's), and the wake-up notifier when `config` wakes other processes. `pool` is the
+/// background parts' pool; `statements` is how the publishing pool takes its statements.
 pub(crate) fn spawn<P>(
     tasks: &Tasks,
     pool: &PgPool,
     config: &OutboxConfig,
     lane: &Arc<LaneShared<P>>,
     handoff: mpsc::UnboundedSender<CommittedBatch<P>>,
+    statements: Statements,
 ) -> Arc<CommitSink<P>> {
-    let sink = CommitSink::new(pool.clone(), Arc::clone(lane), handoff);
+    let sink = CommitSink::new(pool.clone(), Arc::clone(lane), handoff, statements);
     if config.cross_process_wakeups {
         tasks.spawn(
             "write.notifier",

@@ -25,7 +25,7 @@ pub(crate) async fn publish_in<P: Serialize>(
     if buffer.is_empty() {
         return Ok(Vec::new());
     }
-    let written = insert::insert(tx, &mut buffer).await?;
+    let written = insert::insert(tx, &mut buffer, sink.statements).await?;
     metrics::counter!(m::EVENTS_PUBLISHED).increment(written.sequences.len() as u64);
     if let Some(&last) = written.sequences.last() {
         sink.hint_written(last);

@@ -7,13 +7,17 @@ use tokio::sync::{mpsc, watch};
 
 use crate::insert_lane::cache::Slot;
 use crate::insert_lane::{CommittedBatch, LaneShared};
+use crate::pooler::Statements;
 use crate::position::EventSequence;
 use crate::telemetry::metrics as m;
 
 /// What a commit needs from its outbox, and nothing more: the lane to hand events to or point
-/// at, the wake-up notifier's watch, and the pool to ask about an in-doubt commit on.
+/// at, the wake-up notifier's watch, the pool to ask about an in-doubt commit on, and how the
+/// publishing pool takes its statements.
 pub(crate) struct CommitSink<P> {
     pub(crate) pool: PgPool,
+    /// Unnamed when the publishing pool goes through a transaction-mode pooler.
+    pub(crate) statements: Statements,
     lane: Arc<LaneShared<P>>,
     /// Committed events handed straight to the insert lane's frontier task.
     handoff: mpsc::UnboundedSender<CommittedBatch<P>>,
@@ -26,9 +30,11 @@ impl<P> CommitSink<P> {
         pool: PgPool,
         lane: Arc<LaneShared<P>>,
         handoff: mpsc::UnboundedSender<CommittedBatch<P>>,
+        statements: Statements,
     ) -> Self {
         Self {
             pool,
+            statements,
             lane,
             handoff,
             committed: watch::Sender::new(EventSequence::BEGIN),

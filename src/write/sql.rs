@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::pooler::Statements;
 use crate::position::EventSequence;
 
 /// Inserts a transaction's buffered events in one statement.
@@ -38,16 +39,18 @@ RETURNING id, sequence, commit_xid, recorded_at
 pub(crate) type InsertedRow = (Uuid, EventSequence, i64, DateTime<Utc>);
 
 /// Runs [`INSERT_EVENTS`] (or [`INSERT_EVENT`] for a single event) for one chunk: `ids[i]` with `payloads[i]`, `headers[i]` (JSON
-/// texts) and `types[i]`.
+/// texts) and `types[i]`, named or unnamed as `statements` says.
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
     ids: &[Uuid],
     payloads: Vec<&str>,
     headers: Vec<&str>,
     types: &[Option<String>],
+    statements: Statements,
 ) -> Result<Vec<InsertedRow>, sqlx::Error> {
     if let ([id], [payload], [headers], [event_type]) = (ids, &payloads[..], &headers[..], types) {
         let row = sqlx::query_as(INSERT_EVENT)
+            .persistent(statements.persistent())
             .bind(id)
             .bind(*payload)
             .bind(*headers)
@@ -57,6 +60,7 @@ pub(crate) async fn insert_events(
         return Ok(vec![row]);
     }
     sqlx::query_as(INSERT_EVENTS)
+        .persistent(statements.persistent())
         .bind(ids)
         .bind(payloads)
         .bind(headers)

@@ -118,7 +118,14 @@ where
     where
         V: Serialize + ?Sized,
     {
-        crate::latest::publish(&mut self.tx, event_type, value, &Headers::new()).await
+        crate::latest::publish(
+            &mut self.tx,
+            event_type,
+            value,
+            &Headers::new(),
+            self.sink.statements,
+        )
+        .await
     }
 
     /// How many events are buffered.
@@ -191,7 +198,7 @@ where
             self.tx.commit().await?;
             return Ok(Vec::new());
         }
-        let written = insert::insert(&mut self.tx, &mut self.buffer).await?;
+        let written = insert::insert(&mut self.tx, &mut self.buffer, self.sink.statements).await?;
         let last = written
             .sequences
             .last()

@@ -236,6 +236,7 @@ pub mod inbox;
 pub mod invariants;
 pub mod keyed;
 pub mod logs;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod recording_sink;
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]

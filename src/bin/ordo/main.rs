@@ -172,7 +172,21 @@ async fn connect(url: &str, timeout: f64) -> Result<PgPool, Box<dyn std::error::
         .connect_with(options.clone())
         .await;
     match pooled {
-        Ok(pool) => Ok(pool),
+        Ok(pool) => match ordo::admin::keeps_sessions(&pool).await {
+            Ok(true) => Ok(pool),
+            Ok(false) => Err(format!(
+                "the database at {} is reached through a transaction-mode pooler (PgBouncer \
+                 pool_mode = transaction), where ordo's commands cannot keep a session: point \
+                 DATABASE_URL (or --database-url) at the server itself or at a session-mode pool",
+                diagnose::place(&options)
+            )
+            .into()),
+            Err(error) => Err(format!(
+                "cannot use the database at {}: {error}",
+                diagnose::place(&options)
+            )
+            .into()),
+        },
         Err(error @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))) => {
             Err(diagnose::connect_failure(&options, &error).await.into())
         }
