@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use common::cluster::Cluster;
 use common::{Note, eventually};
 use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -27,95 +27,6 @@ const PORT: u16 = 5499;
 
 /// One private cluster at a time: both tests use the same name and port.
 static CLUSTER_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A private PostgreSQL cluster this test may stop and start; dropped (stopped and removed)
-/// when the guard goes, whether the test passed or panicked.
-struct Cluster {
-    version: String,
-}
-
-impl Cluster {
-    /// `None` (after saying why) where clusters cannot be made on this machine.
-    fn create() -> Option<Cluster> {
-        if !on_path("pg_createcluster") {
-            eprintln!("skipping: pg_createcluster (postgresql-common) is not installed");
-            return None;
-        }
-        let version = installed_version()?;
-        // A cluster left behind by a run that was killed outright.
-        let _ = run("pg_dropcluster", &["--stop", &version, CLUSTER]);
-        let port = PORT.to_string();
-        let created = run(
-            "pg_createcluster",
-            &[&version, CLUSTER, "--port", &port, "--", "--auth=trust"],
-        );
-        assert!(created, "pg_createcluster {version} {CLUSTER} failed");
-        let cluster = Cluster { version };
-        cluster.ctl(&["start"]);
-        Some(cluster)
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{PORT}/postgres")
-    }
-
-    /// Stops the server the hard way: every backend dies at once, as in a crash or failover.
-    fn stop(&self) {
-        self.ctl(&["stop", "-m", "immediate"]);
-    }
-
-    /// Starts the server and returns once it accepts connections.
-    fn start(&self) {
-        self.ctl(&["start"]);
-    }
-
-    fn ctl(&self, args: &[&str]) {
-        let mut all = vec![self.version.as_str(), CLUSTER];
-        all.extend_from_slice(args);
-        assert!(run("pg_ctlcluster", &all), "pg_ctlcluster {all:?} failed");
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if !run("pg_dropcluster", &["--stop", &self.version, CLUSTER]) {
-            eprintln!("could not drop the private cluster {CLUSTER}; remove it by hand");
-        }
-    }
-}
-
-fn on_path(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
-
-/// The newest PostgreSQL major version installed for postgresql-common.
-fn installed_version() -> Option<String> {
-    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    versions.sort_unstable();
-    match versions.last() {
-        Some(version) => Some(version.to_string()),
-        None => {
-            eprintln!("skipping: no PostgreSQL server under /usr/lib/postgresql");
-            None
-        }
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
 
 /// A pool that gives up on a connection after a second, so that a server that is down shows
 /// up as failed reads (pool timeouts) quickly.
@@ -175,7 +86,7 @@ fn retries_since_last_look() -> (u64, u64) {
 async fn a_stream_survives_a_restart_of_its_pools_server() {
     let _one_cluster = CLUSTER_LOCK.lock().await;
     snapshotter();
-    let Some(cluster) = Cluster::create() else {
+    let Some(cluster) = Cluster::create(CLUSTER, PORT, &[]) else {
         return;
     };
     let pool = impatient_pool(&cluster.url()).await;
@@ -212,7 +123,7 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         got_committed.push((item.commit_sequence.get(), note.writer, note.n));
     }
 
-    cluster.stop();
+    cluster.stop_immediate();
     // While the server is down both listeners keep reading (and failing): wait until each has
     // retried at least once; an `Err` item meanwhile fails the test.
     retries_since_last_look();
@@ -331,7 +242,7 @@ mod tail {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tail_follow_keeps_going_across_a_restart_of_its_server() {
         let _one_cluster = CLUSTER_LOCK.lock().await;
-        let Some(cluster) = Cluster::create() else {
+        let Some(cluster) = Cluster::create(CLUSTER, PORT, &[]) else {
             return;
         };
         let pool = impatient_pool(&cluster.url()).await;
@@ -361,7 +272,7 @@ mod tail {
         stdout.read_line(&mut first).expect("the first line");
         assert!(first.contains(r#""sequence":1,"#), "{first}");
 
-        cluster.stop();
+        cluster.stop_immediate();
         let printed = Captured::default();
         printed.collect(stdout);
         // The tail drains its page, then fails to read the next one: it must wait (and say so on

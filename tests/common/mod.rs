@@ -229,6 +229,7 @@ pub struct Note {
 }
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]
 pub mod brokers;
+pub mod cluster;
 pub mod counters;
 mod databases;
 pub mod http_responder;

@@ -12,12 +12,15 @@
 //! while new ones pass: a broker connection that stopped answering although the broker is fine,
 //! which only a new connection (a sink's `reset`) gets past.
 //!
+//! [`TcpFault::retarget`] sends later connections to another server: an address that moves
+//! to a promoted standby (a virtual IP, a re-resolved name), as in a failover.
+//!
 //! It listens on 127.0.0.1 only. The proxy and every relay stop when the [`TcpFault`] is
 //! dropped, or after five minutes in any case.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -56,6 +59,7 @@ pub struct TcpFault {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
     wedge: Arc<Wedge>,
+    target: Arc<Mutex<SocketAddr>>,
     acceptor: JoinHandle<()>,
 }
 
@@ -70,16 +74,24 @@ impl TcpFault {
         let faults = fault.clone();
         let wedge = Arc::new(Wedge::default());
         let wedges = Arc::clone(&wedge);
+        let target = Arc::new(Mutex::new(target));
+        let targets = Arc::clone(&target);
         let acceptor = tokio::spawn(async move {
-            let accepting = accept(listener, target, faults, wedges);
+            let accepting = accept(listener, targets, faults, wedges);
             let _ = tokio::time::timeout(LIFETIME, accepting).await;
         });
         TcpFault {
             addr,
             fault,
             wedge,
+            target,
             acceptor,
         }
+    }
+
+    /// Sends every connection accepted from now on to `target`; open ones keep their server.
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
     }
 
     /// Where clients connect.
@@ -109,7 +121,7 @@ impl Drop for TcpFault {
 
 async fn accept(
     listener: TcpListener,
-    target: SocketAddr,
+    target: Arc<Mutex<SocketAddr>>,
     faults: watch::Sender<Fault>,
     wedge: Arc<Wedge>,
 ) {
@@ -128,6 +140,7 @@ async fn accept(
             wedge: Arc::clone(&wedge),
             number,
         };
+        let target = *target.lock().unwrap_or_else(|e| e.into_inner());
         relays.spawn(relay(client, target, receiver, wedged));
         // Reap finished relays so the set does not grow for ever.
         while relays.try_join_next().is_some() {}
