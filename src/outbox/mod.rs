@@ -231,11 +231,50 @@ where
     /// `InProgress` means the transaction can still commit: ask again later, and do not
     /// publish its events again meanwhile.
     ///
+    /// After a failover, a bare xid is not proof: a promoted standby that never received the
+    /// transaction gives the same xid to one of its own later, and this then reports that
+    /// one's fate. Ask [`commit_status_of`](Self::commit_status_of) with the event ids when you
+    /// have them.
+    ///
     /// # Errors
     /// [`Error::Database`] if the server cannot be asked (or `xid` is in the future, that is,
     /// not a transaction id of this server).
     pub async fn commit_status(&self, xid: i64) -> Result<CommitStatus> {
         in_doubt::status(&self.inner.direct, xid).await
+    }
+
+    /// Whether transaction `xid`, which published the events `event_ids`, committed: the
+    /// answer to [`Error::CommitInDoubt`] (pass its `xid` and `event_ids`) that holds across a
+    /// failover. The stored events are the proof: `Committed` only if the server holds them
+    /// under `xid`; `Aborted` if it rolled back, if the server has no record of `xid` (a
+    /// promoted standby that never received the transaction), or if `xid` committed without
+    /// them (the promoted server gave the xid to another transaction); `InProgress` while it
+    /// can still commit. With no `event_ids`, the same as [`commit_status`](Self::commit_status).
+    ///
+    /// Retention drops events, not transaction ids: ask within the retention period, or a
+    /// committed transaction whose events were dropped reads as `Aborted`.
+    ///
+    /// ```no_run
+    /// # async fn run(outbox: ordo::Outbox<String>) -> ordo::Result<()> {
+    /// let mut tx = outbox.begin().await?;
+    /// tx.publish("order 17 placed".to_owned())?;
+    /// match tx.commit().await {
+    ///     Err(ordo::Error::CommitInDoubt { xid, event_ids, .. }) => {
+    ///         match outbox.commit_status_of(xid, &event_ids).await? {
+    ///             ordo::CommitStatus::Committed => {}        // done: do not publish again
+    ///             ordo::CommitStatus::Aborted => {}          // retry the whole transaction
+    ///             _ => {}                                    // ask again later
+    ///         }
+    ///     }
+    ///     other => { other?; }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the server cannot be asked.
+    pub async fn commit_status_of(&self, xid: i64, event_ids: &[Uuid]) -> Result<CommitStatus> {
+        in_doubt::status_of(&self.inner.direct, xid, event_ids).await
     }
 
     /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost

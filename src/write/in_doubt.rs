@@ -55,19 +55,74 @@ pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
     })
 }
 
+/// Whether transaction `xid`, which published the events `ids`, committed, as the server
+/// answering holds it. The events are the proof: after a failover to a standby that never
+/// received the transaction, its xid is unknown to the promoted server ("in the future"), and
+/// later the promoted server gives the same xid to a transaction of its own, whose fate
+/// `pg_xact_status` would then report. So the status is asked first (a commit after that
+/// answer makes the rows visible to the second question), and a `committed` transaction that
+/// stored none of `ids` is another transaction: this one is not in this server's history.
+///
+/// Retention drops events, not transaction ids: asked after retention dropped a committed
+/// transaction's events, this answers `Aborted`. Ask within the retention period.
+pub(crate) async fn status_of(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> Result<CommitStatus> {
+    if ids.is_empty() {
+        return status(pool, xid).await;
+    }
+    let asked = match sql::commit_status(pool, xid).await {
+        Ok(asked) => asked,
+        Err(error) if is_future_xid(&error) => {
+            tracing::warn!(
+                xid,
+                "the server has no record of this transaction id (a failover to a standby that                  never received it): the transaction is not in its history"
+            );
+            return Ok(CommitStatus::Aborted);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    Ok(match asked.as_deref() {
+        Some("in progress") => CommitStatus::InProgress,
+        Some("aborted") => CommitStatus::Aborted,
+        answer => {
+            if sql::stored_by(pool, xid, ids).await? {
+                CommitStatus::Committed
+            } else if answer == Some("committed") {
+                tracing::warn!(
+                    xid,
+                    "this transaction id committed but stored none of the events it published:                      it is another transaction's (the id was given again after a failover)"
+                );
+                CommitStatus::Aborted
+            } else {
+                CommitStatus::Unknown
+            }
+        }
+    })
+}
+
+/// `pg_xact_status` of an xid the server has not reached (SQLSTATE 22023).
+fn is_future_xid(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("22023") && db.message().contains("in the future")
+        }
+        _ => false,
+    }
+}
+
 /// Which of `ids` are stored as events.
 pub(crate) async fn published(pool: &PgPool, ids: &[uuid::Uuid]) -> Result<Vec<uuid::Uuid>> {
     Ok(sql::published(pool, ids).await?)
 }
 
-/// After a `COMMIT` that failed without an answer from the server: whether transaction `xid`
-/// committed, asked on another connection of `pool` for at most [`PATIENCE`]. `InProgress` or
-/// `Unknown` means the outcome could not be learned in time.
-pub(crate) async fn resolve(pool: &PgPool, xid: i64) -> CommitStatus {
+/// After a `COMMIT` that failed without an answer from the server: whether transaction `xid`,
+/// which published `ids`, committed ([`status_of`]), asked on another connection of `pool` for
+/// at most [`PATIENCE`]. `InProgress` or `Unknown` means the outcome could not be learned in
+/// time.
+pub(crate) async fn resolve(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> CommitStatus {
     let deadline = Instant::now() + PATIENCE;
     let mut poll = FIRST_POLL;
     loop {
-        let asked = tokio::time::timeout_at(deadline, status(pool, xid)).await;
+        let asked = tokio::time::timeout_at(deadline, status_of(pool, xid, ids)).await;
         match asked {
             Ok(Ok(status @ (CommitStatus::Committed | CommitStatus::Aborted))) => return status,
             // The status of a transaction this recent is never forgotten; be safe anyway.

@@ -104,6 +104,20 @@ pub(crate) async fn commit_status(pool: &PgPool, xid: i64) -> Result<Option<Stri
         .await
 }
 
+/// Whether transaction `$1` stored any of the events `$2` (ids it published).
+pub(crate) const STORED_BY: &str = r#"
+SELECT EXISTS (SELECT 1 FROM ordo.events WHERE id = ANY($2::uuid[]) AND commit_xid = $1)
+"#;
+
+/// Runs [`STORED_BY`].
+pub(crate) async fn stored_by(pool: &PgPool, xid: i64, ids: &[Uuid]) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(STORED_BY)
+        .bind(xid)
+        .bind(ids)
+        .fetch_one(pool)
+        .await
+}
+
 /// Which of the given ids are stored as events (`ordo.events.id` is indexed, not unique).
 pub(crate) const PUBLISHED: &str = r#"
 SELECT DISTINCT id FROM ordo.events WHERE id = ANY($1::uuid[]) AND commit_xid IS NOT NULL

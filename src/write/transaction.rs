@@ -258,7 +258,7 @@ async fn settle<P>(
     if let sqlx::Error::Database(_) = error {
         return Err(error.into());
     }
-    match in_doubt::resolve(&sink.pool, xid).await {
+    match in_doubt::resolve(&sink.pool, xid, event_ids).await {
         CommitStatus::Committed => {
             tracing::info!(xid, %error, "the answer to COMMIT was lost, but the transaction committed");
             Ok(())

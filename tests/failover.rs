@@ -1,0 +1,427 @@
+//! A primary fails over to its streaming standby while ordo is mid-stream.
+//!
+//! Each test builds a private primary and a standby with `pg_basebackup` (see
+//! `common::cluster`), puts a TCP proxy in front of the primary as the address every part of
+//! ordo connects to, SIGKILLs every process of the primary mid-stream, promotes the standby and
+//! points the proxy at it: an address that moves to the new primary, as a virtual IP, a
+//! re-resolved name or a pooler re-pointed by the failover manager does. Nobody restarts
+//! anything in ordo. Where postgresql-common is absent the tests say so and pass.
+//!
+//! With a synchronous standby (`synchronous_standby_names`, `synchronous_commit = on`),
+//! nothing acknowledged may be lost: every event whose `commit()` returned `Ok` is stored on the
+//! promoted server exactly once, handled once by a subscription, delivered once on the commit
+//! lane, which stays dense; an event whose `commit()` failed is not stored; an in-doubt commit
+//! is answered rightly.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Note;
+use common::cluster::Cluster;
+use common::invariants::{ORDO, check_log};
+use common::subscribers::{Project, assert_exactly_once, projection_table};
+use common::tcp_fault::TcpFault;
+use futures::StreamExt;
+use ordo::{CommitStatus, Error, JobConfig, Ordering, Outbox, OutboxConfig, Start};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+const WRITERS: u32 = 3;
+/// Events acknowledged before the kill, and again after the promotion.
+const ACKED_EACH_SIDE: usize = 150;
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A pool that gives up on a connection after two seconds, so that writers see the outage as
+/// errors and go on.
+async fn pool_on(url: &str, size: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// Makes `standby` the primary's synchronous standby and waits until it is.
+async fn make_synchronous(primary: &PgPool, standby: &str) {
+    for statement in [
+        format!("ALTER SYSTEM SET synchronous_standby_names = '{standby}'"),
+        "SELECT pg_reload_conf()".to_owned(),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(primary)
+            .await
+            .expect("synchronous_standby_names");
+    }
+    wait_for_standby(primary, standby, "sync").await;
+}
+
+/// Waits until `standby` streams from `primary` with `sync_state` `state`.
+async fn wait_for_standby(primary: &PgPool, standby: &str, state: &str) {
+    let ready = common::eventually(PATIENCE, || async {
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT sync_state FROM pg_stat_replication \
+             WHERE application_name = $1 AND state = 'streaming'",
+        )
+        .bind(standby)
+        .fetch_optional(primary)
+        .await
+        .ok()
+        .flatten();
+        found.as_deref() == Some(state)
+    })
+    .await;
+    assert!(ready, "{standby} is not a {state} standby");
+}
+
+/// What the writers were told.
+#[derive(Default)]
+struct Outcomes {
+    /// `commit()` returned `Ok`.
+    acked: Vec<Uuid>,
+    /// `commit()` failed, not in doubt: nothing of it may be stored.
+    refused: Vec<Uuid>,
+    /// `commit()` reported `CommitInDoubt`.
+    in_doubt: Vec<(i64, Vec<Uuid>)>,
+}
+
+/// Publishes until `stop`: transactions of one or two events, every fifth rolled back; waits
+/// out errors (the outage) and goes on.
+async fn write(
+    outbox: Outbox<Note>,
+    writer: u32,
+    outcomes: Arc<Mutex<Outcomes>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut t = 0u32;
+    while !stop.load(AtomicOrdering::SeqCst) {
+        t += 1;
+        let Ok(mut tx) = outbox.begin().await else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let count = if t.is_multiple_of(3) { 2 } else { 1 };
+        let mut ids = Vec::new();
+        for k in 0..count {
+            ids.push(
+                tx.publish(Note {
+                    writer,
+                    n: t * 2 + k,
+                })
+                .expect("publish"),
+            );
+        }
+        if t.is_multiple_of(5) {
+            let _ = tx.rollback().await;
+            continue;
+        }
+        let outcome = tx.commit().await;
+        let mut outcomes = outcomes.lock().expect("outcomes");
+        match outcome {
+            Ok(_) => outcomes.acked.extend(ids),
+            Err(Error::CommitInDoubt { xid, event_ids, .. }) => {
+                outcomes.in_doubt.push((xid, event_ids))
+            }
+            Err(_) => outcomes.refused.extend(ids),
+        }
+    }
+}
+
+fn acked(outcomes: &Mutex<Outcomes>) -> usize {
+    outcomes.lock().expect("outcomes").acked.len()
+}
+
+/// How many copies of each of `ids` the server holds as committed events.
+async fn copies(pool: &PgPool, ids: &[Uuid]) -> Vec<(Uuid, i64)> {
+    sqlx::query_as(
+        "SELECT id, count(*) FROM ordo.events \
+         WHERE id = ANY($1) AND commit_xid IS NOT NULL GROUP BY id",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .expect("count the copies")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowledged() {
+    let Some(primary) = Cluster::create("ordo_fo_sync_p", 5491, &[]) else {
+        return;
+    };
+    let setup = pool_on(&primary.url(), 2).await;
+    ordo::migrate(&setup).await.expect("migrate");
+    projection_table(&setup).await;
+    let standby = Cluster::standby_of(&primary, primary.port(), "ordo_fo_sync_s", 5492);
+    make_synchronous(&setup, "ordo_fo_sync_s").await;
+    setup.close().await;
+
+    let front = TcpFault::start(local(primary.port())).await;
+    let url = format!("postgres://postgres@{}/postgres", front.addr());
+    let pool = pool_on(&url, 6).await;
+    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let subscription = outbox
+        .subscribe(
+            JobConfig::new("through-failover").ordering(Ordering::Commit),
+            Project { fail_rate: 0.0 },
+        )
+        .await
+        .expect("subscribe");
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    let heard = Arc::new(Mutex::new(Vec::<(u64, Uuid)>::new()));
+    let hearing = Arc::clone(&heard);
+    let listener = tokio::spawn(async move {
+        while let Some(event) = committed.next().await {
+            let event = event.expect("the commit lane fails no read across the failover");
+            let entry = (event.commit_sequence.get(), event.event.id);
+            hearing.lock().expect("heard").push(entry);
+        }
+    });
+
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write(
+                outbox.clone(),
+                w,
+                Arc::clone(&outcomes),
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+
+    let before =
+        common::eventually(PATIENCE, || async { acked(&outcomes) >= ACKED_EACH_SIDE }).await;
+    assert!(before, "the writers publish before the failover");
+    primary.kill();
+    let acked_at_kill = acked(&outcomes);
+    standby.promote().await;
+    front.retarget(local(standby.port()));
+    let after = common::eventually(PATIENCE, || async {
+        acked(&outcomes) >= acked_at_kill + ACKED_EACH_SIDE
+    })
+    .await;
+    assert!(
+        after,
+        "the writers publish on the promoted server, through the same address"
+    );
+    stop.store(true, AtomicOrdering::SeqCst);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+
+    let promoted = pool_on(&standby.url(), 2).await;
+    let stored: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM ordo.events WHERE commit_xid IS NOT NULL ORDER BY sequence",
+    )
+    .fetch_all(&promoted)
+    .await
+    .expect("the stored events");
+    let caught_up = common::eventually(PATIENCE, || async {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+            .fetch_one(&promoted)
+            .await
+            .unwrap_or(0);
+        rows as usize >= stored.len() && outbox.commit_head().get() as usize >= stored.len()
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the subscription and the commit lane catch up on the promoted server"
+    );
+
+    let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
+    // Every acknowledged event is stored once; no refused one is.
+    let acked_copies = copies(&promoted, &outcomes.acked).await;
+    assert_eq!(
+        acked_copies.len(),
+        outcomes.acked.len(),
+        "an acknowledged event is missing from the promoted server"
+    );
+    assert!(
+        acked_copies.iter().all(|(_, n)| *n == 1),
+        "an acknowledged event is stored twice"
+    );
+    assert!(
+        copies(&promoted, &outcomes.refused).await.is_empty(),
+        "an event whose commit() failed is stored"
+    );
+    // An in-doubt commit, asked now, is answered by what the server holds.
+    for (xid, ids) in &outcomes.in_doubt {
+        let status = outbox.commit_status_of(*xid, ids).await.expect("ask");
+        let held = copies(&promoted, ids).await.len();
+        match status {
+            CommitStatus::Committed => assert_eq!(held, ids.len(), "{xid} said committed"),
+            CommitStatus::Aborted => assert_eq!(held, 0, "{xid} said aborted"),
+            other => panic!("{xid} still {other:?} after the failover"),
+        }
+    }
+    assert_exactly_once(&promoted).await;
+    check_log(&promoted, &ORDO)
+        .await
+        .expect("the commit log's invariants on the promoted server");
+
+    // The listener in the writers' process: each stored event once, at dense positions.
+    let all_heard = common::eventually(PATIENCE, || async {
+        heard.lock().expect("heard").len() >= stored.len()
+    })
+    .await;
+    listener.abort();
+    subscription.shutdown().await;
+    outbox.shutdown().await;
+    let seen = heard.lock().expect("heard").clone();
+    assert!(
+        all_heard,
+        "the listener heard {} of {} events",
+        seen.len(),
+        stored.len()
+    );
+    let positions: Vec<u64> = seen.iter().map(|(p, _)| *p).collect();
+    let dense: Vec<u64> = (1..=seen.len() as u64).collect();
+    assert_eq!(
+        positions, dense,
+        "the commit lane went back or skipped across the failover"
+    );
+    let ids: BTreeSet<Uuid> = seen.iter().map(|(_, id)| *id).collect();
+    assert_eq!(ids.len(), seen.len(), "the commit lane repeated an event");
+    assert_eq!(
+        ids,
+        stored.iter().copied().collect::<BTreeSet<_>>(),
+        "the commit lane delivered what the promoted server holds"
+    );
+    eprintln!(
+        "failover: {} acknowledged ({acked_at_kill} before the kill), {} refused, {} in doubt, {} stored",
+        outcomes.acked.len(),
+        outcomes.refused.len(),
+        outcomes.in_doubt.len(),
+        stored.len()
+    );
+    pool.close().await;
+    promoted.close().await;
+}
+
+/// The transaction id of the events `ids` on `pool`.
+async fn xid_of(pool: &PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT commit_xid FROM ordo.events WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("the event's commit_xid")
+}
+
+/// Publishes one event and returns its id and its transaction's id.
+async fn publish_one(outbox: &Outbox<Note>, n: u32) -> (Uuid, i64) {
+    let mut tx = outbox.begin().await.expect("begin");
+    let id = tx.publish(Note { writer: 0, n }).expect("publish");
+    tx.commit().await.expect("commit");
+    (id, xid_of(outbox.pool(), id).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_commit_is_answered_by_what_the_promoted_server_holds() {
+    let Some(primary) = Cluster::create("ordo_fo_doubt_p", 5493, &[]) else {
+        return;
+    };
+    let setup = pool_on(&primary.url(), 2).await;
+    ordo::migrate(&setup).await.expect("migrate");
+    // The standby streams through a proxy, so that its replication can be cut.
+    let replication = TcpFault::start(local(primary.port())).await;
+    let standby = Cluster::standby_of(&primary, replication.addr().port(), "ordo_fo_doubt_s", 5494);
+    wait_for_standby(&setup, "ordo_fo_doubt_s", "async").await;
+
+    let front = TcpFault::start(local(primary.port())).await;
+    let pool = pool_on(&format!("postgres://postgres@{}/postgres", front.addr()), 4).await;
+    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+
+    // Committed, and received by the standby.
+    let (kept, kept_xid) = publish_one(&outbox, 1).await;
+    let standby_pool = pool_on(&standby.url(), 1).await;
+    let received = common::eventually(PATIENCE, || async {
+        !copies(&standby_pool, &[kept]).await.is_empty()
+    })
+    .await;
+    assert!(received, "the standby replays the first transaction");
+    standby_pool.close().await;
+
+    // Committed on the primary after its standby stopped receiving: lost at the failover.
+    replication.set(common::tcp_fault::Fault::Cut);
+    let (lost, lost_xid) = publish_one(&outbox, 2).await;
+    // Running when the primary dies, with an xid the standby never saw.
+    let mut open = setup.begin().await.expect("begin");
+    let open_xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+        .fetch_one(&mut *open)
+        .await
+        .expect("take an xid");
+
+    primary.kill();
+    drop(open);
+    standby.promote().await;
+    front.retarget(local(standby.port()));
+
+    let ask = |xid: i64, ids: Vec<Uuid>| {
+        let outbox = outbox.clone();
+        async move {
+            let mut last = None;
+            // The pool's connections to the dead primary fail first, then it reconnects.
+            for _ in 0..100 {
+                match outbox.commit_status_of(xid, &ids).await {
+                    Ok(status) => return status,
+                    Err(error) => last = Some(error),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("commit_status_of({xid}) kept failing: {last:?}");
+        }
+    };
+    assert_eq!(ask(kept_xid, vec![kept]).await, CommitStatus::Committed);
+    assert_eq!(ask(lost_xid, vec![lost]).await, CommitStatus::Aborted);
+    assert_eq!(
+        ask(open_xid, vec![Uuid::now_v7()]).await,
+        CommitStatus::Aborted
+    );
+
+    // The promoted server gives the lost transactions' ids again, to transactions that commit.
+    let promoted = pool_on(&standby.url(), 1).await;
+    let target = lost_xid.max(open_xid);
+    let mut reached = false;
+    for _ in 0..10_000 {
+        let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(&promoted)
+            .await
+            .expect("take an xid on the promoted server");
+        if xid >= target {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "the promoted server reaches the lost xids");
+    // A bare xid now names another transaction (the promoted server's), whose fate
+    // `commit_status` reports; the events say this one is not in the promoted history.
+    let bare = outbox.commit_status(lost_xid).await.expect("ask");
+    eprintln!("in doubt: the lost xid {lost_xid}, read bare after its reuse: {bare:?}");
+    assert_eq!(ask(lost_xid, vec![lost]).await, CommitStatus::Aborted);
+    assert_eq!(
+        ask(open_xid, vec![Uuid::now_v7()]).await,
+        CommitStatus::Aborted
+    );
+    assert_eq!(ask(kept_xid, vec![kept]).await, CommitStatus::Committed);
+
+    outbox.shutdown().await;
+    pool.close().await;
+    promoted.close().await;
+    setup.close().await;
+}
