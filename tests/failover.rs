@@ -10,8 +10,10 @@
 //! With a synchronous standby (`synchronous_standby_names`, `synchronous_commit = on`),
 //! nothing acknowledged may be lost: every event whose `commit()` returned `Ok` is stored on the
 //! promoted server exactly once, handled once by a subscription, delivered once on the commit
-//! lane, which stays dense; an event whose `commit()` failed is not stored; an in-doubt commit
-//! is answered rightly.
+//! lane, which stays dense; a relay to NATS JetStream and a watermark inbox downstream (on a
+//! cluster of its own) end with each event once, at its position; an event whose `commit()`
+//! failed is not stored; an in-doubt commit is answered rightly.
+#![cfg(feature = "nats")]
 
 mod common;
 
@@ -22,14 +24,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Note;
+use common::brokers::{NATS_ADDR, TestStream};
 use common::cluster::Cluster;
 use common::invariants::{ORDO, check_log};
+use common::relays::config as relay_config;
 use common::subscribers::{Project, assert_exactly_once, projection_table};
 use common::tcp_fault::TcpFault;
 use futures::StreamExt;
-use ordo::{CommitStatus, Error, JobConfig, Ordering, Outbox, OutboxConfig, Start};
-use sqlx::PgPool;
+use ordo::inbox::{
+    Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, NatsInbox, Redelivery,
+};
+use ordo::relay::nats::NatsSink;
+use ordo::{
+    CommitStatus, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox, OutboxConfig,
+    Start,
+};
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 const WRITERS: u32 = 3;
@@ -153,6 +164,71 @@ async fn copies(pool: &PgPool, ids: &[Uuid]) -> Vec<(Uuid, i64)> {
     .expect("count the copies")
 }
 
+/// The downstream inbox's handler: one row per message, at its position.
+struct Downstream;
+
+impl InboxHandler for Downstream {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        message: &InboxMessage,
+    ) -> Result<(), HandlerError> {
+        let position = message
+            .position
+            .ok_or("a watermark message has a position")?;
+        sqlx::query("INSERT INTO downstream (position, event_id) VALUES ($1, $2)")
+            .bind(i64::try_from(position)?)
+            .bind(&message.id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// One key for every event: the relay sends in commit order, as a watermark inbox wants.
+fn in_commit_order(_: &Envelope<Note>) -> Keys {
+    Keys::one("all")
+}
+
+/// Runs a NATS adapter into a watermark inbox on `pool` until `stop` fires.
+fn downstream(
+    pool: PgPool,
+    stream: &TestStream,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    let adapter = NatsInbox::builder(NATS_ADDR, stream.name.as_str(), "fo-downstream")
+        .ack_wait(Duration::from_secs(2))
+        .redelivery(
+            Redelivery::default()
+                .busy(Duration::from_millis(50))
+                .gap(Duration::from_millis(50))
+                .retry_backoff(Duration::from_millis(50), Duration::from_millis(200)),
+        )
+        .build()
+        .expect("adapter");
+    let inbox = Inbox::new(
+        pool,
+        InboxConfig::new("fo-downstream").mode(InboxMode::Watermark),
+    )
+    .expect("inbox");
+    tokio::spawn(async move {
+        adapter
+            .run(&inbox, &Downstream, async move {
+                let _ = stop.await;
+            })
+            .await
+            .expect("the adapter runs");
+    })
+}
+
+/// What the downstream inbox holds: (position, event id), by position.
+async fn downstream_rows(pool: &PgPool) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT position, event_id FROM downstream ORDER BY position, event_id")
+        .fetch_all(pool)
+        .await
+        .expect("the downstream rows")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowledged() {
     let Some(primary) = Cluster::create("ordo_fo_sync_p", 5491, &[]) else {
@@ -178,6 +254,32 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
         )
         .await
         .expect("subscribe");
+    // Downstream: a relay to NATS, and a watermark inbox on a cluster of its own.
+    let Some(receiver) = Cluster::create("ordo_fo_sync_b", 5495, &[]) else {
+        return;
+    };
+    let receiving = pool_on(&receiver.url(), 4).await;
+    ordo::migrate(&receiving).await.expect("migrate downstream");
+    sqlx::query("CREATE TABLE downstream (position BIGINT NOT NULL, event_id TEXT NOT NULL)")
+        .execute(&receiving)
+        .await
+        .expect("the downstream table");
+    let stream = TestStream::new().await;
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(
+            relay_config("fo-relay").source("fo-a"),
+            sink,
+            in_commit_order,
+        )
+        .await
+        .expect("relay");
+    let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
+    let consuming = downstream(receiving.clone(), &stream, stopping);
+
     let mut committed = outbox.listen_committed(Start::Beginning);
     let heard = Arc::new(Mutex::new(Vec::<(u64, Uuid)>::new()));
     let hearing = Arc::clone(&heard);
@@ -273,6 +375,33 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
         .await
         .expect("the commit log's invariants on the promoted server");
 
+    // Downstream: each stored event once, at its position on the promoted server.
+    let on_promoted: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l \
+         JOIN ordo.events AS e ON e.sequence = l.sequence ORDER BY l.commit_seq",
+    )
+    .fetch_all(&promoted)
+    .await
+    .expect("the promoted commit lane");
+    let relayed = common::eventually(PATIENCE, || async {
+        downstream_rows(&receiving).await.len() >= on_promoted.len()
+    })
+    .await;
+    let rows = downstream_rows(&receiving).await;
+    assert!(
+        relayed,
+        "downstream holds {} of {} events",
+        rows.len(),
+        on_promoted.len()
+    );
+    assert_eq!(
+        rows, on_promoted,
+        "downstream holds the promoted commit lane, each event once"
+    );
+    let _ = stop_downstream.send(());
+    consuming.await.expect("the adapter");
+    relay.shutdown().await;
+
     // The listener in the writers' process: each stored event once, at dense positions.
     let all_heard = common::eventually(PATIENCE, || async {
         heard.lock().expect("heard").len() >= stored.len()
@@ -310,6 +439,7 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     );
     pool.close().await;
     promoted.close().await;
+    receiving.close().await;
 }
 
 /// The transaction id of the events `ids` on `pool`.
