@@ -210,7 +210,7 @@ pub use ops::retention::{
 pub use ops::secrets::{ScrubReport, SecretKey};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
 pub use outbox::Outbox;
-pub use position::{CommitSequence, EventSequence, Start};
+pub use position::{CommitSequence, EventSequence, ServerHistory, Start};
 pub use subscription::{
     Batch, DeadLetter, Delivery, HandlerError, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering,
     Position, RetryPolicy, Subscriber,

@@ -263,3 +263,26 @@ impl sqlx::Encode<'_, sqlx::Postgres> for Position {
         std::mem::size_of::<i64>()
     }
 }
+
+/// A server history of the commit lane: the PostgreSQL timeline a stretch of it was appended
+/// on, and the first position of that stretch (`ordo.commit_histories`). Every promotion of a
+/// standby, and every point-in-time restore, starts a new timeline. After a failover that
+/// lost the last transactions (an asynchronous standby that had not received them), the
+/// positions those events had are given to new events on the newer history: `(history,
+/// position)` names an event where the position alone does not. A relay sends it beside each
+/// commit-lane position ([`Message::history`](crate::relay::Message::history), the headers
+/// `Ordo-History` and `Ordo-History-Start`); a watermark inbox uses it to tell new events
+/// from duplicates ([`InboxMessage::history`](crate::inbox::InboxMessage::history)).
+///
+/// ```
+/// let history = ordo::ServerHistory { timeline: 2, first_position: 151 };
+/// assert!(history.first_position <= 160);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServerHistory {
+    /// The PostgreSQL timeline (1 on a server never promoted).
+    pub timeline: u32,
+    /// The first commit position appended on it (1 for the history the log began on, or
+    /// was on when ordo's schema gained histories).
+    pub first_position: u64,
+}

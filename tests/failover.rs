@@ -555,3 +555,271 @@ async fn an_in_doubt_commit_is_answered_by_what_the_promoted_server_holds() {
     promoted.close().await;
     setup.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event() {
+    let Some(primary) = Cluster::create("ordo_fo_loss_p", 5496, &[]) else {
+        return;
+    };
+    let setup = pool_on(&primary.url(), 2).await;
+    ordo::migrate(&setup).await.expect("migrate");
+    projection_table(&setup).await;
+    let replication = TcpFault::start(local(primary.port())).await;
+    let standby = Cluster::standby_of(&primary, replication.addr().port(), "ordo_fo_loss_s", 5497);
+    wait_for_standby(&setup, "ordo_fo_loss_s", "async").await;
+    let Some(receiver) = Cluster::create("ordo_fo_loss_b", 5498, &[]) else {
+        return;
+    };
+    let receiving = pool_on(&receiver.url(), 4).await;
+    ordo::migrate(&receiving).await.expect("migrate downstream");
+    sqlx::query("CREATE TABLE downstream (position BIGINT NOT NULL, event_id TEXT NOT NULL)")
+        .execute(&receiving)
+        .await
+        .expect("the downstream table");
+
+    let front = TcpFault::start(local(primary.port())).await;
+    let pool = pool_on(&format!("postgres://postgres@{}/postgres", front.addr()), 6).await;
+    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let subscription = outbox
+        .subscribe(
+            JobConfig::new("through-loss").ordering(Ordering::Commit),
+            Project { fail_rate: 0.0 },
+        )
+        .await
+        .expect("subscribe");
+    let stream = TestStream::new().await;
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(
+            relay_config("fo-relay").source("fo-a"),
+            sink,
+            in_commit_order,
+        )
+        .await
+        .expect("relay");
+    let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
+    let consuming = downstream(receiving.clone(), &stream, stopping);
+
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write(
+                outbox.clone(),
+                w,
+                Arc::clone(&outcomes),
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+
+    // Kept: received by the standby. Then its replication is cut, and what follows is
+    // committed and relayed downstream, but never reaches it.
+    let kept = common::eventually(PATIENCE, || async { acked(&outcomes) >= ACKED_EACH_SIDE }).await;
+    assert!(kept, "the writers publish");
+    replication.set(common::tcp_fault::Fault::Cut);
+    let acked_at_cut = acked(&outcomes);
+    let doomed = common::eventually(PATIENCE, || async {
+        acked(&outcomes) >= acked_at_cut + ACKED_EACH_SIDE
+    })
+    .await;
+    assert!(doomed, "the writers publish after the cut");
+    let head_before = outbox.commit_head().get();
+    let relayed = common::eventually(PATIENCE, || async {
+        downstream_rows(&receiving).await.len() as u64 >= head_before
+    })
+    .await;
+    assert!(
+        relayed,
+        "downstream holds every position up to {head_before} before the kill"
+    );
+
+    primary.kill();
+    standby.promote().await;
+    front.retarget(local(standby.port()));
+    // The writers' process is started again on the promoted server: a process that ran across
+    // a failover that lost transactions holds lanes the server no longer has (see
+    // docs/operations.md, "Failover"), so it is restarted, as its supervisor would.
+    stop.store(true, AtomicOrdering::SeqCst);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+    relay.shutdown().await;
+    subscription.shutdown().await;
+    outbox.shutdown().await;
+    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let subscription = outbox
+        .subscribe(
+            JobConfig::new("through-loss").ordering(Ordering::Commit),
+            Project { fail_rate: 0.0 },
+        )
+        .await
+        .expect("subscribe");
+    let sink = NatsSink::builder(NATS_ADDR)
+        .subject_prefix(&stream.prefix)
+        .build()
+        .expect("sink");
+    let relay = outbox
+        .relay(
+            relay_config("fo-relay").source("fo-a"),
+            sink,
+            in_commit_order,
+        )
+        .await
+        .expect("relay");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write(
+                outbox.clone(),
+                w,
+                Arc::clone(&outcomes),
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+    let acked_at_kill = acked(&outcomes);
+    let after = common::eventually(PATIENCE, || async {
+        acked(&outcomes) >= acked_at_kill + ACKED_EACH_SIDE
+    })
+    .await;
+    assert!(after, "the writers publish on the promoted server");
+    stop.store(true, AtomicOrdering::SeqCst);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+
+    let promoted = pool_on(&standby.url(), 2).await;
+    let on_promoted: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l \
+         JOIN ordo.events AS e ON e.sequence = l.sequence ORDER BY l.commit_seq",
+    )
+    .fetch_all(&promoted)
+    .await
+    .expect("the promoted commit lane");
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid IS NOT NULL")
+            .fetch_one(&promoted)
+            .await
+            .expect("count");
+    let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
+    let lost = outcomes.acked.len() as i64 - copies(&promoted, &outcomes.acked).await.len() as i64;
+    eprintln!(
+        "loss: {} acknowledged, {lost} of them lost; head before the kill {head_before}, \
+         promoted log {} entries, {stored} stored",
+        outcomes.acked.len(),
+        on_promoted.len()
+    );
+    assert!(
+        lost > 0,
+        "the cut lost acknowledged transactions (else this test proves nothing)"
+    );
+
+    // The subscription on the promoted server: every event it holds, once.
+    let caught_up = common::eventually(PATIENCE, || async {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+            .fetch_one(&promoted)
+            .await
+            .unwrap_or(0);
+        rows >= stored
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the subscription catches up on the promoted server"
+    );
+    assert_exactly_once(&promoted).await;
+    check_log(&promoted, &ORDO)
+        .await
+        .expect("the commit log's invariants on the promoted server");
+
+    // Downstream: every event the promoted server holds, each once (by id: an event that
+    // survived may sit at another position on the new history than where it was handled).
+    let promoted_ids: BTreeSet<String> = on_promoted.iter().map(|(_, id)| id.clone()).collect();
+    let all_new = common::eventually(PATIENCE, || async {
+        let have: BTreeSet<String> = downstream_rows(&receiving)
+            .await
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        promoted_ids.is_subset(&have)
+    })
+    .await;
+    let rows = downstream_rows(&receiving).await;
+    let have: BTreeSet<String> = rows.iter().map(|(_, id)| id.clone()).collect();
+    eprintln!(
+        "loss: downstream holds {} rows; {} of the promoted server's events missing",
+        rows.len(),
+        promoted_ids.difference(&have).count()
+    );
+    assert!(all_new, "downstream dropped events of the promoted server");
+    assert_eq!(have.len(), rows.len(), "downstream handled an event twice");
+    // The rewind, reported: from where the promoted server's history began to the mark.
+    let (timeline, began): (i32, i64) = sqlx::query_as(
+        "SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1",
+    )
+    .fetch_one(&promoted)
+    .await
+    .expect("the promoted history");
+    assert!(timeline >= 2, "the promotion started a new timeline");
+    let (from, through, old_history, history): (
+        Option<i64>,
+        Option<i64>,
+        Option<i32>,
+        Option<i32>,
+    ) = sqlx::query_as(
+        "SELECT rewound_from, rewound_through, rewound_history, history \
+             FROM ordo.inbox_watermarks WHERE consumer = 'fo-downstream'",
+    )
+    .fetch_one(&receiving)
+    .await
+    .expect("the watermark");
+    assert_eq!(
+        from,
+        Some(began),
+        "the rewind begins where the new history does"
+    );
+    let through = through.expect("the rewind's end");
+    assert!(
+        through >= head_before as i64,
+        "the rewind reaches the mark before the kill"
+    );
+    assert_eq!(old_history, Some(timeline - 1));
+    assert_eq!(history, Some(timeline));
+    // What downstream holds beyond the promoted lane: the lost events, at rewound positions.
+    let lost_downstream: Vec<&(i64, String)> = rows
+        .iter()
+        .filter(|(_, id)| !promoted_ids.contains(id))
+        .collect();
+    assert!(
+        !lost_downstream.is_empty(),
+        "downstream had handled events that were lost"
+    );
+    assert!(
+        lost_downstream
+            .iter()
+            .all(|(p, _)| (began..=through).contains(p)),
+        "downstream holds a lost event outside the rewind"
+    );
+    eprintln!(
+        "loss: rewind reported: positions {began}..={through} of timeline {}",
+        timeline - 1
+    );
+
+    let _ = stop_downstream.send(());
+    consuming.await.expect("the adapter");
+    relay.shutdown().await;
+    subscription.shutdown().await;
+    outbox.shutdown().await;
+    pool.close().await;
+    promoted.close().await;
+    receiving.close().await;
+    setup.close().await;
+}

@@ -31,6 +31,14 @@ pub struct InboxMessage {
     pub source: Option<String>,
     /// The message's dense position at `source` (watermark mode): 1, 2, 3, …
     pub position: Option<u64>,
+    /// The sender's server history the position belongs to (`Ordo-History` and
+    /// `Ordo-History-Start`: the PostgreSQL timeline an ordo relay's commit position was
+    /// appended on, and where it began). A watermark inbox that sees a newer history begin at
+    /// or below its mark knows the sender lost the events it had there (a failover to a
+    /// standby that lacked them) and gave the positions to new events: it reports the rewind
+    /// and takes them instead of dropping them as duplicates. `None`: a sender that sends
+    /// none, whose positions are taken as one history.
+    pub history: Option<crate::ServerHistory>,
 }
 
 impl InboxMessage {
@@ -42,6 +50,7 @@ impl InboxMessage {
             headers: Headers::new(),
             source: None,
             position: None,
+            history: None,
         }
     }
 
@@ -55,6 +64,12 @@ impl InboxMessage {
     pub fn with_source(mut self, source: impl Into<String>, position: u64) -> Self {
         self.source = Some(source.into());
         self.position = Some(position);
+        self
+    }
+
+    /// Sets the server history of the position ([`history`](Self::history)).
+    pub fn with_history(mut self, history: crate::ServerHistory) -> Self {
+        self.history = Some(history);
         self
     }
 

@@ -350,6 +350,8 @@ impl Transport for NatsInbox {
             source: header(wire::SOURCE),
             position: header(wire::POSITION),
             lane: header(wire::LANE),
+            history: header(wire::HISTORY),
+            history_start: header(wire::HISTORY_START),
         })
     }
 

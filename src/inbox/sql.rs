@@ -133,7 +133,8 @@ WHERE status = 'failed'
 /// Watermark mode: the source's mark, locked for the handler's transaction; `NOWAIT`, so that a
 /// receiver never waits behind another (SQLSTATE 55P03 is [`Receipt::Busy`](super::Receipt)).
 pub(crate) const MARK: &str = r#"
-SELECT position FROM ordo.inbox_watermarks WHERE consumer = $1 AND source = $2 FOR UPDATE NOWAIT
+SELECT position, history, rewound_through
+FROM ordo.inbox_watermarks WHERE consumer = $1 AND source = $2 FOR UPDATE NOWAIT
 "#;
 
 /// A source seen for the first time, committed on its own before any handler runs.
@@ -142,11 +143,27 @@ INSERT INTO ordo.inbox_watermarks (consumer, source) VALUES ($1, $2) ON CONFLICT
 "#;
 
 /// In the handler's transaction, before the handler runs (the row is locked by [`MARK`]).
+/// `$4`: the message's server history (NULL keeps the mark's).
 pub(crate) const ADVANCE: &str = r#"
 UPDATE ordo.inbox_watermarks
-SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL,
+SET position = $3, history = coalesce($4, history), failing_position = NULL, attempts = 0,
+    last_error = NULL, gap_position = NULL, gap_since = NULL, gap_warned_at = NULL,
+    updated_at = now()
+WHERE consumer = $1 AND source = $2
+"#;
+
+/// A newer server history `$6` that began at or below the mark: the positions `$3..=$4` of
+/// the mark's history `$5` were given again. The mark goes back to just below them, on the
+/// newer history (what lies below it is shared by both), so their new events are taken in
+/// order and the old history's above it are known for lost ones. Committed on its own, in the
+/// transaction holding the mark's row (locked by [`MARK`]), before the message is handled.
+pub(crate) const NOTE_REWIND: &str = r#"
+UPDATE ordo.inbox_watermarks
+SET rewound_at = now(), rewound_from = $3, rewound_through = $4, rewound_history = $5,
+    position = $3 - 1, history = $6, failing_position = NULL, attempts = 0, last_error = NULL,
     gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
 WHERE consumer = $1 AND source = $2
+RETURNING true
 "#;
 
 /// A message from beyond the next position, refused as a gap, in the transaction holding the
@@ -167,13 +184,14 @@ WHERE consumer = $1 AND source = $2
 RETURNING gap_since, gap_warned_at = now() AS warn
 "#;
 
-/// A failed attempt at mark + 1, after the rollback. No row: the mark moved meanwhile (another
-/// receiver handled it).
+/// A failed attempt at the next position (mark + 1, or further inside a rewound range), after
+/// the rollback. No row: the mark moved to it or past it meanwhile (another receiver handled
+/// it).
 pub(crate) const MARK_FAILED: &str = r#"
 UPDATE ordo.inbox_watermarks
 SET attempts = CASE WHEN failing_position = $3 THEN attempts + 1 ELSE 1 END,
     failing_position = $3, last_error = $4, updated_at = now()
-WHERE consumer = $1 AND source = $2 AND position = $3 - 1
+WHERE consumer = $1 AND source = $2 AND position < $3
 RETURNING attempts
 "#;
 
@@ -184,7 +202,7 @@ WITH moved AS (
     UPDATE ordo.inbox_watermarks
     SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL,
         gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
-    WHERE consumer = $1 AND source = $2 AND position = $3 - 1
+    WHERE consumer = $1 AND source = $2 AND position < $3
     RETURNING consumer
 )
 INSERT INTO ordo.inbox AS i
@@ -262,8 +280,8 @@ pub(crate) const HOT_PATH: &[HotStatement] = &[
     hot(
         "inbox: advance watermark",
         ADVANCE,
-        "text, text, bigint",
-        "'c', 's', 1",
+        "text, text, bigint, integer",
+        "'c', 's', 1, 1",
     ),
     hot(
         "inbox: watermark failure",

@@ -174,6 +174,10 @@ pub(crate) struct Parts<'a> {
     pub position: Option<&'a str>,
     /// `Ordo-Lane`.
     pub lane: Option<&'a str>,
+    /// `Ordo-History`.
+    pub history: Option<&'a str>,
+    /// `Ordo-History-Start`.
+    pub history_start: Option<&'a str>,
 }
 
 impl Parts<'_> {
@@ -217,10 +221,34 @@ impl Parts<'_> {
                 )
             })?),
         };
+        let number = |name: &str, text: &str| {
+            text.parse::<u64>()
+                .map_err(|_| format!("{name} \"{}\" is not a number", clipped(text, MAX_SHOWN)))
+        };
+        let history = match (self.history, self.history_start) {
+            (None, None) => None,
+            (Some(timeline), Some(start)) => {
+                let timeline = u32::try_from(number("Ordo-History", timeline)?)
+                    .map_err(|_| "Ordo-History is above 2^32".to_owned())?;
+                let first_position = number("Ordo-History-Start", start)?;
+                Some(crate::ServerHistory {
+                    timeline,
+                    first_position,
+                })
+            }
+            _ => {
+                return Err(
+                    "Ordo-History and Ordo-History-Start come together or not at all".to_owned(),
+                );
+            }
+        };
         if let (Some(source), Some(position)) = (self.source, position)
             && lane != Some(Ordering::Insert)
         {
             message = message.with_source(source, position);
+            if let Some(history) = history {
+                message = message.with_history(history);
+            }
         }
         Ok(message)
     }
@@ -314,8 +342,17 @@ mod tests {
             source: Some("orders-db"),
             position: Some("42"),
             lane: Some("commit"),
+            history: Some("2"),
+            history_start: Some("40"),
         };
         let message = parts.message("Nats-Msg-Id").expect("a message");
+        assert_eq!(
+            message.history,
+            Some(crate::ServerHistory {
+                timeline: 2,
+                first_position: 40
+            })
+        );
         assert_eq!(message.id, "e-1");
         assert_eq!(message.payload, r#"{"n":1}"#);
         assert_eq!(message.source.as_deref(), Some("orders-db"));
@@ -359,5 +396,23 @@ mod tests {
             ..Parts::default()
         };
         assert!(bad_headers.message("x").is_err());
+        let half_a_history = Parts {
+            id: Some("m"),
+            payload: b"{}",
+            source: Some("s"),
+            position: Some("5"),
+            history: Some("2"),
+            ..Parts::default()
+        };
+        let why = half_a_history.message("x").expect_err("no start");
+        assert!(why.contains("Ordo-History-Start"), "{why}");
+        let hostile = "2\nFORGED".repeat(50);
+        let bad_history = Parts {
+            history_start: Some("1"),
+            history: Some(&hostile),
+            ..half_a_history
+        };
+        let why = bad_history.message("x").expect_err("not a number");
+        assert!(!why.contains('\n') && why.len() < 200, "{why}");
     }
 }

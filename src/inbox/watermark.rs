@@ -21,6 +21,8 @@ use super::message::{InboxMessage, Receipt};
 use super::rows::{count, position_column};
 use super::sql;
 use crate::error::{Error, Result};
+use crate::position::ServerHistory;
+use crate::telemetry::metrics::INBOX_REWOUND_POSITIONS;
 use crate::telemetry::printable;
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked.
@@ -42,15 +44,70 @@ pub(crate) async fn receive<H: InboxHandler>(
                     .to_owned(),
         });
     };
+    if let Some(history) = message.history
+        && !(1..=position).contains(&history.first_position)
+    {
+        return Err(Error::InvalidInboxMessage {
+            consumer: config.consumer.clone(),
+            id: message.id.clone(),
+            reason: format!(
+                "its server history begins at position {}, which is not between 1 and its \
+                 position {position}",
+                history.first_position
+            ),
+        });
+    }
     let consumer = config.consumer.as_str();
-    let Some((mut tx, mark)) = begin_at_mark(pool, consumer, source).await? else {
+    let Some((mut tx, mut mark)) = begin_at_mark(pool, consumer, source).await? else {
         return Ok(Receipt::Busy);
     };
+    match (message.history, mark.history) {
+        // A newer history that began at or below the mark: the sender gave those positions
+        // again (it lost their events at a failover). The mark goes back below them.
+        (Some(history), Some(older))
+            if history.timeline > older && history.first_position <= mark.position =>
+        {
+            mark = note_rewind(tx, consumer, source, mark, history).await?;
+            tx = match begin_at_mark(pool, consumer, source).await? {
+                Some((tx, again)) if again == mark => tx,
+                // Another receiver moved it meanwhile: this message is for another attempt.
+                _ => return Ok(Receipt::Busy),
+            };
+        }
+        // An older history above the mark: an event the sender lost at a failover, from
+        // positions a newer history has given again.
+        (Some(history), Some(newer)) if history.timeline < newer && position > mark.position => {
+            tx.rollback().await?;
+            tracing::warn!(
+                consumer = %printable(consumer),
+                source = %printable(source),
+                position,
+                history = history.timeline,
+                mark_history = newer,
+                id = %printable(&message.id),
+                "inbox: a message from a server history the sender has left, above the mark: \
+                 its event was lost at a failover and its position belongs to a newer event; \
+                 dropped as a duplicate"
+            );
+            return Ok(Receipt::Duplicate);
+        }
+        _ => {}
+    }
+    // Inside a rewound range, positions the newer history gave to events this inbox already
+    // handled may never come: a broker that deduplicates by message id (JetStream) drops
+    // them. There, the next position that comes is taken; above the range, none is skipped.
+    let in_rewound_range = mark
+        .rewound_through
+        .is_some_and(|through| position <= through)
+        && message
+            .history
+            .is_some_and(|history| Some(history.timeline) == mark.history);
+    let mark = mark.position;
     if position <= mark {
         tx.rollback().await?;
         return Ok(Receipt::Duplicate);
     }
-    if position > mark + 1 {
+    if position > mark + 1 && !in_rewound_range {
         note_gap(tx, consumer, source, mark + 1, position).await?;
         return Ok(Receipt::Gap { expected: mark + 1 });
     }
@@ -58,6 +115,11 @@ pub(crate) async fn receive<H: InboxHandler>(
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
+        .bind(
+            message
+                .history
+                .map(|history| timeline_column(history.timeline)),
+        )
         .execute(&mut *tx)
         .await?;
     let handled = AssertUnwindSafe(handler.handle(&mut tx, message))
@@ -80,6 +142,70 @@ pub(crate) async fn receive<H: InboxHandler>(
     let _ = tx.rollback().await;
     tracing::warn!(consumer, source, position, %error, "inbox handler failed");
     record_failure(pool, config, message, source, position, error).await
+}
+
+/// Records a rewind on the mark's row (locked in `tx`) and commits: the positions from where
+/// `newer` began to the mark were given again by the sender, whose events there are gone. Logs
+/// it, counts the positions, and returns the mark moved back below them.
+async fn note_rewind(
+    mut tx: Transaction<'static, Postgres>,
+    consumer: &str,
+    source: &str,
+    mark: Mark,
+    newer: ServerHistory,
+) -> Result<Mark> {
+    let from = newer.first_position;
+    sqlx::query(sql::NOTE_REWIND)
+        .bind(consumer)
+        .bind(source)
+        .bind(position_column(from))
+        .bind(position_column(mark.position))
+        .bind(mark.history.map(timeline_column))
+        .bind(timeline_column(newer.timeline))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let positions = mark.position - from + 1;
+    metrics::counter!(
+        INBOX_REWOUND_POSITIONS,
+        "consumer" => consumer.to_owned(),
+        "source" => printable(source).to_string()
+    )
+    .increment(positions);
+    tracing::error!(
+        consumer = %printable(consumer),
+        source = %printable(source),
+        lost_from = from,
+        lost_through = mark.position,
+        lost_history = mark.history,
+        history = newer.timeline,
+        "inbox: the sender's positions went back: positions {from} to {} of its server history \
+         {} are not in its database any more (lost at a failover to a standby that had not \
+         received them); this inbox handled them before. History {} gives these positions to \
+         new events, which are taken as new. ordo inbox watermarks shows the rewind",
+        mark.position,
+        mark.history.unwrap_or(0),
+        newer.timeline
+    );
+    Ok(Mark {
+        position: from - 1,
+        history: Some(newer.timeline),
+        rewound_through: Some(mark.position),
+    })
+}
+
+/// A source's mark as locked: its position, the server history that set it, and the end of
+/// the last rewound range (see [`note_rewind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    position: u64,
+    history: Option<u32>,
+    rewound_through: Option<u64>,
+}
+
+/// A timeline as the table stores it (`INTEGER`).
+fn timeline_column(timeline: u32) -> i32 {
+    i32::try_from(timeline).unwrap_or(i32::MAX)
 }
 
 /// Records on the mark's row (locked in `tx`) that `position` was refused as a gap, and logs
@@ -121,7 +247,7 @@ async fn begin_at_mark(
     pool: &PgPool,
     consumer: &str,
     source: &str,
-) -> Result<Option<(Transaction<'static, Postgres>, u64)>> {
+) -> Result<Option<(Transaction<'static, Postgres>, Mark)>> {
     let mut tx = pool.begin().await?;
     match lock_mark(&mut tx, consumer, source).await? {
         Locked::Mark(mark) => return Ok(Some((tx, mark))),
@@ -145,7 +271,7 @@ async fn begin_at_mark(
 
 /// What locking a source's mark found.
 enum Locked {
-    Mark(u64),
+    Mark(Mark),
     Busy,
     Missing,
 }
@@ -155,13 +281,17 @@ async fn lock_mark(
     consumer: &str,
     source: &str,
 ) -> Result<Locked> {
-    let locked = sqlx::query_scalar::<_, i64>(sql::MARK)
+    let locked = sqlx::query_as::<_, (i64, Option<i32>, Option<i64>)>(sql::MARK)
         .bind(consumer)
         .bind(source)
         .fetch_optional(&mut **tx)
         .await;
     match locked {
-        Ok(Some(mark)) => Ok(Locked::Mark(u64::try_from(mark).unwrap_or(0))),
+        Ok(Some((position, history, rewound_through))) => Ok(Locked::Mark(Mark {
+            position: u64::try_from(position).unwrap_or(0),
+            history: history.and_then(|history| u32::try_from(history).ok()),
+            rewound_through: rewound_through.and_then(|through| u64::try_from(through).ok()),
+        })),
         Ok(None) => Ok(Locked::Missing),
         Err(error) if lock_not_available(&error) => Ok(Locked::Busy),
         Err(error) => Err(error.into()),

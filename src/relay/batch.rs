@@ -70,7 +70,12 @@ impl<K: Sink> RelayRunner<K> {
         let built = match work.poisoned.remove(&position) {
             Some(error) => Err(error),
             None => {
-                super::message_of(item, &entry.keys, &self.config).map_err(SendError::permanent)
+                let history = match self.config.ordering {
+                    crate::position::Ordering::Commit => work.histories.of(position),
+                    crate::position::Ordering::Insert => None,
+                };
+                super::message_of(item, &entry.keys, &self.config, history)
+                    .map_err(SendError::permanent)
             }
         };
         Some((position, attempts, built))

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::envelope::Headers;
-use crate::position::{EventSequence, Ordering};
+use crate::position::{EventSequence, Ordering, ServerHistory};
 
 /// One event on its way out: what a relay hands a [`Sink`](super::Sink).
 ///
@@ -25,6 +25,12 @@ pub struct Message {
     pub position: u64,
     /// The lane the relay reads, which says what [`position`](Self::position) is.
     pub lane: Ordering,
+    /// On the commit lane, the server history the position belongs to: the PostgreSQL
+    /// timeline its entry was appended on and where that stretch began
+    /// ([`ServerHistory`]). After a failover that lost transactions, positions they had are
+    /// given to new events on the newer history, which a receiver tells apart by this
+    /// (`Ordo-History`, `Ordo-History-Start`). `None` on the insert lane.
+    pub history: Option<ServerHistory>,
     /// The sending database's name ([`RelayConfig::source`](super::RelayConfig::source)).
     pub source: Option<String>,
     /// Its type (`ordo.events.event_type`); `None` is untyped.
@@ -57,6 +63,7 @@ impl Message {
             sequence: EventSequence::new(1),
             position: 1,
             lane: Ordering::Commit,
+            history: None,
             source: None,
             event_type: None,
             key: None,
@@ -64,6 +71,12 @@ impl Message {
             headers: Headers::new(),
             recorded_at: Utc::now(),
         }
+    }
+
+    /// The same message from server history `history` (see [`history`](Self::history)).
+    pub fn with_history(mut self, history: Option<ServerHistory>) -> Self {
+        self.history = history;
+        self
     }
 
     /// The same message with `id`.

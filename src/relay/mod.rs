@@ -40,6 +40,7 @@ pub(crate) mod attempts;
 mod batch;
 mod config;
 mod flight;
+pub(crate) mod histories;
 pub(crate) mod marks;
 mod message;
 mod outage;

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use super::batch::{Recording, Written};
 use super::config::{OnParked, RelayConfig};
 use super::flight::{Carrier, Landed, fly};
+use super::histories::Histories;
 use super::outage::Health;
 use super::sink_down::Shown;
 use super::{RawPayload, SendError, Sink};
@@ -44,7 +45,7 @@ use crate::consumer::sql::Stored;
 use crate::consumer::{Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed, Schedule};
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
-use crate::position::Position;
+use crate::position::{Ordering, Position};
 
 /// Events released by an expired deadline are tried again after this.
 pub(super) const BLAMELESS_RETRY: Duration = Duration::from_millis(100);
@@ -105,6 +106,10 @@ pub(super) struct Work {
     pub(super) health: Health,
     /// The sink's state as operators see it in the database, written by a task of its own.
     pub(super) shown: Shown,
+    /// The server history of each commit position read so far (`Message::history`).
+    pub(super) histories: Histories,
+    /// The highest position admitted so far.
+    pub(super) admitted: u64,
 }
 
 impl<K: Sink> Executor for RelayRunner<K> {
@@ -153,6 +158,8 @@ impl<K: Sink> RelayRunner<K> {
             poisoned: HashMap::new(),
             health: Health::default(),
             shown: Shown::spawn(&self.core.pool, &self.config.name, self.core.owner),
+            histories: Histories::default(),
+            admitted: watermark.get(),
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their
@@ -185,6 +192,11 @@ impl<K: Sink> RelayRunner<K> {
                     Some(Err(error)) => return self.read_failed(&error, work).await,
                     None => break,
                 }
+            }
+            if self.config.ordering == Ordering::Commit
+                && let Err(error) = work.histories.cover(&self.core.pool, work.admitted).await
+            {
+                return self.read_failed(&error.into(), work).await;
             }
             while !self.idle.is_empty() && (work.held.is_some() || work.schedule.lanes.has_ready())
             {
@@ -259,6 +271,7 @@ impl<K: Sink> RelayRunner<K> {
     fn admit(&self, work: &mut Work, item: Item<RawPayload>) {
         let keys = &self.keys;
         let position = item.position.get();
+        work.admitted = work.admitted.max(position);
         let weight = item.event.as_deref().map_or(0, weight_of);
         let poisoned = &mut work.poisoned;
         let name = &self.config.name;

@@ -113,6 +113,7 @@ pub(crate) fn message_of(
     item: &Item<RawPayload>,
     keys: &Keys,
     config: &RelayConfig,
+    history: Option<crate::position::ServerHistory>,
 ) -> std::result::Result<Message, String> {
     let event: &Arc<Envelope<RawPayload>> = match &item.event {
         Ok(event) => event,
@@ -130,6 +131,7 @@ pub(crate) fn message_of(
         sequence: event.sequence,
         position: item.position.get(),
         lane: config.ordering,
+        history,
         source: config.source.clone(),
         event_type: event.event_type.clone(),
         key: keys.iter().next().map(str::to_owned),

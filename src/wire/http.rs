@@ -8,6 +8,10 @@ pub(crate) const SEQUENCE: &str = "Ordo-Sequence";
 pub(crate) const POSITION: &str = "Ordo-Position";
 /// The lane the position is in (`insert` or `commit`).
 pub(crate) const LANE: &str = "Ordo-Lane";
+/// On the commit lane, the server history the position belongs to (a PostgreSQL timeline).
+pub(crate) const HISTORY: &str = "Ordo-History";
+/// The first position of that history.
+pub(crate) const HISTORY_START: &str = "Ordo-History-Start";
 /// The Unix time the request was signed at.
 pub(crate) const TIMESTAMP: &str = "Ordo-Timestamp";
 /// The HMAC-SHA256 signature of the timestamp and body.

@@ -71,6 +71,7 @@ impl Transport for RabbitInbox {
             header(wire::LANE),
             header(wire::HEADERS),
         );
+        let (history, history_start) = (header(wire::HISTORY), header(wire::HISTORY_START));
         read(Parts {
             id: delivery
                 .properties
@@ -82,6 +83,8 @@ impl Transport for RabbitInbox {
             source: source.as_deref(),
             position: position.as_deref(),
             lane: lane.as_deref(),
+            history: history.as_deref(),
+            history_start: history_start.as_deref(),
         })
     }
 

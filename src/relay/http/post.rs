@@ -50,6 +50,11 @@ impl WebhookSink {
             .header(wire::LANE, message.lane.as_str())
             .header(wire::TIMESTAMP, timestamp)
             .header(wire::SIGNATURE, signature);
+        if let Some(history) = message.history {
+            request = request
+                .header(wire::HISTORY, history.timeline.to_string())
+                .header(wire::HISTORY_START, history.first_position.to_string());
+        }
         // Optional headers whose text a header cannot carry are left out rather than failing.
         let optional = [
             (wire::EVENT_TYPE, message.event_type.as_deref()),

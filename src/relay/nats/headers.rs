@@ -14,6 +14,8 @@ mod names {
     pub(super) const MSG_ID: HeaderName = HeaderName::from_static(wire::MSG_ID);
     pub(super) const POSITION: HeaderName = HeaderName::from_static(wire::POSITION);
     pub(super) const LANE: HeaderName = HeaderName::from_static(wire::LANE);
+    pub(super) const HISTORY: HeaderName = HeaderName::from_static(wire::HISTORY);
+    pub(super) const HISTORY_START: HeaderName = HeaderName::from_static(wire::HISTORY_START);
     pub(super) const SOURCE: HeaderName = HeaderName::from_static(wire::SOURCE);
     pub(super) const EVENT_TYPE: HeaderName = HeaderName::from_static(wire::EVENT_TYPE);
     pub(super) const KEY: HeaderName = HeaderName::from_static(wire::KEY);
@@ -37,6 +39,10 @@ pub(super) fn headers(message: &Message, detail: bool) -> Result<HeaderMap, Send
     );
     headers.insert(names::POSITION, message.position.to_string());
     headers.insert(names::LANE, message.lane.as_str());
+    if let Some(history) = message.history {
+        headers.insert(names::HISTORY, history.timeline.to_string());
+        headers.insert(names::HISTORY_START, history.first_position.to_string());
+    }
     // Text the event's writer chose (plain SQL can put a line break in it): checked, since the
     // client panics on a header value it cannot carry.
     let chosen = [

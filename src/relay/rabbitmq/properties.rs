@@ -16,6 +16,14 @@ pub(super) fn properties(message: &Message) -> BasicProperties {
         wire::LANE.into(),
         AMQPValue::LongString(message.lane.as_str().into()),
     );
+    if let Some(history) = message.history {
+        headers.insert(
+            wire::HISTORY.into(),
+            AMQPValue::LongLongInt(i64::from(history.timeline)),
+        );
+        let start = i64::try_from(history.first_position).unwrap_or(i64::MAX);
+        headers.insert(wire::HISTORY_START.into(), AMQPValue::LongLongInt(start));
+    }
     if let Some(source) = &message.source {
         headers.insert(
             wire::SOURCE.into(),
