@@ -178,6 +178,20 @@ pub enum Error {
     #[error("the ordo outbox has been shut down")]
     Shutdown,
 
+    /// The database went back in time under this outbox: it no longer holds events this
+    /// process's lanes had already passed (a failover to a standby that had not received the
+    /// last transactions, a crash that lost commits made with `synchronous_commit = off`, a
+    /// restore). The outbox stopped: its listeners end with this error, subscriptions and
+    /// relays stop, and `begin` refuses. Start a new `Outbox` (or restart the process): it
+    /// goes on from what the server holds. `docs/operations.md`, "Failover".
+    #[error(
+        "the database went back in time under this outbox ({what}): a failover to a standby that lacked the last transactions, a crash that lost commits, or a restore; the outbox stopped: start a new Outbox (or restart the process) to go on from what the server holds"
+    )]
+    ServerRewound {
+        /// What showed it.
+        what: String,
+    },
+
     /// A relation of the `ordo` schema does not exist: the database was never migrated (or
     /// only partly).
     #[error(

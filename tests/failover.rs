@@ -104,6 +104,8 @@ struct Outcomes {
     refused: Vec<Uuid>,
     /// `commit()` reported `CommitInDoubt`.
     in_doubt: Vec<(i64, Vec<Uuid>)>,
+    /// `begin()` refused: the outbox stopped on a rewind (what it said).
+    rewound: Option<String>,
 }
 
 /// Publishes until `stop`: transactions of one or two events, every fifth rolled back; waits
@@ -117,9 +119,16 @@ async fn write(
     let mut t = 0u32;
     while !stop.load(AtomicOrdering::SeqCst) {
         t += 1;
-        let Ok(mut tx) = outbox.begin().await else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
+        let mut tx = match outbox.begin().await {
+            Ok(tx) => tx,
+            Err(Error::ServerRewound { what }) => {
+                outcomes.lock().expect("outcomes").rewound = Some(what);
+                return;
+            }
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
         };
         let count = if t.is_multiple_of(3) { 2 } else { 1 };
         let mut ids = Vec::new();
@@ -639,19 +648,41 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         "downstream holds every position up to {head_before} before the kill"
     );
 
+    let mut listener = outbox.listen_committed(Start::Beginning);
     primary.kill();
     standby.promote().await;
     front.retarget(local(standby.port()));
-    // The writers' process is started again on the promoted server: a process that ran across
-    // a failover that lost transactions holds lanes the server no longer has (see
-    // docs/operations.md, "Failover"), so it is restarted, as its supervisor would.
-    stop.store(true, AtomicOrdering::SeqCst);
+    // The outbox finds the promoted server below what its lanes passed, and stops: writers are
+    // refused, listeners end with the error, subscriptions and relays stop.
     for writer in writers {
         writer.await.expect("a writer");
     }
+    let rewound = outcomes.lock().expect("outcomes").rewound.clone();
+    let what = rewound.expect("the writers were told the server went back");
+    eprintln!("loss: the outbox stopped: {what}");
+    let ended = tokio::time::timeout(PATIENCE, async {
+        while let Some(event) = listener.next().await {
+            if let Err(error) = event {
+                return Some(error);
+            }
+        }
+        None
+    })
+    .await
+    .expect("the listener ends");
+    assert!(
+        matches!(ended, Some(Error::ServerRewound { .. })),
+        "the listener ends with the rewind: {ended:?}"
+    );
+    assert!(listener.next().await.is_none(), "then the stream is over");
+    assert!(matches!(
+        outbox.begin().await,
+        Err(Error::ServerRewound { .. })
+    ));
     relay.shutdown().await;
     subscription.shutdown().await;
     outbox.shutdown().await;
+    // What its supervisor does: a new outbox, which goes on from what the server holds.
     let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
         .await
         .expect("outbox");

@@ -48,6 +48,8 @@ pub(crate) struct CommitReader<P> {
     floor_checked: bool,
     /// The most rows a page read from the table holds (besides the lane's page size).
     limit: usize,
+    /// Whether it has ended with the outbox's rewind error (once; then `None`).
+    told_rewind: bool,
 }
 
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
@@ -90,6 +92,7 @@ where
             next: after + 1,
             floor_checked: false,
             limit: usize::MAX,
+            told_rewind: false,
         }
     }
 
@@ -102,7 +105,7 @@ where
     pub(crate) async fn next_batch(&mut self) -> Option<Result<Vec<Item<P>>>> {
         loop {
             if self.stop.is_stopped() {
-                return None;
+                return self.ended();
             }
             if !self.floor_checked {
                 if let Err(error) =
@@ -122,10 +125,20 @@ where
             }
             tokio::select! {
                 biased;
-                _ = self.stop.stopped() => return None,
+                _ = self.stop.stopped() => return self.ended(),
                 changed = self.head.changed() => if changed.is_err() { return None },
             }
         }
+    }
+
+    /// The end of a stopped outbox's reader: the rewind error once if that stopped it, then
+    /// nothing.
+    fn ended(&mut self) -> Option<Result<Vec<Item<P>>>> {
+        if self.told_rewind {
+            return None;
+        }
+        self.told_rewind = true;
+        self.lane.rewind.error().map(Err)
     }
 
     /// Serves from the log cache and the insert lane's cache, up to the first miss.

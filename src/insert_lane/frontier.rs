@@ -203,7 +203,19 @@ where
             self.above_head = None;
         }
         if self.hole.is_none() && self.known_head <= self.max_known() {
-            self.known_head = self.known_head.max(heads::head(pool).await?);
+            let head = heads::head(pool).await?;
+            if head < self.frontier {
+                // A sequence never goes back on one server history: every sequence up to the
+                // frontier was drawn, and the events among them were read from the table.
+                self.shared.rewind.report(format!(
+                    "the events sequence is at {head}, below sequence {} that this process's \
+                     insert lane had already passed",
+                    self.frontier
+                ));
+                self.schedule(self.config.resync_interval);
+                return Ok(());
+            }
+            self.known_head = self.known_head.max(head);
             if self.known_head <= self.max_known() {
                 self.schedule(self.config.resync_interval);
                 return Ok(());

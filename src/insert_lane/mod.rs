@@ -59,6 +59,42 @@ pub(crate) struct LaneShared<P> {
     /// Set for a [table view](Self::table_view): the frontier of the lane it reads, which it
     /// follows instead of its own (which no task moves).
     follows: Option<watch::Receiver<u64>>,
+    /// Set when the server is found to have gone back below what this lane passed; shared
+    /// with the lane's table views.
+    pub(crate) rewind: Arc<Rewind>,
+}
+
+/// The server went back in time under an outbox ([`Error::ServerRewound`]): reported once, by
+/// the part that sees it; the outbox then stops, and every reader ends with the error.
+///
+/// [`Error::ServerRewound`]: crate::Error::ServerRewound
+#[derive(Debug, Default)]
+pub(crate) struct Rewind {
+    what: std::sync::OnceLock<String>,
+    reported: Notify,
+}
+
+impl Rewind {
+    /// Reports a rewind (the first report wins); the outbox's watchdog stops it.
+    pub(crate) fn report(&self, what: String) {
+        if self.what.set(what).is_ok() {
+            self.reported.notify_one();
+        }
+    }
+
+    /// The error readers and writers end with, once reported.
+    pub(crate) fn error(&self) -> Option<crate::Error> {
+        self.what
+            .get()
+            .map(|what| crate::Error::ServerRewound { what: what.clone() })
+    }
+
+    /// Resolves once a rewind is reported.
+    pub(crate) async fn reported(&self) {
+        if self.what.get().is_none() {
+            self.reported.notified().await;
+        }
+    }
 }
 
 /// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
@@ -86,6 +122,7 @@ impl<P> LaneShared<P> {
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
             peer_log: wakeup::PeerLog::default(),
             follows: None,
+            rewind: Arc::default(),
         }
     }
 
@@ -98,6 +135,7 @@ impl<P> LaneShared<P> {
         Self {
             cache: RwLock::new(Cache::none(frontier)),
             follows: Some(of.frontier_watch()),
+            rewind: Arc::clone(&of.rewind),
             ..Self::new(of.pool.clone(), frontier, 0, 0, of.page_size)
         }
     }

@@ -32,6 +32,8 @@ pub(crate) struct LaneReader<P> {
     /// Whether the start position was checked against the retention floor. The cache may still
     /// hold dropped events; a reader below the floor fails the same way in every process.
     floor_checked: bool,
+    /// Whether it has ended with the outbox's rewind error (once; then `None`).
+    told_rewind: bool,
 }
 
 impl<P> LaneReader<P>
@@ -54,6 +56,7 @@ where
             next: after + 1,
             limit: usize::MAX,
             floor_checked: false,
+            told_rewind: false,
         }
     }
 
@@ -104,7 +107,7 @@ where
     pub(crate) async fn next_batch(&mut self) -> Option<Result<Vec<Slot<P>>>> {
         loop {
             if self.stop.is_stopped() {
-                return None;
+                return self.ended();
             }
             if !self.floor_checked
                 && let Err(error) = self.check_floor().await
@@ -117,10 +120,20 @@ where
             }
             tokio::select! {
                 biased;
-                _ = self.stop.stopped() => return None,
+                _ = self.stop.stopped() => return self.ended(),
                 changed = self.frontier.changed() => if changed.is_err() { return None },
             }
         }
+    }
+
+    /// The end of a stopped outbox's reader: the rewind error once if that stopped it, then
+    /// nothing.
+    fn ended(&mut self) -> Option<Result<Vec<Slot<P>>>> {
+        if self.told_rewind {
+            return None;
+        }
+        self.told_rewind = true;
+        self.shared.rewind.error().map(Err)
     }
 
     async fn read_upto(&mut self, frontier: u64) -> Result<Vec<Slot<P>>> {

@@ -151,7 +151,7 @@ where
         let sink = crate::write::spawn(&tasks, &direct, &config, &lane, handoff, statements);
         crate::ops::spawn(&tasks, &direct, &config);
         let commit = commit_lane::spawn(&tasks, &direct, &config, &lane).await?;
-        Ok(Self {
+        let outbox = Self {
             inner: Arc::new(Inner {
                 latest: LatestHub::new(direct.clone()),
                 listen,
@@ -164,7 +164,34 @@ where
                 runners: Runners::new(),
                 tasks,
             }),
-        })
+        };
+        outbox.stop_on_rewind();
+        Ok(outbox)
+    }
+
+    /// Stops the outbox, as [`shutdown`](Self::shutdown) does, once a part of it finds the
+    /// server gone back in time ([`Error::ServerRewound`]): its lanes hold events the server
+    /// no longer has, and going on would deliver positions the server gives again to other
+    /// events as if they had been delivered. A task of its own, which ends with the outbox.
+    fn stop_on_rewind(&self) {
+        let outbox = Arc::downgrade(&self.inner);
+        let rewind = Arc::clone(&self.inner.lane.rewind);
+        let mut stopped = self.inner.tasks.signal();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopped.stopped() => return,
+                _ = rewind.reported() => {}
+            }
+            let Some(inner) = outbox.upgrade() else {
+                return;
+            };
+            if let Some(error) = rewind.error() {
+                tracing::error!(%error, "ordo outbox stopped: the database went back in time");
+            }
+            metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(1.0);
+            inner.runners.shutdown().await;
+            inner.tasks.stop(SHUTDOWN_GRACE).await;
+        });
     }
 
     /// The pool this outbox publishes with ([`begin`](Self::begin)): the one given to
@@ -185,6 +212,9 @@ where
     /// [`Error::Database`] if no connection can be had; [`Error::Shutdown`] after
     /// [`shutdown`](Self::shutdown).
     pub async fn begin(&self) -> Result<OutboxTransaction<P>> {
+        if let Some(error) = self.inner.lane.rewind.error() {
+            return Err(error);
+        }
         if self.inner.tasks.signal().is_stopped() {
             return Err(Error::Shutdown);
         }
@@ -220,6 +250,9 @@ where
         tx: &mut Transaction<'_, Postgres>,
         events: impl IntoIterator<Item = P>,
     ) -> Result<Vec<EventSequence>> {
+        if let Some(error) = self.inner.lane.rewind.error() {
+            return Err(error);
+        }
         publish_in(&self.inner.sink, tx, events).await
     }
 

@@ -31,6 +31,7 @@
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
 //! | `ordo_relay_sink_down` | gauge | `relay` | 1 while the relay's owner finds its sink down (an outage), else 0 |
+//! | `ordo_server_rewound` | gauge | | 1 once this process's outbox stopped because the database went back below what its lanes had passed ([`Error::ServerRewound`](crate::Error::ServerRewound)) |
 //! | `ordo_inbox_rewound_positions_total` | counter | `consumer`, `source` | positions a watermark inbox had handled that the sender gave again on a newer server history (its events there lost at a failover; logged at ERROR with the positions, shown by `ordo inbox watermarks`) |
 //! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed`, `gap`, or `rejected` (a broker adapter rejected for good a message the inbox cannot store) | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
@@ -88,6 +89,9 @@ pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
 
 /// The metric `ordo_inbox_receipts_total` (see the table above).
 pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
+
+/// The metric `ordo_server_rewound` (see the table above).
+pub const SERVER_REWOUND: &str = "ordo_server_rewound";
 
 /// The metric `ordo_inbox_rewound_positions_total` (see the table above).
 pub const INBOX_REWOUND_POSITIONS: &str = "ordo_inbox_rewound_positions_total";
@@ -231,6 +235,11 @@ pub fn describe() {
         INBOX_RECEIPTS,
         Unit::Count,
         "Messages an inbox consumer received, by its answer."
+    );
+    describe_gauge!(
+        SERVER_REWOUND,
+        Unit::Count,
+        "1 once this process's outbox stopped because the database went back in time."
     );
     describe_counter!(
         INBOX_REWOUND_POSITIONS,
