@@ -824,6 +824,14 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     );
     assert_eq!(old_history, Some(timeline - 1));
     assert_eq!(history, Some(timeline));
+    let marks = ordo::inbox::list_watermarks(&receiving, Some("fo-downstream"))
+        .await
+        .expect("the watermarks");
+    let shown = ordo::admin::watermarks_table(&marks);
+    assert!(
+        shown.contains(&format!("positions {began} to {through} were given again")),
+        "ordo inbox watermarks shows the rewind: {shown}"
+    );
     // What downstream holds beyond the promoted lane: the lost events, at rewound positions.
     let lost_downstream: Vec<&(i64, String)> = rows
         .iter()

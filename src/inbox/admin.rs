@@ -154,6 +154,29 @@ pub struct Watermark {
     /// refused ([`Receipt::Gap`](super::Receipt::Gap)) since the mark last moved. `None` while
     /// messages come in order.
     pub gap: Option<WatermarkGap>,
+    /// The sender's server history of the message that set the mark (`Ordo-History`), if
+    /// it sends one.
+    pub history: Option<u32>,
+    /// The last rewind seen: the sender gave positions this consumer had handled again, on a
+    /// newer server history (a failover that lost its last transactions).
+    pub rewind: Option<WatermarkRewind>,
+}
+
+/// Positions a watermark consumer had handled that the sender gave again on a newer server
+/// history: the events it had there were lost at a failover (they are not in the sender's
+/// database any more), and the new events at those positions were taken as new. See
+/// [`Watermark::rewind`] and `docs/inbox.md`, "Failovers upstream".
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct WatermarkRewind {
+    /// The first position given again.
+    pub from: u64,
+    /// The mark when the rewind was seen: the last position given again.
+    pub through: u64,
+    /// The history those positions had (`None`: not known).
+    pub lost_history: Option<u32>,
+    /// When the consumer saw it.
+    pub at: DateTime<Utc>,
 }
 
 /// A watermark consumer waiting on a position that has not arrived: see [`Watermark::gap`].
@@ -193,6 +216,10 @@ pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Ve
             last_error: row.try_get("last_error")?,
             updated_at: row.try_get("updated_at")?,
             gap: read_gap(row)?,
+            history: row
+                .try_get::<Option<i32>, _>("history")?
+                .and_then(|history| u32::try_from(history).ok()),
+            rewind: read_rewind(row)?,
         })
     };
     let marks: Vec<Watermark> = rows.iter().map(read).collect::<Result<_, _>>()?;
@@ -200,6 +227,23 @@ pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Ve
         refuse_unknown_consumer(pool, consumer).await?;
     }
     Ok(marks)
+}
+
+/// A mark's rewind columns, if it saw one.
+fn read_rewind(row: &PgRow) -> Result<Option<WatermarkRewind>, sqlx::Error> {
+    let at: Option<DateTime<Utc>> = row.try_get("rewound_at")?;
+    let from: Option<i64> = row.try_get("rewound_from")?;
+    let through: Option<i64> = row.try_get("rewound_through")?;
+    let lost_history: Option<i32> = row.try_get("rewound_history")?;
+    Ok(match (at, from, through) {
+        (Some(at), Some(from), Some(through)) => Some(WatermarkRewind {
+            from: u64::try_from(from).unwrap_or(0),
+            through: u64::try_from(through).unwrap_or(0),
+            lost_history: lost_history.and_then(|history| u32::try_from(history).ok()),
+            at,
+        }),
+        _ => None,
+    })
 }
 
 /// A mark's gap columns, if it waits on one.

@@ -82,8 +82,8 @@ use std::time::Duration;
 use sqlx::{PgPool, Row};
 
 pub use admin::{
-    FailedMessage, Watermark, WatermarkGap, list_failed, list_watermarks, replay, replay_all,
-    set_watermark,
+    FailedMessage, Watermark, WatermarkGap, WatermarkRewind, list_failed, list_watermarks, replay,
+    replay_all, set_watermark,
 };
 pub use config::{InboxConfig, InboxMode, MAX_RETENTION};
 pub use handler::InboxHandler;

@@ -218,7 +218,8 @@ RETURNING 1
 /// `$1` NULL: every consumer.
 pub(crate) const LIST_MARKS: &str = r#"
 SELECT consumer, source, position, failing_position, attempts, last_error, updated_at,
-       gap_position, gap_since
+       gap_position, gap_since, history, rewound_at, rewound_from, rewound_through,
+       rewound_history
 FROM ordo.inbox_watermarks
 WHERE $1::text IS NULL OR consumer = $1
 ORDER BY consumer, source

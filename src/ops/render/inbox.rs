@@ -38,14 +38,20 @@ pub fn watermarks_table(marks: &[Watermark]) -> String {
         Column("ATTEMPTS", 8, Right),
     ];
     let rows = marks.iter().map(|mark| {
-        let note = match &mark.gap {
-            Some(gap) => format!(
+        let note = match (&mark.gap, &mark.rewind) {
+            (Some(gap), _) => format!(
                 "waiting on a gap since {}: position {} has not arrived, {} was refused; if it never will, ordo inbox set-watermark",
                 gap.since.format("%Y-%m-%d %H:%M:%S UTC"),
                 gap.expected,
                 gap.received
             ),
-            None => last_error(mark.last_error.as_deref()),
+            (None, Some(rewind)) if mark.last_error.is_none() => format!(
+                "rewound at {}: positions {} to {} were given again by the sender (lost at a failover upstream)",
+                rewind.at.format("%Y-%m-%d %H:%M:%S UTC"),
+                rewind.from,
+                rewind.through
+            ),
+            _ => last_error(mark.last_error.as_deref()),
         };
         let cells = [
             printable(&mark.consumer).into_owned(),
