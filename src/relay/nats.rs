@@ -16,7 +16,8 @@
 //! # Headers
 //!
 //! `Nats-Msg-Id` (the event id), `Ordo-Position` and `Ordo-Lane` (the event's position on the
-//! relay's lane: `commit`, dense, or `insert`), and when present `Ordo-Source`
+//! relay's lane: `commit`, dense, or `insert`), on the commit lane `Ordo-History` and
+//! `Ordo-History-Start` ([`Message::history`](super::Message::history)), and when present `Ordo-Source`
 //! ([`RelayConfig::source`](super::RelayConfig::source)), `Ordo-Event-Type`, `Ordo-Key`,
 //! `traceparent` and `Ordo-Headers` (the stored header map as JSON). An
 //! [`ordo::inbox::NatsInbox`](crate::inbox::NatsInbox) reads them back. The body is always the

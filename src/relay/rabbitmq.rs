@@ -3,7 +3,9 @@
 //! Every message is persistent (`delivery_mode` 2), `content_type` `application/json`, with
 //! `message_id` = the event id (the receiver deduplicates on it), `type` = the event type,
 //! `timestamp` = when it was recorded, and the headers `ordo-sequence`, `ordo-position` and
-//! `ordo-lane` (the relay's lane and the event's position on it), and when present
+//! `ordo-lane` (the relay's lane and the event's position on it), on the commit lane
+//! `ordo-history` and `ordo-history-start` (the position's server history,
+//! [`Message::history`](super::Message::history)), and when present
 //! `ordo-source` ([`RelayConfig::source`](super::RelayConfig::source)), `ordo-key`,
 //! `traceparent` and `ordo-headers` (the stored header map as JSON). Publishes
 //! are pipelined on one confirm-mode channel: up to

@@ -11,6 +11,7 @@
 //! | `Ordo-Event-Type` | the event type (absent when untyped) |
 //! | `Ordo-Sequence` | the event's insert-lane sequence |
 //! | `Ordo-Position`, `Ordo-Lane` | the event's position on the relay's lane (`commit`: dense, 1, 2, 3, …; `insert`) |
+//! | `Ordo-History`, `Ordo-History-Start` | on the commit lane, the position's server history: the PostgreSQL timeline and its first position ([`Message::history`](crate::relay::Message::history)) |
 //! | `Ordo-Source` | the sending database's name ([`RelayConfig::source`](crate::relay::RelayConfig::source); absent when not set) |
 //! | `Ordo-Key` | the ordering key (absent without one) |
 //! | `Ordo-Timestamp` | when this request was signed, Unix seconds |
