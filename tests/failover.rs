@@ -31,13 +31,11 @@ use common::relays::config as relay_config;
 use common::subscribers::{Project, assert_exactly_once, projection_table};
 use common::tcp_fault::TcpFault;
 use futures::StreamExt;
-use ordo::inbox::{
-    Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, NatsInbox, Redelivery,
-};
+use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode};
 use ordo::relay::nats::NatsSink;
 use ordo::{
     CommitStatus, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox, OutboxConfig,
-    Start,
+    Start, SubscriptionHandle,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
@@ -205,16 +203,7 @@ fn downstream(
     stream: &TestStream,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<()> {
-    let adapter = NatsInbox::builder(NATS_ADDR, stream.name.as_str(), "fo-downstream")
-        .ack_wait(Duration::from_secs(2))
-        .redelivery(
-            Redelivery::default()
-                .busy(Duration::from_millis(50))
-                .gap(Duration::from_millis(50))
-                .retry_backoff(Duration::from_millis(50), Duration::from_millis(200)),
-        )
-        .build()
-        .expect("adapter");
+    let adapter = common::brokers::watermark_adapter(NATS_ADDR, stream, "fo-downstream");
     let inbox = Inbox::new(
         pool,
         InboxConfig::new("fo-downstream").mode(InboxMode::Watermark),
@@ -238,6 +227,93 @@ async fn downstream_rows(pool: &PgPool) -> Vec<(i64, String)> {
         .expect("the downstream rows")
 }
 
+/// The sending side on `pool`: an outbox, a commit-ordered subscription `subscription` that
+/// projects every event, and a relay of the commit lane to `stream`, one key for all.
+struct Sender {
+    outbox: Outbox<Note>,
+    subscription: SubscriptionHandle,
+    relay: SubscriptionHandle,
+}
+
+impl Sender {
+    async fn start(pool: &PgPool, subscription: &str, stream: &TestStream) -> Sender {
+        let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+            .await
+            .expect("outbox");
+        let subscription = outbox
+            .subscribe(
+                JobConfig::new(subscription).ordering(Ordering::Commit),
+                Project { fail_rate: 0.0 },
+            )
+            .await
+            .expect("subscribe");
+        let sink = NatsSink::builder(NATS_ADDR)
+            .subject_prefix(&stream.prefix)
+            .build()
+            .expect("sink");
+        let relay = outbox
+            .relay(
+                relay_config("fo-relay").source("fo-a"),
+                sink,
+                in_commit_order,
+            )
+            .await
+            .expect("relay");
+        Sender {
+            outbox,
+            subscription,
+            relay,
+        }
+    }
+
+    async fn shutdown(&self) {
+        self.relay.shutdown().await;
+        self.subscription.shutdown().await;
+        self.outbox.shutdown().await;
+    }
+}
+
+/// A private cluster `name` on `port` for the inbox downstream: migrated, with its table.
+async fn receiver(name: &str, port: u16) -> Option<(Cluster, PgPool)> {
+    let receiver = Cluster::create(name, port, &[])?;
+    let receiving = pool_on(&receiver.url(), 4).await;
+    ordo::migrate(&receiving).await.expect("migrate downstream");
+    sqlx::query("CREATE TABLE downstream (position BIGINT NOT NULL, event_id TEXT NOT NULL)")
+        .execute(&receiving)
+        .await
+        .expect("the downstream table");
+    Some((receiver, receiving))
+}
+
+/// [`WRITERS`] writers on `outbox`, until `stop`.
+fn spawn_writers(
+    outbox: &Outbox<Note>,
+    outcomes: &Arc<Mutex<Outcomes>>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write(
+                outbox.clone(),
+                w,
+                Arc::clone(outcomes),
+                Arc::clone(stop),
+            ))
+        })
+        .collect()
+}
+
+/// The commit lane `pool` holds: (position, event id), by position.
+async fn commit_lane_of(pool: &PgPool) -> Vec<(i64, String)> {
+    sqlx::query_as(
+        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l \
+         JOIN ordo.events AS e ON e.sequence = l.sequence ORDER BY l.commit_seq",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("the commit lane")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowledged() {
     let Some(primary) = Cluster::create("ordo_fo_sync_p", 5491, &[]) else {
@@ -253,39 +329,13 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     let front = TcpFault::start(local(primary.port())).await;
     let url = format!("postgres://postgres@{}/postgres", front.addr());
     let pool = pool_on(&url, 6).await;
-    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let subscription = outbox
-        .subscribe(
-            JobConfig::new("through-failover").ordering(Ordering::Commit),
-            Project { fail_rate: 0.0 },
-        )
-        .await
-        .expect("subscribe");
     // Downstream: a relay to NATS, and a watermark inbox on a cluster of its own.
-    let Some(receiver) = Cluster::create("ordo_fo_sync_b", 5495, &[]) else {
+    let Some((_receiver, receiving)) = receiver("ordo_fo_sync_b", 5495).await else {
         return;
     };
-    let receiving = pool_on(&receiver.url(), 4).await;
-    ordo::migrate(&receiving).await.expect("migrate downstream");
-    sqlx::query("CREATE TABLE downstream (position BIGINT NOT NULL, event_id TEXT NOT NULL)")
-        .execute(&receiving)
-        .await
-        .expect("the downstream table");
     let stream = TestStream::new().await;
-    let sink = NatsSink::builder(NATS_ADDR)
-        .subject_prefix(&stream.prefix)
-        .build()
-        .expect("sink");
-    let relay = outbox
-        .relay(
-            relay_config("fo-relay").source("fo-a"),
-            sink,
-            in_commit_order,
-        )
-        .await
-        .expect("relay");
+    let sender = Sender::start(&pool, "through-failover", &stream).await;
+    let outbox = sender.outbox.clone();
     let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
     let consuming = downstream(receiving.clone(), &stream, stopping);
 
@@ -302,16 +352,7 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
 
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            tokio::spawn(write(
-                outbox.clone(),
-                w,
-                Arc::clone(&outcomes),
-                Arc::clone(&stop),
-            ))
-        })
-        .collect();
+    let writers = spawn_writers(&outbox, &outcomes, &stop);
 
     let before =
         common::eventually(PATIENCE, || async { acked(&outcomes) >= ACKED_EACH_SIDE }).await;
@@ -385,13 +426,7 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
         .expect("the commit log's invariants on the promoted server");
 
     // Downstream: each stored event once, at its position on the promoted server.
-    let on_promoted: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l \
-         JOIN ordo.events AS e ON e.sequence = l.sequence ORDER BY l.commit_seq",
-    )
-    .fetch_all(&promoted)
-    .await
-    .expect("the promoted commit lane");
+    let on_promoted = commit_lane_of(&promoted).await;
     let relayed = common::eventually(PATIENCE, || async {
         downstream_rows(&receiving).await.len() >= on_promoted.len()
     })
@@ -409,7 +444,6 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     );
     let _ = stop_downstream.send(());
     consuming.await.expect("the adapter");
-    relay.shutdown().await;
 
     // The listener in the writers' process: each stored event once, at dense positions.
     let all_heard = common::eventually(PATIENCE, || async {
@@ -417,8 +451,7 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     })
     .await;
     listener.abort();
-    subscription.shutdown().await;
-    outbox.shutdown().await;
+    sender.shutdown().await;
     let seen = heard.lock().expect("heard").clone();
     assert!(
         all_heard,
@@ -576,56 +609,21 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     let replication = TcpFault::start(local(primary.port())).await;
     let standby = Cluster::standby_of(&primary, replication.addr().port(), "ordo_fo_loss_s", 5497);
     wait_for_standby(&setup, "ordo_fo_loss_s", "async").await;
-    let Some(receiver) = Cluster::create("ordo_fo_loss_b", 5498, &[]) else {
+    let Some((_receiver, receiving)) = receiver("ordo_fo_loss_b", 5498).await else {
         return;
     };
-    let receiving = pool_on(&receiver.url(), 4).await;
-    ordo::migrate(&receiving).await.expect("migrate downstream");
-    sqlx::query("CREATE TABLE downstream (position BIGINT NOT NULL, event_id TEXT NOT NULL)")
-        .execute(&receiving)
-        .await
-        .expect("the downstream table");
 
     let front = TcpFault::start(local(primary.port())).await;
     let pool = pool_on(&format!("postgres://postgres@{}/postgres", front.addr()), 6).await;
-    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let subscription = outbox
-        .subscribe(
-            JobConfig::new("through-loss").ordering(Ordering::Commit),
-            Project { fail_rate: 0.0 },
-        )
-        .await
-        .expect("subscribe");
     let stream = TestStream::new().await;
-    let sink = NatsSink::builder(NATS_ADDR)
-        .subject_prefix(&stream.prefix)
-        .build()
-        .expect("sink");
-    let relay = outbox
-        .relay(
-            relay_config("fo-relay").source("fo-a"),
-            sink,
-            in_commit_order,
-        )
-        .await
-        .expect("relay");
+    let sender = Sender::start(&pool, "through-loss", &stream).await;
+    let outbox = sender.outbox.clone();
     let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
     let consuming = downstream(receiving.clone(), &stream, stopping);
 
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            tokio::spawn(write(
-                outbox.clone(),
-                w,
-                Arc::clone(&outcomes),
-                Arc::clone(&stop),
-            ))
-        })
-        .collect();
+    let writers = spawn_writers(&outbox, &outcomes, &stop);
 
     // Kept: received by the standby. Then its replication is cut, and what follows is
     // committed and relayed downstream, but never reaches it.
@@ -679,43 +677,12 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         outbox.begin().await,
         Err(Error::ServerRewound { .. })
     ));
-    relay.shutdown().await;
-    subscription.shutdown().await;
-    outbox.shutdown().await;
+    sender.shutdown().await;
     // What its supervisor does: a new outbox, which goes on from what the server holds.
-    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let subscription = outbox
-        .subscribe(
-            JobConfig::new("through-loss").ordering(Ordering::Commit),
-            Project { fail_rate: 0.0 },
-        )
-        .await
-        .expect("subscribe");
-    let sink = NatsSink::builder(NATS_ADDR)
-        .subject_prefix(&stream.prefix)
-        .build()
-        .expect("sink");
-    let relay = outbox
-        .relay(
-            relay_config("fo-relay").source("fo-a"),
-            sink,
-            in_commit_order,
-        )
-        .await
-        .expect("relay");
+    let sender = Sender::start(&pool, "through-loss", &stream).await;
+    let outbox = sender.outbox.clone();
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            tokio::spawn(write(
-                outbox.clone(),
-                w,
-                Arc::clone(&outcomes),
-                Arc::clone(&stop),
-            ))
-        })
-        .collect();
+    let writers = spawn_writers(&outbox, &outcomes, &stop);
     let acked_at_kill = acked(&outcomes);
     let after = common::eventually(PATIENCE, || async {
         acked(&outcomes) >= acked_at_kill + ACKED_EACH_SIDE
@@ -728,13 +695,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     }
 
     let promoted = pool_on(&standby.url(), 2).await;
-    let on_promoted: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l \
-         JOIN ordo.events AS e ON e.sequence = l.sequence ORDER BY l.commit_seq",
-    )
-    .fetch_all(&promoted)
-    .await
-    .expect("the promoted commit lane");
+    let on_promoted = commit_lane_of(&promoted).await;
     let stored: i64 =
         sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid IS NOT NULL")
             .fetch_one(&promoted)
@@ -854,9 +815,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
 
     let _ = stop_downstream.send(());
     consuming.await.expect("the adapter");
-    relay.shutdown().await;
-    subscription.shutdown().await;
-    outbox.shutdown().await;
+    sender.shutdown().await;
     pool.close().await;
     promoted.close().await;
     receiving.close().await;

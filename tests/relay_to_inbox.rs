@@ -18,9 +18,7 @@ use common::relays::config;
 use common::tcp_fault::{Fault, TcpFault};
 use common::{TestDb, eventually, run_then_kill};
 use ordo::HandlerError;
-use ordo::inbox::{
-    Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, NatsInbox, Redelivery,
-};
+use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, NatsInbox};
 use ordo::relay::nats::NatsSink;
 use ordo::{Envelope, Keys, Outbox, OutboxConfig};
 use sqlx::{PgConnection, PgPool};
@@ -71,16 +69,7 @@ impl InboxHandler for Project {
 }
 
 fn adapter(url: &str, stream: &TestStream) -> NatsInbox {
-    NatsInbox::builder(url, stream.name.as_str(), DURABLE)
-        .ack_wait(Duration::from_secs(2))
-        .redelivery(
-            Redelivery::default()
-                .busy(Duration::from_millis(50))
-                .gap(Duration::from_millis(50))
-                .retry_backoff(Duration::from_millis(50), Duration::from_millis(200)),
-        )
-        .build()
-        .expect("adapter")
+    common::brokers::watermark_adapter(url, stream, DURABLE)
 }
 
 fn b_inbox(pool: PgPool) -> Inbox {

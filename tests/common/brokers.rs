@@ -436,3 +436,18 @@ impl Drop for InboxQueue {
         });
     }
 }
+
+/// A NATS adapter of `stream` for a watermark inbox: durable consumer `durable`, a short
+/// `ack_wait`, and redeliveries soon enough for a test (a busy mark, a gap, a retry).
+pub fn watermark_adapter(url: &str, stream: &TestStream, durable: &str) -> ordo::inbox::NatsInbox {
+    ordo::inbox::NatsInbox::builder(url, stream.name.as_str(), durable)
+        .ack_wait(Duration::from_secs(2))
+        .redelivery(
+            ordo::inbox::Redelivery::default()
+                .busy(Duration::from_millis(50))
+                .gap(Duration::from_millis(50))
+                .retry_backoff(Duration::from_millis(50), Duration::from_millis(200)),
+        )
+        .build()
+        .expect("adapter")
+}
