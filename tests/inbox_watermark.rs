@@ -239,3 +239,129 @@ async fn a_consumer_joining_late_starts_from_a_set_watermark() {
     assert_eq!(handled, Receipt::Handled);
     assert_eq!(marks(&db).await, [("a".to_owned(), 1001)]);
 }
+
+/// `source`'s message at `position` of server history `timeline`, which began at `start`; its
+/// id names the history, as a new event at a reused position has a new id.
+fn on_history(source: &str, position: u64, timeline: u32, start: u64) -> InboxMessage {
+    InboxMessage::new(
+        format!("{source}-h{timeline}-{position}"),
+        format!("{{\"n\":{position}}}"),
+    )
+    .with_source(source, position)
+    .with_history(ordo::ServerHistory {
+        timeline,
+        first_position: start,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_history_below_the_mark_is_a_rewind_reported_and_taken_not_dropped() {
+    let (db, inbox) = setup(5).await;
+    let handler = Recording::default();
+    for position in 1..=5 {
+        let receipt = inbox
+            .receive(&on_history("a", position, 1, 1), &handler)
+            .await;
+        assert_eq!(receipt.expect("receive"), Receipt::Handled);
+    }
+    // History 2 began at 3; its 3 was the same event as before (a broker dropped it as a
+    // duplicate id), so 4 comes first: a rewind, and 4 is taken inside the rewound range.
+    let mut receipts = Vec::new();
+    for message in [
+        on_history("a", 4, 2, 3),
+        on_history("a", 5, 2, 3),
+        // The old history above the mark: an event the sender lost.
+        on_history("a", 6, 1, 1),
+        // Past the rewound range, positions are dense again.
+        on_history("a", 7, 2, 3),
+        on_history("a", 6, 2, 3),
+        on_history("a", 7, 2, 3),
+        // Redeliveries of either history at or below the mark.
+        on_history("a", 4, 2, 3),
+        on_history("a", 2, 1, 1),
+    ] {
+        receipts.push(inbox.receive(&message, &handler).await.expect("receive"));
+    }
+    assert_eq!(
+        receipts,
+        [
+            Receipt::Handled,
+            Receipt::Handled,
+            Receipt::Duplicate,
+            Receipt::Gap { expected: 6 },
+            Receipt::Handled,
+            Receipt::Handled,
+            Receipt::Duplicate,
+            Receipt::Duplicate,
+        ]
+    );
+    for id in ["a-h1-5", "a-h2-4", "a-h2-5", "a-h2-6", "a-h2-7"] {
+        assert_eq!(effects(&db.pool, id).await, 1, "{id} took effect once");
+    }
+    assert_eq!(
+        effects(&db.pool, "a-h1-6").await,
+        0,
+        "the lost event is not taken"
+    );
+    let marks = inbox::list_watermarks(&db.pool, Some("replica"))
+        .await
+        .expect("marks");
+    let mark = &marks[0];
+    assert_eq!((mark.position, mark.history), (7, Some(2)));
+    let rewind = mark.rewind.as_ref().expect("the rewind is recorded");
+    assert_eq!(
+        (rewind.from, rewind.through, rewind.lost_history),
+        (3, 5, Some(1))
+    );
+    let shown = ordo::admin::watermarks_table(&marks);
+    assert!(
+        shown.contains("positions 3 to 5 were given again"),
+        "{shown}"
+    );
+
+    // A newer history that began above the mark is no rewind.
+    let receipt = inbox.receive(&on_history("a", 8, 3, 8), &handler).await;
+    assert_eq!(receipt.expect("receive"), Receipt::Handled);
+    let marks = inbox::list_watermarks(&db.pool, Some("replica"))
+        .await
+        .expect("marks");
+    assert_eq!(marks[0].rewind.as_ref().map(|r| r.from), Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_inside_a_rewound_range_is_retried_not_taken_for_a_duplicate() {
+    let (db, inbox) = setup(5).await;
+    let handler = Recording::default();
+    for position in 1..=4 {
+        let receipt = inbox
+            .receive(&on_history("b", position, 1, 1), &handler)
+            .await;
+        assert_eq!(receipt.expect("receive"), Receipt::Handled);
+    }
+    // History 2 began at 2; 3 comes first, and its handler fails once.
+    let failing = Recording::failing(1);
+    let first = inbox.receive(&on_history("b", 3, 2, 2), &failing).await;
+    assert!(
+        matches!(first, Ok(Receipt::Retry { attempts: 1, .. })),
+        "{first:?}"
+    );
+    let again = inbox.receive(&on_history("b", 3, 2, 2), &failing).await;
+    assert_eq!(again.expect("receive"), Receipt::Handled);
+    assert_eq!(effects(&db.pool, "b-h2-3").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_that_cannot_be_is_refused_for_good() {
+    let (_db, inbox) = setup(5).await;
+    let handler = Recording::default();
+    for (position, start) in [(5, 0), (5, 6)] {
+        let refused = inbox
+            .receive(&on_history("c", position, 2, start), &handler)
+            .await;
+        assert!(
+            matches!(refused, Err(ordo::Error::InvalidInboxMessage { .. })),
+            "start {start} at {position}: {refused:?}"
+        );
+    }
+    assert_eq!(handler.calls(), 0);
+}
