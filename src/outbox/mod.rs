@@ -85,6 +85,14 @@ struct Inner<P> {
     tasks: Tasks,
 }
 
+impl<P> Inner<P> {
+    /// Stops the subscription runners, then the lanes they read and every other task.
+    async fn stop(&self) {
+        self.runners.shutdown().await;
+        self.tasks.stop(SHUTDOWN_GRACE).await;
+    }
+}
+
 impl<P> Clone for Outbox<P> {
     fn clone(&self) -> Self {
         Self {
@@ -189,8 +197,7 @@ where
                 tracing::error!(%error, "ordo outbox stopped: the database went back in time");
             }
             metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(1.0);
-            inner.runners.shutdown().await;
-            inner.tasks.stop(SHUTDOWN_GRACE).await;
+            inner.stop().await;
         });
     }
 
@@ -464,8 +471,7 @@ where
     /// Dropping the last clone of the outbox asks every task and runner to stop, without
     /// waiting.
     pub async fn shutdown(&self) {
-        self.inner.runners.shutdown().await;
-        self.inner.tasks.stop(SHUTDOWN_GRACE).await;
+        self.inner.stop().await;
     }
 }
 
