@@ -177,6 +177,12 @@ impl OutboxConfig {
 
     /// Whether this process sends and listens for cross-process wake-ups. When off, events from
     /// other processes are found by the idle resync only. Default on.
+    ///
+    /// A wake-up is sent only while another listener was heard on the channel within the last
+    /// 3 s (every outbox says once a second that it listens); a process alone holds its
+    /// wake-ups back and sends the latest as soon as someone is heard. A `LISTEN` of your own
+    /// on the channel says so with `SELECT pg_notify('ordo_events', '0')` once a second. See
+    /// `docs/operations.md`, "Wake-ups between processes".
     pub fn cross_process_wakeups(mut self, enabled: bool) -> Self {
         self.cross_process_wakeups = enabled;
         self

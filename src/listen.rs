@@ -43,6 +43,10 @@ pub(crate) trait Notified: Send + Sync {
 
     /// One notification's payload.
     fn notified(&self, payload: &str);
+
+    /// The connection was lost, or could not be made: nothing is heard until
+    /// [`connected`](Self::connected) again.
+    fn disconnected(&self) {}
 }
 
 /// A channel and who listens on it; `what` names it in the logs (`wake-up`, `latest-value`).
@@ -153,12 +157,18 @@ async fn run(shared: Arc<Shared>, mut stop: StopSignal) {
                         continue;
                     }
                     Ended::Lost(reason) => {
+                        for owner in &owners {
+                            owner.owner.disconnected();
+                        }
                         let what = names(&owners);
                         tracing::warn!(%reason, "{what} LISTEN connection lost; reconnecting");
                     }
                 }
             }
             Err(error) => {
+                for owner in &owners {
+                    owner.owner.disconnected();
+                }
                 let what = names(&owners);
                 tracing::warn!(%error, ?backoff, "could not LISTEN for {what} notifications; retrying");
             }

@@ -22,12 +22,16 @@ async fn publish(outbox: &Outbox<Note>, writer: u32, from: u32, transactions: u3
     }
 }
 
-/// Announcements (wake-ups that carry a log head: three fields) heard within `window`.
+/// Announcements (wake-ups that carry a log head: three fields, the third a number, unlike an
+/// outbox's greeting `0 {instance} hello`) heard within `window`.
 async fn announcements(listener: &mut PgListener, window: Duration) -> Vec<String> {
     let mut heard = Vec::new();
     let until = tokio::time::Instant::now() + window;
     while let Ok(Ok(notification)) = tokio::time::timeout_at(until, listener.recv()).await {
-        if notification.payload().split(' ').count() == 3 {
+        let fields: Vec<&str> = notification.payload().split(' ').collect();
+        if let [_, _, head] = fields[..]
+            && head.parse::<u64>().is_ok()
+        {
             heard.push(notification.payload().to_owned());
         }
     }

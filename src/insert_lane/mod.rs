@@ -56,6 +56,8 @@ pub(crate) struct LaneShared<P> {
     foreign_wake: std::sync::atomic::AtomicBool,
     /// Other processes' sequencers, as their wake-ups tell of them.
     pub(crate) peer_log: wakeup::PeerLog,
+    /// Whether anyone else listens for this outbox's wake-ups.
+    pub(crate) audience: Arc<wakeup::Audience>,
     /// Set for a [table view](Self::table_view): the frontier of the lane it reads, which it
     /// follows instead of its own (which no task moves).
     follows: Option<watch::Receiver<u64>>,
@@ -121,6 +123,7 @@ impl<P> LaneShared<P> {
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
             peer_log: wakeup::PeerLog::default(),
+            audience: Arc::default(),
             follows: None,
             rewind: Arc::default(),
         }

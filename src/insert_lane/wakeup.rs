@@ -4,7 +4,7 @@
 //! event. The connection and its reconnects are `crate::listen`'s (one for every channel of the
 //! outbox); this is what the lane does with what it hears.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -28,26 +28,145 @@ pub(crate) fn listen<P: Send + Sync + 'static>(
 struct Wakeups<P>(Arc<LaneShared<P>>);
 
 impl<P: Send + Sync> Notified for Wakeups<P> {
-    /// Whatever was notified while we were away is in the table: look now.
+    /// Whatever was notified while we were away is in the table: look now; and greet the
+    /// other processes on the channel (the notifier says it), which answer.
     fn connected(&self) {
+        self.0.audience.listening(true);
         self.0.request_resync();
+    }
+
+    fn disconnected(&self) {
+        self.0.audience.listening(false);
     }
 
     fn notified(&self, payload: &str) {
         let shared = &self.0;
-        match parse(payload) {
-            // Our own commit or append, echoed back: this process has it already.
-            Some(Wake {
-                instance: Some(instance),
-                ..
-            }) if instance == shared.instance => {}
+        let wake = parse(payload);
+        // Our own commit or append, echoed back: this process has it already.
+        if let Some(Wake {
+            instance: Some(instance),
+            ..
+        }) = wake
+            && instance == shared.instance
+        {
+            return;
+        }
+        // Anything else on the channel is another process, or SQL, that listens there.
+        shared.audience.heard();
+        match wake {
             Some(Wake {
                 log_head: Some(head),
                 ..
             }) => shared.peer_log.heard(head),
+            Some(Wake {
+                sequence: PRESENCE,
+                greeting,
+                ..
+            }) => {
+                if greeting {
+                    shared.audience.asked.notify_one();
+                }
+            }
             Some(Wake { sequence, .. }) => shared.hint_foreign(sequence),
             None => shared.request_resync(),
         }
+    }
+}
+
+/// The sequence a presence payload carries ([`presence_payload`]): no event has it (sequences
+/// start at 1), so a process of an older version takes it as a wake-up for nothing new.
+const PRESENCE: u64 = 0;
+/// The last word of a greeting: a presence that asks the others to answer with theirs.
+const GREETING: &str = "hello";
+
+/// The payload by which an outbox says that it listens on the wake-up channel:
+/// `"0 {instance}"`, or as a greeting, which every other outbox answers, `"0 {instance} hello"`.
+pub(crate) fn presence_payload(instance: u64, greeting: bool) -> String {
+    if greeting {
+        format!("{PRESENCE} {instance:016x} {GREETING}")
+    } else {
+        format!("{PRESENCE} {instance:016x}")
+    }
+}
+
+/// How often an outbox says that it listens. Well inside [`HEARD_WITHIN`], so that one lost
+/// presence does not silence the processes that write.
+pub(crate) const PRESENCE_EVERY: Duration = Duration::from_secs(1);
+/// A process that heard no other on the wake-up channel for this long holds its wake-ups back.
+pub(crate) const HEARD_WITHIN: Duration = Duration::from_secs(3);
+/// After its connection (re)connects, an outbox takes others to be there for this long, while
+/// the answers to its greeting come in (they take a round trip; this is for a loaded server).
+pub(crate) const ANSWERED_WITHIN: Duration = Duration::from_millis(500);
+
+/// Who listens on the wake-up channel besides this outbox, as far as its own `LISTEN`
+/// connection hears. Every outbox greets the channel when its connection (re)connects, answers
+/// every greeting, and says it listens every [`PRESENCE_EVERY`]; anything else said on the
+/// channel (a wake-up, a sequencer's announcement, a `NOTIFY` from SQL) counts as well. The
+/// notifier sends wake-ups only while someone else is there, or while this outbox's own
+/// connection is down and it cannot know: a process alone would only wake itself, at the cost
+/// of a server transaction and a notification round trip every few commits (a third of what
+/// ordo added to a lone writer's transactions, `docs/performance-history.md`, session 22). When
+/// someone is heard after a silence, the notifier sends the wake-up it held back at once, so a
+/// process that starts listening misses nothing it did not read at its start.
+#[derive(Default)]
+pub(crate) struct Audience {
+    connected: AtomicBool,
+    /// Until when someone else is taken to be listening.
+    until: Mutex<Option<Instant>>,
+    /// The connection (re)connected: greet the others.
+    pub(crate) hello: Notify,
+    /// Someone greeted: answer with a presence.
+    pub(crate) asked: Notify,
+    /// Someone was heard after a silence: send what was held back.
+    pub(crate) arrived: Notify,
+}
+
+impl Audience {
+    /// The connection is up, or lost.
+    fn listening(&self, connected: bool) {
+        if connected {
+            self.extend(ANSWERED_WITHIN);
+        }
+        self.connected.store(connected, Ordering::Release);
+        if connected {
+            self.hello.notify_one();
+        }
+    }
+
+    fn heard(&self) {
+        if self.extend(HEARD_WITHIN) {
+            self.arrived.notify_one();
+        }
+    }
+
+    /// Takes someone to be there for `window` from now; whether nobody was before.
+    fn extend(&self, window: Duration) -> bool {
+        let Ok(mut until) = self.until.lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        let silent = until.is_none_or(|until| until <= now);
+        *until = Some(until.map_or(now + window, |until| until.max(now + window)));
+        silent
+    }
+
+    /// Whether this outbox's LISTEN connection is up (it then says so every
+    /// [`PRESENCE_EVERY`]).
+    pub(crate) fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Whether a wake-up may reach anyone: another listener spoke within [`HEARD_WITHIN`] (or
+    /// this outbox connected within [`ANSWERED_WITHIN`]), or this outbox cannot tell (its own
+    /// connection is down).
+    pub(crate) fn anyone(&self) -> bool {
+        !self.connected()
+            || self
+                .until
+                .lock()
+                .ok()
+                .and_then(|until| *until)
+                .is_some_and(|until| Instant::now() < until)
     }
 }
 
@@ -63,17 +182,21 @@ struct Wake {
     /// Present on a sequencer's wake-up (see [`PeerLog`]): the commit-log head it appended,
     /// or, from a sequencer that leaves its appends to a peer, the head it knows.
     log_head: Option<u64>,
+    /// A presence that asks for an answer ([`presence_payload`]).
+    greeting: bool,
 }
 
 fn parse(payload: &str) -> Option<Wake> {
     let mut parts = payload.split(' ');
     let sequence = parts.next()?.parse().ok()?;
     let instance = parts.next().and_then(|i| u64::from_str_radix(i, 16).ok());
-    let log_head = parts.next().and_then(|h| h.parse().ok());
+    let third = parts.next();
+    let log_head = third.and_then(|h| h.parse().ok());
     Some(Wake {
         sequence,
         instance,
         log_head,
+        greeting: sequence == PRESENCE && third == Some(GREETING),
     })
 }
 
@@ -121,17 +244,21 @@ pub(crate) fn log_payload(covered: u64, instance: u64, head: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Wake, log_payload, parse};
+    use super::{
+        ANSWERED_WITHIN, Audience, HEARD_WITHIN, Wake, log_payload, parse, presence_payload,
+    };
+
+    fn wake(sequence: u64, instance: Option<u64>, log_head: Option<u64>) -> Option<Wake> {
+        Some(Wake {
+            sequence,
+            instance,
+            log_head,
+            greeting: false,
+        })
+    }
 
     #[test]
     fn a_payload_names_the_sequence_and_maybe_the_sender_and_a_log_head() {
-        let wake = |sequence, instance, log_head| {
-            Some(Wake {
-                sequence,
-                instance,
-                log_head,
-            })
-        };
         assert_eq!(parse("42 00000000000000ff"), wake(42, Some(255), None));
         assert_eq!(parse("42"), wake(42, None, None));
         assert_eq!(parse("42 not-hex"), wake(42, None, None));
@@ -140,5 +267,52 @@ mod tests {
             parse(&log_payload(42, 255, 7)),
             wake(42, Some(255), Some(7))
         );
+    }
+
+    #[test]
+    fn a_presence_reads_as_a_wake_up_for_nothing_new_and_only_a_greeting_asks() {
+        assert_eq!(
+            parse(&presence_payload(255, false)),
+            wake(0, Some(255), None)
+        );
+        let greeting = parse(&presence_payload(255, true));
+        assert_eq!(
+            greeting,
+            Some(Wake {
+                greeting: true,
+                ..Wake {
+                    sequence: 0,
+                    instance: Some(255),
+                    log_head: None,
+                    greeting: false
+                }
+            })
+        );
+        // A wake-up of an event is never a greeting, whatever follows it.
+        assert!(parse("42 00000000000000ff hello").is_some_and(|wake| !wake.greeting));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wake_ups_go_out_while_someone_else_was_heard_or_while_deaf() {
+        let audience = Audience::default();
+        assert!(
+            audience.anyone(),
+            "not listening yet: it cannot know, so it sends"
+        );
+        audience.listening(true);
+        assert!(
+            audience.anyone(),
+            "just connected: the answers are on their way"
+        );
+        tokio::time::advance(ANSWERED_WITHIN).await;
+        assert!(!audience.anyone(), "connected, and nobody answered: alone");
+        audience.heard();
+        assert!(audience.anyone());
+        tokio::time::advance(HEARD_WITHIN / 2).await;
+        assert!(audience.anyone());
+        tokio::time::advance(HEARD_WITHIN / 2).await;
+        assert!(!audience.anyone(), "the other one went quiet");
+        audience.listening(false);
+        assert!(audience.anyone(), "deaf: it cannot know, so it sends");
     }
 }

@@ -33,6 +33,7 @@
 //! | `ordo_relay_sink_down` | gauge | `relay` | 1 while the relay's owner finds its sink down (an outage), else 0 |
 //! | `ordo_server_rewound` | gauge | | 1 once this process's outbox stopped because the database went back below what its lanes had passed ([`Error::ServerRewound`](crate::Error::ServerRewound)) |
 //! | `ordo_inbox_rewound_positions_total` | counter | `consumer`, `source` | positions a watermark inbox had handled that the sender gave again on a newer server history (its events there lost at a failover; logged at ERROR with the positions, shown by `ordo inbox watermarks`) |
+//! | `ordo_wakeups_total` | counter | `result` = `sent` or `held` (no other process listened: see `OutboxConfig::cross_process_wakeups`) | cross-process wake-ups this process's commits called for |
 //! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed`, `gap`, or `rejected` (a broker adapter rejected for good a message the inbox cannot store) | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
 /// The metric `ordo_events_published_total` (see the table above).
@@ -86,6 +87,9 @@ pub const SUBSCRIPTION_STALLED_KEYS: &str = "ordo_subscription_stalled_keys";
 
 /// The metric `ordo_stream_retries_total` (see the table above).
 pub const STREAM_RETRIES: &str = "ordo_stream_retries_total";
+
+/// The metric `ordo_wakeups_total` (see the table above).
+pub const WAKEUPS: &str = "ordo_wakeups_total";
 
 /// The metric `ordo_inbox_receipts_total` (see the table above).
 pub const INBOX_RECEIPTS: &str = "ordo_inbox_receipts_total";
@@ -230,6 +234,11 @@ pub fn describe() {
         STREAM_RETRIES,
         Unit::Count,
         "Listener reads that failed transiently and were retried."
+    );
+    describe_counter!(
+        WAKEUPS,
+        Unit::Count,
+        "Cross-process wake-ups this process's commits called for, sent or held back (nobody else listened)."
     );
     describe_counter!(
         INBOX_RECEIPTS,

@@ -40,7 +40,7 @@ pub(crate) fn spawn<P>(
                 pool.clone(),
                 config.notify_channel.clone(),
                 config.notify_debounce,
-                lane.instance,
+                (lane.instance, Arc::clone(&lane.audience)),
                 sink.watch_committed(),
                 tasks.signal(),
             ),

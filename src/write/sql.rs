@@ -69,19 +69,24 @@ pub(crate) async fn insert_events(
         .await
 }
 
-/// A cross-process wake-up: carries only the highest sequence this process has committed.
-pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+/// A cross-process wake-up (or an outbox saying that it listens), sent in a transaction of its
+/// own that commits asynchronously: a wake-up is a hint that needs no durability, and a
+/// synchronous commit would flush the WAL for it, in the queue of the writers' own flushes.
+/// (`NOTIFY` gives its transaction an id, so its commit writes a record.)
+pub(crate) const NOTIFY: &str =
+    "SELECT pg_notify($1, $2), set_config('synchronous_commit', 'off', true)";
 
-/// Sends [`NOTIFY`] on `channel` for `committed`, as the text listeners parse.
-pub(crate) async fn notify(
-    pool: &PgPool,
-    channel: &str,
-    committed: EventSequence,
-    instance: u64,
-) -> Result<(), sqlx::Error> {
+/// The payload of a wake-up: the highest sequence this process has committed, and the sending
+/// outbox's instance (so that it can tell its own echoed back).
+pub(crate) fn wakeup_payload(committed: EventSequence, instance: u64) -> String {
+    format!("{committed} {instance:016x}")
+}
+
+/// Sends [`NOTIFY`] on `channel` with `payload`.
+pub(crate) async fn notify(pool: &PgPool, channel: &str, payload: &str) -> Result<(), sqlx::Error> {
     sqlx::query(NOTIFY)
         .bind(channel)
-        .bind(format!("{committed} {instance:016x}"))
+        .bind(payload)
         .execute(pool)
         .await?;
     Ok(())

@@ -1,0 +1,133 @@
+//! Cross-process wake-ups go where someone listens: a lone outbox holds them back and sends
+//! the one it held as soon as anyone is heard on the channel, and a second outbox is woken
+//! without the idle resync. One test binary with one global recorder (recorders are
+//! process-wide), one test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::counters::Counters;
+use common::{Note, TestDb};
+use futures::StreamExt;
+use metrics_util::debugging::DebuggingRecorder;
+use ordo::{Outbox, OutboxConfig, Start, metrics as names};
+use sqlx::postgres::PgListener;
+use tokio::time::{Instant, timeout};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+const CHANNEL: &str = "ordo_events";
+
+/// The sequence a wake-up payload names (`"{sequence} {instance}"`, `"0 …"` for a presence).
+fn sequence_of(payload: &str) -> u64 {
+    payload
+        .split(' ')
+        .next()
+        .and_then(|first| first.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits on `ear` for a payload naming a sequence at or above `at_least`; the payloads heard.
+async fn hear_at_least(ear: &mut PgListener, at_least: u64) -> Vec<String> {
+    let mut heard = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let notification = timeout(left, ear.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no wake-up at or above {at_least}; heard {heard:?}"))
+            .expect("the raw listener's connection");
+        heard.push(notification.payload().to_owned());
+        if sequence_of(notification.payload()) >= at_least {
+            return heard;
+        }
+    }
+}
+
+#[tokio::test]
+async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("install the test recorder");
+    let db = TestDb::new().await;
+    // The idle resync at its longest: a second process learns of a commit from a wake-up or
+    // not within this test.
+    let slow_resync = OutboxConfig::default()
+        .sequencer(false)
+        .resync_interval(Duration::from_secs(60));
+    let writer: Outbox<Note> = Outbox::new(db.pool.clone(), slow_resync.clone())
+        .await
+        .expect("start the writer's outbox");
+    // A raw LISTEN that says nothing: the writer cannot know of it.
+    let mut ear = PgListener::connect_with(&db.pool)
+        .await
+        .expect("connect the raw listener");
+    ear.listen(CHANNEL).await.expect("LISTEN");
+
+    // 1. Alone, once the answers to its greeting had time to come, it holds its wake-ups.
+    let mut counters = Counters::default();
+    let deadline = Instant::now() + PATIENCE;
+    let mut last = 0;
+    for n in 0.. {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 1, n }).expect("publish");
+        last = tx.commit().await.expect("commit")[0].get();
+        counters.add(&snapshotter);
+        if counters.get(names::WAKEUPS, Some("held")) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no wake-up was ever held back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // 2. Someone says, from SQL, that it listens: the held wake-up goes out at once, with no
+    //    commit after it.
+    sqlx::query("SELECT pg_notify($1, '0')")
+        .bind(CHANNEL)
+        .execute(&db.pool)
+        .await
+        .expect("say that the raw listener listens");
+    let heard = hear_at_least(&mut ear, last).await;
+    counters.add(&snapshotter);
+    assert!(
+        counters.get(names::WAKEUPS, Some("sent")) > 0,
+        "heard {heard:?} without a wake-up counted as sent"
+    );
+
+    // 3. A second outbox greets on connecting: the writer's next commits wake its listener,
+    //    whose idle resync is a minute away.
+    let reader_pool = db.another_pool(3).await;
+    let reader: Outbox<Note> = Outbox::new(reader_pool, slow_resync)
+        .await
+        .expect("start the reader's outbox");
+    let mut events = reader.listen_inserted(Start::After(ordo::EventSequence::new(last)));
+    // Its greeting is on the channel once its LISTEN connection is up.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let notification = timeout(left, ear.recv())
+            .await
+            .expect("the reader's greeting")
+            .expect("the raw listener's connection");
+        if notification.payload().ends_with(" hello") {
+            break;
+        }
+    }
+    for n in 0..40 {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 2, n }).expect("publish");
+        let sequence = tx.commit().await.expect("commit")[0];
+        let event = timeout(PATIENCE, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("event {n} never reached the second outbox"))
+            .expect("the stream goes on")
+            .expect("an event");
+        assert_eq!(event.sequence, sequence);
+        assert_eq!(event.payload, Note { writer: 2, n });
+        // Past the reader's answer window too: what carries them now is the presence each
+        // says every second.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    writer.shutdown().await;
+    reader.shutdown().await;
+}
