@@ -196,7 +196,12 @@ where
                             cadence.peers = self.lane.peer_log.heard_within(PEERS_HEARD);
                             due = cadence.next_due(started, Instant::now(), groups, self.interval);
                             match read_ahead {
-                                Some(Some(batch)) => self.plan_batch(batch?, &mut state, &mut plan),
+                                Some(Some(batch)) => {
+                                    self.plan_batch(batch?, &mut state, &mut plan);
+                                    if !plan.is_empty() {
+                                        cadence.met(Instant::now());
+                                    }
+                                }
                                 Some(None) => return Ok(()),
                                 None => {}
                             }
@@ -224,7 +229,11 @@ where
             let Some(batch) = batch else {
                 return Ok(());
             };
+            let was_empty = plan.is_empty();
             self.plan_batch(batch?, &mut state, &mut plan);
+            if was_empty && !plan.is_empty() {
+                cadence.met(Instant::now());
+            }
         }
     }
 

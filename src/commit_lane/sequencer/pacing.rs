@@ -29,9 +29,9 @@ pub(super) const REST_FROM_GROUPS: usize = 2;
 /// session 9).
 pub(super) const STREAM_SPACING: Duration = Duration::from_millis(5);
 /// A stream is [`STREAM_APPENDS`] appends in a row each of at least this many groups, or
-/// [`STREAM_PRESSED_APPENDS`] each started before the last one's rest was over (as long as it
-/// took, up to [`REST_MAX`]: the sequencer's backend appending more than half the time), or a
-/// mix: commits come faster than appends can take them one by one. One writer at 500 tx/s
+/// [`STREAM_PRESSED_APPENDS`] each of whose groups came before the last one's rest was over (as
+/// long as it took, up to [`REST_MAX`]: the sequencer's backend kept busy more than half the
+/// time, appending one or two groups at a time), or a mix: commits come faster than appends can take them one by one. One writer at 500 tx/s
 /// appends one group at a time with the backend idle most of the time, and a backlog after a
 /// pause (a start, a slow statement) drains in an append or two; neither is spaced. One writer
 /// committing back to back (a transaction every 0.6 ms, an append of 0.3 to 0.4 ms after each)
@@ -55,9 +55,16 @@ pub(super) struct Cadence {
     pub(super) peers: bool,
     /// When the last append started and ended.
     last: Option<(Instant, Instant)>,
+    /// When the next append's first group was met.
+    met: Option<Instant>,
 }
 
 impl Cadence {
+    /// The plan, empty until now, got its first group: it goes into the next append.
+    pub(super) fn met(&mut self, at: Instant) {
+        self.met = Some(at);
+    }
+
     /// When the append after one that started at `started`, ended at `ended` and took `groups`
     /// groups may start: `interval` after the last one started; under a stream of commits, with
     /// no peer folding, no sooner than [`STREAM_SPACING`] after it started; and after an append
@@ -69,11 +76,12 @@ impl Cadence {
         groups: usize,
         interval: Duration,
     ) -> Instant {
-        // Started before the last append's rest was over: the backend is busier than half the
-        // time, appending one small group after another.
+        // Its first group came before the last append's rest was over: the backend is busier
+        // than half the time, appending one small group after another.
+        let met = self.met.take().unwrap_or(started);
         let pressed = self
             .last
-            .is_some_and(|(before, after)| started < after + (after - before).min(REST_MAX));
+            .is_some_and(|(before, after)| met < after + (after - before).min(REST_MAX));
         self.last = Some((started, ended));
         self.streak = if groups >= STREAM_FROM_GROUPS {
             self.streak.saturating_add(MANY_GROUPS_COUNT)
@@ -183,6 +191,23 @@ mod tests {
         started += STREAM_SPACING;
         assert_eq!(
             cadence.next_due(started, started + append, 8, Duration::ZERO),
+            started + STREAM_SPACING
+        );
+        // Under load, appends of two groups: each rests as long as it took, and the next
+        // groups come during the rest, so every append has waited for its due time.
+        let mut cadence = Cadence::default();
+        let mut started = Instant::now();
+        let slow = Duration::from_micros(900);
+        for _ in 0..STREAM_PRESSED_APPENDS {
+            cadence.met(started - Duration::from_micros(300));
+            let ended = started + slow;
+            let due = cadence.next_due(started, ended, 2, Duration::ZERO);
+            assert_eq!(due, ended + slow);
+            started = due;
+        }
+        cadence.met(started - Duration::from_micros(300));
+        assert_eq!(
+            cadence.next_due(started, started + slow, 2, Duration::ZERO),
             started + STREAM_SPACING
         );
         // A writer at 500 tx/s: each append starts long after the last one's rest.
