@@ -18,6 +18,7 @@
 //!   `publish()`, `commit()`.
 //! - `no_seq`: the same with `sequencer(false)` (the commit lane off).
 //! - `bare`: `sequencer(false)` and `cross_process_wakeups(false)`: the write path alone.
+//! - `ordo_f0`, `ordo_f1`, `ordo_f2`: `ordo` with `fold_interval` 0 (the default), 1 or 2 ms.
 //!
 //! Within a sitting the variants run in order and then in reverse (A, B, C, C, B, A), so a
 //! burst of background load falls on both sides of a comparison. Each run has two phases:
@@ -65,19 +66,22 @@ enum Variant {
     Ordo,
     NoSeq,
     Bare,
-    /// `ordo` with `notify_debounce(10 ms)`.
-    Debounce10,
+    /// `ordo` with `fold_interval(0)`: an append as soon as a transaction is met.
+    Fold0,
+    /// `ordo` with `fold_interval(1 ms)`.
+    Fold1,
     /// `ordo` with `fold_interval(2 ms)`.
     Fold2,
 }
 
 impl Variant {
-    const ALL: [Variant; 6] = [
+    const ALL: [Variant; 7] = [
         Variant::Raw,
         Variant::Ordo,
         Variant::NoSeq,
         Variant::Bare,
-        Variant::Debounce10,
+        Variant::Fold0,
+        Variant::Fold1,
         Variant::Fold2,
     ];
 
@@ -87,7 +91,8 @@ impl Variant {
             Variant::Ordo => "ordo",
             Variant::NoSeq => "no_seq",
             Variant::Bare => "bare",
-            Variant::Debounce10 => "ordo_d10",
+            Variant::Fold0 => "ordo_f0",
+            Variant::Fold1 => "ordo_f1",
             Variant::Fold2 => "ordo_f2",
         }
     }
@@ -97,7 +102,9 @@ impl Variant {
             .into_iter()
             .find(|v| v.name() == name)
             .with_context(|| {
-                format!("unknown variant {name:?} (raw, ordo, no_seq, bare, ordo_d10, ordo_f2)")
+                format!(
+                    "unknown variant {name:?} (raw, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2)"
+                )
             })
     }
 
@@ -108,7 +115,8 @@ impl Variant {
             Variant::Ordo => Some(config),
             Variant::NoSeq => Some(config.sequencer(false)),
             Variant::Bare => Some(config.sequencer(false).cross_process_wakeups(false)),
-            Variant::Debounce10 => Some(config.notify_debounce(Duration::from_millis(10))),
+            Variant::Fold0 => Some(config.fold_interval(Duration::ZERO)),
+            Variant::Fold1 => Some(config.fold_interval(Duration::from_millis(1))),
             Variant::Fold2 => Some(config.fold_interval(Duration::from_millis(2))),
         }
     }
