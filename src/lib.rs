@@ -102,8 +102,9 @@
 //!   grouped and causal, under any number of concurrent sequencers, any of them killed at any
 //!   instant (an append is one statement).
 //! - Within one process, a commit reaches in-process listeners without a database round trip.
-//!   Across processes, a debounced `pg_notify` wakes the others (never one per transaction),
-//!   and an idle resync finds anything a lost notification missed.
+//!   Across processes, a debounced `pg_notify` wakes the others (never one per transaction,
+//!   and none while no other process listens on the channel), and an idle resync finds
+//!   anything a lost notification missed.
 //!
 //! ## Failure modes
 //!
