@@ -41,6 +41,9 @@ pub(crate) async fn run(
     let mut sent = settled;
     loop {
         tokio::select! {
+            // The rare branches first: under a stream of commits the watch is ready at every
+            // look, and would otherwise keep this outbox from ever answering or saying it
+            // listens.
             biased;
             _ = stop.stopped() => return,
             _ = audience.hello.notified() => {
@@ -51,15 +54,15 @@ pub(crate) async fn run(
                 say(&pool, &channel, &presence).await;
                 continue;
             }
-            changed = committed.changed() => if changed.is_err() { return },
-            // Someone else appeared: whatever was held back is for them.
-            _ = audience.arrived.notified() => settled = sent,
             _ = presence_due.tick() => {
                 if audience.connected() {
                     say(&pool, &channel, &presence).await;
                 }
                 continue;
             }
+            // Someone else appeared: whatever was held back is for them.
+            _ = audience.arrived.notified() => settled = sent,
+            changed = committed.changed() => if changed.is_err() { return },
         }
         let latest = *committed.borrow_and_update();
         if latest <= settled {
