@@ -1,6 +1,6 @@
 //! Cross-process wake-ups go where someone listens: a lone outbox holds them back and sends
-//! the one it held as soon as anyone is heard on the channel, and a second outbox is woken
-//! without the idle resync. One test binary with one global recorder (recorders are
+//! the one it held as soon as anyone is heard on the channel, a second outbox is woken
+//! without the idle resync, and both go on after their LISTEN connections are killed. One test binary with one global recorder (recorders are
 //! process-wide), one test.
 
 mod common;
@@ -126,6 +126,45 @@ async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
         assert_eq!(event.payload, Note { writer: 2, n });
         // Past the reader's answer window too: what carries them now is the presence each
         // says every second.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 4. Both outboxes' LISTEN connections are killed: each greets again once reconnected, and
+    //    the writer's commits go on reaching the reader without its idle resync.
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'ordo.listen') AS k",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("terminate the LISTEN connections");
+    assert_eq!(
+        killed, 2,
+        "the writer's and the reader's LISTEN connections"
+    );
+    let mut greeters = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + PATIENCE;
+    while greeters.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let notification = timeout(left, ear.recv())
+            .await
+            .unwrap_or_else(|_| panic!("greetings after the reconnect: {greeters:?}"))
+            .expect("the raw listener's connection");
+        if let Some(instance) = notification.payload().strip_suffix(" hello") {
+            greeters.insert(instance.to_owned());
+        }
+    }
+    for n in 40..60 {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 2, n }).expect("publish");
+        let sequence = tx.commit().await.expect("commit")[0];
+        let event = timeout(PATIENCE, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("event {n} never reached the second outbox"))
+            .expect("the stream goes on")
+            .expect("an event");
+        assert_eq!(event.sequence, sequence);
+        assert_eq!(event.payload, Note { writer: 2, n });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     writer.shutdown().await;
