@@ -14,6 +14,9 @@
 //! Variants, each run on a fresh database (`ordo_load_<random>`, migrated, dropped at the end)
 //! with a pool of 10 connections, sqlx's defaults otherwise:
 //! - `raw`: `pool.begin()`, `INSERT INTO ordo.events (payload) VALUES ($1)`, `commit()`.
+//! - `raw_1rt`: `pool.begin()`, then the `INSERT` (its payload as hex digits), `COMMIT` and a
+//!   `BEGIN` in one simple query (one round trip), the transaction dropped: the floor of a
+//!   commit that sends its insert and its `COMMIT` together.
 //! - `ordo`: `Outbox::new` with `OutboxConfig::default()` (commit lane on), `begin()`,
 //!   `publish()`, `commit()`.
 //! - `no_seq`: the same with `sequencer(false)` (the commit lane off).
@@ -63,6 +66,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
     Raw,
+    /// `raw` with its `INSERT` and `COMMIT` sent as one simple query: one round trip.
+    RawOneTrip,
     Ordo,
     NoSeq,
     Bare,
@@ -75,8 +80,9 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 7] = [
+    const ALL: [Variant; 8] = [
         Variant::Raw,
+        Variant::RawOneTrip,
         Variant::Ordo,
         Variant::NoSeq,
         Variant::Bare,
@@ -88,6 +94,7 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Raw => "raw",
+            Variant::RawOneTrip => "raw_1rt",
             Variant::Ordo => "ordo",
             Variant::NoSeq => "no_seq",
             Variant::Bare => "bare",
@@ -103,7 +110,7 @@ impl Variant {
             .find(|v| v.name() == name)
             .with_context(|| {
                 format!(
-                    "unknown variant {name:?} (raw, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2)"
+                    "unknown variant {name:?} (raw, raw_1rt, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2)"
                 )
             })
     }
@@ -111,7 +118,7 @@ impl Variant {
     fn config(self) -> Option<OutboxConfig> {
         let config = OutboxConfig::default();
         match self {
-            Variant::Raw => None,
+            Variant::Raw | Variant::RawOneTrip => None,
             Variant::Ordo => Some(config),
             Variant::NoSeq => Some(config.sequencer(false)),
             Variant::Bare => Some(config.sequencer(false).cross_process_wakeups(false)),
@@ -225,12 +232,14 @@ struct Run {
 
 enum Writer {
     Raw(PgPool),
+    RawOneTrip(PgPool),
     Ordo(Outbox<OrderPlaced>),
 }
 
 impl Writer {
     async fn start(variant: Variant, pool: PgPool) -> Result<Self> {
         Ok(match variant.config() {
+            None if variant == Variant::RawOneTrip => Writer::RawOneTrip(pool),
             None => Writer::Raw(pool),
             Some(config) => Writer::Ordo(Outbox::new(pool, config).await?),
         })
@@ -250,6 +259,22 @@ impl Writer {
                 let before_commit = Instant::now();
                 tx.commit().await?;
                 Ok((before, Some(before_commit)))
+            }
+            Writer::RawOneTrip(pool) => {
+                let mut tx = pool.begin().await?;
+                let json = serde_json::to_string(&payload(n))?;
+                let hex: String = json.bytes().map(|b| format!("{b:02x}")).collect();
+                let before = Instant::now();
+                // The payload as hex digits: nothing of it can end the literal. The trailing
+                // BEGIN gives the dropped transaction's queued ROLLBACK an empty one to close.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO ordo.events (payload) VALUES \
+                     (convert_from(decode('{hex}', 'hex'), 'UTF8')::jsonb); COMMIT; BEGIN"
+                )))
+                .execute(&mut *tx)
+                .await?;
+                drop(tx);
+                Ok((before, None))
             }
             Writer::Ordo(outbox) => {
                 let mut tx = outbox.begin().await?;
@@ -379,7 +404,8 @@ async fn paced(
         before.push(at);
     }
     if tasks.is_empty() {
-        return Ok((floor, Some(commit_only)));
+        let commit_only = (!commit_only.is_empty()).then_some(commit_only);
+        return Ok((floor, commit_only));
     }
     for task in tasks {
         tokio::time::timeout(PATIENCE, task)
@@ -417,7 +443,10 @@ async fn run(variant: Variant, settings: &Settings) -> Result<Run> {
         settings.rate,
         settings.seconds,
         1 << 40,
-        !matches!(variant, Variant::Raw | Variant::NoSeq | Variant::Bare),
+        !matches!(
+            variant,
+            Variant::Raw | Variant::RawOneTrip | Variant::NoSeq | Variant::Bare
+        ),
     )
     .await?;
     if let Writer::Ordo(outbox) = writer {
