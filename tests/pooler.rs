@@ -5,6 +5,7 @@
 //! must be exact, with rollbacks, multi-event transactions and `publish_in`. Every part that
 //! needs a session refuses a transaction-mode pool with its one-line explanation, and a
 //! prepared-statement clash says what it means. In session mode everything runs through it.
+//! A watermark inbox runs through a transaction-mode pooler by itself; a row-mode inbox refuses.
 
 mod common;
 
@@ -12,15 +13,18 @@ use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::time::Duration;
 
+use common::inbox::{all_effects, effects, effects_table};
 use common::pgbouncer::{PgBouncer, PoolMode};
 use common::subscribers::{
     PATIENCE, Project, assert_exactly_once, projection_table, wait_projected,
 };
 use common::{Note, TestDb};
 use futures::StreamExt;
-use ordo::{Error, JobConfig, Ordering, Outbox, OutboxConfig, Start};
+use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
+use ordo::{Error, HandlerError, JobConfig, Ordering, Outbox, OutboxConfig, Start};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 
 const WRITERS: u32 = 4;
 const TRANSACTIONS: u32 = 60;
@@ -310,5 +314,146 @@ async fn everything_runs_through_a_session_mode_pooler() {
         );
     }
     outbox.shutdown().await;
+    pooled.close().await;
+}
+
+/// An inbox handler whose own statement is unnamed, as a transaction-mode pooler needs; its
+/// first call for `fail_once` fails after writing its effect (which the rollback must undo).
+struct UnnamedEffects {
+    fail_once: String,
+    failed: AtomicBool,
+    calls: AtomicU32,
+}
+
+impl InboxHandler for UnnamedEffects {
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        message: &InboxMessage,
+    ) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        sqlx::query("INSERT INTO effects (message_id, payload) VALUES ($1, $2)")
+            .persistent(false)
+            .bind(&message.id)
+            .bind(&message.payload)
+            .execute(&mut *tx)
+            .await?;
+        if message.id == self.fail_once
+            && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err("planned failure".into());
+        }
+        Ok(())
+    }
+}
+
+const INBOX_POSITIONS: u64 = 30;
+
+/// Delivers positions 1 to [`INBOX_POSITIONS`] of `source` in order, each until the inbox
+/// settles it (`Busy`, `Gap` and `Retry` are redeliveries); returns how many were `Handled`.
+async fn deliver_all(inbox: Inbox, handler: std::sync::Arc<UnnamedEffects>) -> u32 {
+    let mut handled = 0;
+    for position in 1..=INBOX_POSITIONS {
+        let message = InboxMessage::new(format!("m{position}"), format!("{{\"p\":{position}}}"))
+            .with_source("orders", position);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let receipt = inbox
+                .receive(&message, &*handler)
+                .await
+                .expect("receive through the pooler");
+            if receipt == Receipt::Handled {
+                handled += 1;
+            }
+            if receipt.settled() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "position {position} never settled: {receipt:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    handled
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watermark_inbox_runs_through_a_transaction_pooler_and_a_row_mode_inbox_refuses() {
+    let db = TestDb::new().await;
+    effects_table(&db.pool).await;
+    // Two server connections for four client connections: a named statement of one client
+    // would meet another's of the same name, or miss its own, within a few messages.
+    let bouncer = PgBouncer::start(PoolMode::Transaction, 2).await;
+    let pooled = pool_on(&bouncer.url(&db.url), 4).await;
+
+    let inbox = Inbox::new(
+        pooled.clone(),
+        InboxConfig::new("pooled").mode(InboxMode::Watermark),
+    )
+    .expect("a watermark inbox");
+    let handler = std::sync::Arc::new(UnnamedEffects {
+        fail_once: "m7".to_owned(),
+        failed: AtomicBool::new(false),
+        calls: AtomicU32::new(0),
+    });
+    // Two receivers deliver every message: one handles it, the other hears Duplicate (or
+    // Busy while the first holds the mark).
+    let first = tokio::spawn(deliver_all(inbox.clone(), std::sync::Arc::clone(&handler)));
+    let second = tokio::spawn(deliver_all(inbox.clone(), std::sync::Arc::clone(&handler)));
+    let handled = first.await.expect("first receiver") + second.await.expect("second receiver");
+    assert_eq!(
+        handled as u64, INBOX_POSITIONS,
+        "each position handled once"
+    );
+    for position in 1..=INBOX_POSITIONS {
+        assert_eq!(
+            effects(&db.pool, &format!("m{position}")).await,
+            1,
+            "position {position}'s effect committed once"
+        );
+    }
+    assert_eq!(all_effects(&db.pool).await, INBOX_POSITIONS as i64);
+    assert_eq!(
+        handler.calls.load(std::sync::atomic::Ordering::SeqCst) as u64,
+        INBOX_POSITIONS + 1,
+        "one failed attempt (m7), retried once"
+    );
+    let mark: i64 = sqlx::query_scalar(
+        "SELECT position FROM ordo.inbox_watermarks WHERE consumer = 'pooled' AND source = 'orders'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the mark");
+    assert_eq!(mark, INBOX_POSITIONS as i64);
+    inbox.purge().await.expect("purge through the pooler");
+
+    // Row mode takes a session advisory lock per message: refused, in one line, naming the fix.
+    let rows = Inbox::new(pooled.clone(), InboxConfig::new("rows")).expect("a row-mode inbox");
+    let message = InboxMessage::new("r1", "{}");
+    let refused = rows
+        .receive(&message, &*handler)
+        .await
+        .expect_err("row mode refuses a transaction pooler");
+    assert_one_line(&refused, "InboxMode::Watermark");
+    let refused = inbox
+        .run_pending(&*handler, 10)
+        .await
+        .expect_err("run_pending takes row locks too");
+    assert_one_line(&refused, "InboxMode::Watermark");
+    // A broker adapter refuses it when it starts, before it consumes anything, instead of
+    // having every message redelivered for ever.
+    #[cfg(feature = "nats")]
+    {
+        let adapter = ordo::inbox::NatsInbox::builder("nats://127.0.0.1:1", "none", "none")
+            .build()
+            .expect("an adapter");
+        let refused = adapter
+            .run(&rows, &*handler, std::future::pending::<()>())
+            .await
+            .expect_err("the adapter refuses a row-mode inbox through the pooler");
+        assert_one_line(&refused, "InboxMode::Watermark");
+    }
+    assert_eq!(effects(&db.pool, "r1").await, 0);
     pooled.close().await;
 }

@@ -79,6 +79,8 @@ pub(crate) async fn run<T: Transport, H: InboxHandler>(
     handler: &H,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    // A pool this inbox cannot run on is refused here, once, not redelivered for ever.
+    inbox.statements(inbox.locks_rows()).await?;
     let mut session = transport.start().await?;
     tracing::info!(
         consumer = inbox.config().consumer(),

@@ -80,6 +80,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{PgPool, Row};
+use tokio::sync::OnceCell;
 
 pub use admin::{
     FailedMessage, Watermark, WatermarkGap, WatermarkRewind, list_failed, list_watermarks, replay,
@@ -98,7 +99,8 @@ pub use nats::{NatsInbox, NatsInboxBuilder};
 pub use rabbitmq::{DEAD_LETTER_EXCHANGE, RabbitInbox, RabbitInboxBuilder};
 
 use crate::envelope::Headers;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::pooler::{self, Sessions, Statements};
 use crate::telemetry::metrics::INBOX_RECEIPTS;
 
 /// One inbox consumer: receives messages for one name in `ordo.inbox` (see the
@@ -121,10 +123,22 @@ use crate::telemetry::metrics::INBOX_RECEIPTS;
 pub struct Inbox {
     pool: PgPool,
     config: Arc<InboxConfig>,
+    /// How the pool takes statements: named, or unnamed through a transaction-mode pooler.
+    /// Found out at the first receive (shared by the clones).
+    statements: Arc<OnceCell<Statements>>,
 }
 
 impl Inbox {
     /// An inbox consumer on `pool` (a database migrated with [`migrate`](crate::migrate)).
+    ///
+    /// `pool` may go through a transaction-mode pooler (PgBouncer's `pool_mode = transaction`)
+    /// in [`InboxMode::Watermark`]: the first receive finds out (as
+    /// [`admin::keeps_sessions`](crate::admin::keeps_sessions) does) and the inbox then sends its
+    /// statements unnamed. Your handler's statements must be unnamed there too
+    /// (`sqlx::query(..).persistent(false)`). [`InboxMode::RowPerMessage`] holds a session
+    /// advisory lock per message and refuses such a pool with [`Error::TransactionPooler`].
+    /// The probe holds one pooled connection and opens one more for a few round trips, once
+    /// per `Inbox`: create it once and clone it, rather than one per message.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting at fault.
@@ -134,7 +148,38 @@ impl Inbox {
         Ok(Self {
             pool,
             config: Arc::new(config),
+            statements: Arc::new(OnceCell::new()),
         })
+    }
+
+    /// How this inbox sends its statements, found out once: unnamed when the pool goes through
+    /// a transaction-mode pooler. `row_locks` says whether the caller takes a session advisory
+    /// lock per message (row mode, [`run_pending`](Self::run_pending)), which such a pooler
+    /// cannot keep: then it refuses.
+    pub(crate) async fn statements(&self, row_locks: bool) -> Result<Statements> {
+        let statements = *self
+            .statements
+            .get_or_try_init(|| async {
+                Ok::<_, Error>(match pooler::probe(&self.pool).await? {
+                    Sessions::Kept => Statements::Named,
+                    Sessions::PerTransaction => Statements::Unnamed,
+                })
+            })
+            .await?;
+        if statements == Statements::Unnamed && row_locks {
+            return Err(Error::TransactionPooler {
+                part: "an Inbox in InboxMode::RowPerMessage (or Inbox::run_pending)",
+                fix: "it holds a session advisory lock per message: give it a pool on the server \
+                      itself or a session-mode pooler, or use InboxMode::Watermark, which runs \
+                      through a transaction-mode pooler",
+            });
+        }
+        Ok(statements)
+    }
+
+    /// Whether this inbox's mode takes a session advisory lock per message.
+    pub(crate) fn locks_rows(&self) -> bool {
+        self.config.mode == InboxMode::RowPerMessage
     }
 
     /// The configuration.
@@ -149,7 +194,9 @@ impl Inbox {
     /// # Errors
     /// [`Error::InvalidInboxMessage`](crate::Error::InvalidInboxMessage) for a message that
     /// cannot be stored (retrying it fails the same way); [`Error::Database`](crate::Error::Database)
-    /// when the inbox's own statements fail: nothing was settled, so do not acknowledge.
+    /// when the inbox's own statements fail: nothing was settled, so do not acknowledge;
+    /// [`Error::TransactionPooler`](crate::Error::TransactionPooler) in row mode through a
+    /// transaction-mode pooler (see [`new`](Self::new)).
     ///
     /// # Cancel safety
     /// Dropping the future rolls the handler's transaction back. A claim already committed
@@ -160,12 +207,13 @@ impl Inbox {
         handler: &H,
     ) -> Result<Receipt> {
         message.check(&self.config.consumer)?;
+        let statements = self.statements(self.locks_rows()).await?;
         let receipt = match self.config.mode {
             InboxMode::RowPerMessage => {
                 rows::receive(&self.pool, &self.config, message, handler).await?
             }
             InboxMode::Watermark => {
-                watermark::receive(&self.pool, &self.config, message, handler).await?
+                watermark::receive(&self.pool, statements, &self.config, message, handler).await?
             }
         };
         self.count(&receipt);
@@ -210,12 +258,15 @@ impl Inbox {
     ///
     /// # Errors
     /// [`Error::Database`](crate::Error::Database) if the rows cannot be read or a receipt not
-    /// recorded (the messages before it were handled).
+    /// recorded (the messages before it were handled);
+    /// [`Error::TransactionPooler`](crate::Error::TransactionPooler) through a transaction-mode
+    /// pooler, where the row path's advisory locks cannot be held.
     pub async fn run_pending<H: InboxHandler>(
         &self,
         handler: &H,
         limit: usize,
     ) -> Result<Vec<(String, Receipt)>> {
+        self.statements(true).await?;
         let rows = sqlx::query(sql::PENDING)
             .bind(&self.config.consumer)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

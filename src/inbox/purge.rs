@@ -16,13 +16,18 @@ const BATCH: i64 = 10_000;
 pub(crate) async fn purge(pool: &PgPool, consumer: &str, retention: Duration) -> Result<u64> {
     let mut total = 0;
     loop {
+        // Unnamed, in a transaction: it runs rarely, and so it runs through a
+        // transaction-mode pooler too (see UNNAMED_ALONE in `watermark.rs`).
+        let mut tx = pool.begin().await?;
         let deleted = sqlx::query(sql::PURGE)
+            .persistent(false)
             .bind(consumer)
             .bind(retention.as_secs_f64() * 1000.0)
             .bind(BATCH)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?
             .rows_affected();
+        tx.commit().await?;
         total += deleted;
         if deleted < BATCH as u64 {
             return Ok(total);

@@ -21,6 +21,7 @@ use super::message::{InboxMessage, Receipt};
 use super::rows::{count, position_column};
 use super::sql;
 use crate::error::{Error, Result};
+use crate::pooler::Statements;
 use crate::position::ServerHistory;
 use crate::telemetry::metrics::INBOX_REWOUND_POSITIONS;
 use crate::telemetry::printable;
@@ -28,9 +29,15 @@ use crate::telemetry::printable;
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
+// UNNAMED_ALONE: sqlx runs an unnamed statement in two steps, each ended by a `Sync` (prepare
+// and describe, then bind and run). Outside a transaction a transaction-mode pooler may hand
+// the second step to another server connection, which has no such statement (`26000`). Inside
+// one it keeps the same server connection, so every statement here runs inside a transaction.
+
 /// Receives `message` in watermark mode (see the module docs).
 pub(crate) async fn receive<H: InboxHandler>(
     pool: &PgPool,
+    statements: Statements,
     config: &InboxConfig,
     message: &InboxMessage,
     handler: &H,
@@ -58,7 +65,7 @@ pub(crate) async fn receive<H: InboxHandler>(
         });
     }
     let consumer = config.consumer.as_str();
-    let Some((mut tx, mut mark)) = begin_at_mark(pool, consumer, source).await? else {
+    let Some((mut tx, mut mark)) = begin_at_mark(pool, statements, consumer, source).await? else {
         return Ok(Receipt::Busy);
     };
     match (message.history, mark.history) {
@@ -68,7 +75,7 @@ pub(crate) async fn receive<H: InboxHandler>(
             if history.timeline > older && history.first_position <= mark.position =>
         {
             mark = note_rewind(tx, consumer, source, mark, history).await?;
-            tx = match begin_at_mark(pool, consumer, source).await? {
+            tx = match begin_at_mark(pool, statements, consumer, source).await? {
                 Some((tx, again)) if again == mark => tx,
                 // Another receiver moved it meanwhile: this message is for another attempt.
                 _ => return Ok(Receipt::Busy),
@@ -112,6 +119,7 @@ pub(crate) async fn receive<H: InboxHandler>(
         return Ok(Receipt::Gap { expected: mark + 1 });
     }
     sqlx::query(sql::ADVANCE)
+        .persistent(statements.persistent())
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
@@ -156,6 +164,7 @@ async fn note_rewind(
 ) -> Result<Mark> {
     let from = newer.first_position;
     sqlx::query(sql::NOTE_REWIND)
+        .persistent(false)
         .bind(consumer)
         .bind(source)
         .bind(position_column(from))
@@ -220,6 +229,7 @@ async fn note_gap(
     position: u64,
 ) -> Result<()> {
     let noted: Option<(chrono::DateTime<chrono::Utc>, bool)> = sqlx::query_as(sql::NOTE_GAP)
+        .persistent(false)
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
@@ -245,24 +255,30 @@ async fn note_gap(
 /// holds it. A source seen for the first time gets its row (mark 0) first.
 async fn begin_at_mark(
     pool: &PgPool,
+    statements: Statements,
     consumer: &str,
     source: &str,
 ) -> Result<Option<(Transaction<'static, Postgres>, Mark)>> {
     let mut tx = pool.begin().await?;
-    match lock_mark(&mut tx, consumer, source).await? {
+    match lock_mark(&mut tx, statements, consumer, source).await? {
         Locked::Mark(mark) => return Ok(Some((tx, mark))),
         Locked::Busy => return Ok(None),
         Locked::Missing => tx.rollback().await?,
     }
     // Committed on its own: created inside the handler's transaction, a concurrent receiver's
-    // insert of the same row would wait for that transaction to end.
+    // insert of the same row would wait for that transaction to end. Rare statements are
+    // unnamed and inside a transaction, so that they run through a transaction-mode pooler
+    // (see `UNNAMED_ALONE`).
+    let mut create = pool.begin().await?;
     sqlx::query(sql::CREATE_MARK)
+        .persistent(false)
         .bind(consumer)
         .bind(source)
-        .execute(pool)
+        .execute(&mut *create)
         .await?;
+    create.commit().await?;
     let mut tx = pool.begin().await?;
-    match lock_mark(&mut tx, consumer, source).await? {
+    match lock_mark(&mut tx, statements, consumer, source).await? {
         Locked::Mark(mark) => Ok(Some((tx, mark))),
         // Deleted by hand meanwhile, or locked by a receiver that got there first.
         Locked::Busy | Locked::Missing => Ok(None),
@@ -278,10 +294,12 @@ enum Locked {
 
 async fn lock_mark(
     tx: &mut Transaction<'static, Postgres>,
+    statements: Statements,
     consumer: &str,
     source: &str,
 ) -> Result<Locked> {
     let locked = sqlx::query_as::<_, (i64, Option<i32>, Option<i64>)>(sql::MARK)
+        .persistent(statements.persistent())
         .bind(consumer)
         .bind(source)
         .fetch_optional(&mut **tx)
@@ -315,13 +333,16 @@ async fn record_failure(
     error: String,
 ) -> Result<Receipt> {
     let consumer = config.consumer.as_str();
+    let mut failed = pool.begin().await?;
     let attempts: Option<i32> = sqlx::query_scalar(sql::MARK_FAILED)
+        .persistent(false)
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
         .bind(&error)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *failed)
         .await?;
+    failed.commit().await?;
     // No row: the mark moved meanwhile; another receiver handled the message.
     let Some(attempts) = attempts else {
         return Ok(Receipt::Duplicate);
@@ -330,7 +351,9 @@ async fn record_failure(
     if attempts < config.max_attempts {
         return Ok(Receipt::Retry { attempts, error });
     }
+    let mut dead = pool.begin().await?;
     let moved = sqlx::query(sql::DEAD_LETTER)
+        .persistent(false)
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
@@ -339,8 +362,9 @@ async fn record_failure(
         .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
         .bind(&message.payload)
         .bind(sqlx::types::Json(&message.headers))
-        .fetch_optional(pool)
+        .fetch_optional(&mut *dead)
         .await?;
+    dead.commit().await?;
     Ok(match moved {
         Some(_) => Receipt::Failed { attempts, error },
         None => Receipt::Duplicate,
