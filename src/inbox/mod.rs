@@ -141,7 +141,7 @@ impl Inbox {
     /// per `Inbox`: create it once and clone it, rather than one per message.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the setting at fault.
+    /// [`Error::InvalidConfig`] naming the setting at fault.
     pub fn new(pool: PgPool, config: InboxConfig) -> Result<Self> {
         config.validate()?;
         crate::metrics::describe();
@@ -192,10 +192,10 @@ impl Inbox {
     /// The [`Receipt`] says which, and whether the transport may acknowledge it.
     ///
     /// # Errors
-    /// [`Error::InvalidInboxMessage`](crate::Error::InvalidInboxMessage) for a message that
-    /// cannot be stored (retrying it fails the same way); [`Error::Database`](crate::Error::Database)
+    /// [`Error::InvalidInboxMessage`] for a message that
+    /// cannot be stored (retrying it fails the same way); [`Error::Database`]
     /// when the inbox's own statements fail: nothing was settled, so do not acknowledge;
-    /// [`Error::TransactionPooler`](crate::Error::TransactionPooler) in row mode through a
+    /// [`Error::TransactionPooler`] in row mode through a
     /// transaction-mode pooler (see [`new`](Self::new)).
     ///
     /// # Cancel safety
@@ -257,9 +257,9 @@ impl Inbox {
     /// every so often to run what operators replayed.
     ///
     /// # Errors
-    /// [`Error::Database`](crate::Error::Database) if the rows cannot be read or a receipt not
+    /// [`Error::Database`] if the rows cannot be read or a receipt not
     /// recorded (the messages before it were handled);
-    /// [`Error::TransactionPooler`](crate::Error::TransactionPooler) through a transaction-mode
+    /// [`Error::TransactionPooler`] through a transaction-mode
     /// pooler, where the row path's advisory locks cannot be held.
     pub async fn run_pending<H: InboxHandler>(
         &self,
@@ -296,7 +296,7 @@ impl Inbox {
     /// how many. Failed, pending and processing rows are never deleted, nor watermarks.
     ///
     /// # Errors
-    /// [`Error::Database`](crate::Error::Database) if a delete fails (the batches before it
+    /// [`Error::Database`] if a delete fails (the batches before it
     /// stay deleted).
     pub async fn purge(&self) -> Result<u64> {
         purge::purge(&self.pool, &self.config.consumer, self.config.retention).await
@@ -306,7 +306,7 @@ impl Inbox {
     /// until the returned handle is shut down or dropped. Needs a tokio runtime.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a zero `every`, which would
+    /// [`Error::InvalidConfig`] for a zero `every`, which would
     /// send deletes to the database in a busy loop.
     pub fn spawn_purge(&self, every: Duration) -> Result<InboxPurger> {
         if every.is_zero() {
