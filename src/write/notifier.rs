@@ -6,7 +6,8 @@
 //! most one per `debounce`, each carrying the highest sequence committed so far.
 //!
 //! Only while someone else listens ([`Audience`]): a process alone holds its wake-ups back, and
-//! sends the latest one as soon as another process is heard. This task also says, on the same
+//! sends the latest one as soon as another process is heard. While it is alone, commits store
+//! their sequence in the watch without waking this task (`CommitSink::note_committed`). This task also says, on the same
 //! channel, that this outbox listens: a greeting when its `LISTEN` connection (re)connects, an
 //! answer to every other outbox's greeting, and a presence every [`PRESENCE_EVERY`] while the
 //! connection is up.
