@@ -1,6 +1,10 @@
 //! The log head for a process that does not run a sequencer: read from the state row shortly
 //! after the insert lane moves (a peer is about to fold it), again with a growing pause until
 //! the peer's fold has covered what this process's insert lane holds, and on the idle resync.
+//! Only while something in this process follows the head (a commit-lane listener, a
+//! commit-ordered subscription or relay, a wait): otherwise at most every [`UNFOLLOWED_EVERY`],
+//! for the lag figures and a `Start::Now`. A writer that neither folds nor reads the commit lane
+//! read the state row after nearly every commit: a fifth more statements than it wrote.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +30,10 @@ const CHASE_MAX: Duration = Duration::from_millis(16);
 /// idle process must not poll every few milliseconds for ever.
 const CHASE_READS: u32 = 8;
 
+/// How often, at most, the head is read after the insert lane moves while nothing in this
+/// process follows it.
+const UNFOLLOWED_EVERY: Duration = Duration::from_millis(50);
+
 pub(crate) async fn run(
     pool: PgPool,
     commit: Arc<CommitShared>,
@@ -45,9 +53,12 @@ pub(crate) async fn run(
                 if changed.is_err() {
                     return;
                 }
-                tokio::time::sleep(AFTER_FRONTIER).await;
+                let followed = commit.head.receiver_count() > 0;
+                tokio::time::sleep(if followed { AFTER_FRONTIER } else { UNFOLLOWED_EVERY })
+                    .await;
                 chase = None;
-                chased = 0;
+                // Unfollowed: one read, no chase.
+                chased = if followed { 0 } else { CHASE_READS };
             }
             _ = tokio::time::sleep(wait) => {}
         }
