@@ -725,3 +725,79 @@ async fn a_refused_append_reads_again_what_it_read_ahead_when_the_winner_stops()
     folder.shutdown().await;
     writer.shutdown().await;
 }
+
+/// What a failover to a standby that missed the last transactions leaves (the last append and
+/// the events it logged gone, the state row back where it was before them), made in one
+/// transaction on this server. The events sequence is not reset: PostgreSQL logs it 32 values
+/// ahead, so a small loss leaves it above every lost event, where the insert lane's check
+/// cannot see the loss. Returns the lost positions.
+async fn lose_the_last_append(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "WITH lost AS (
+             DELETE FROM ordo.commit_chunks
+             WHERE first_commit_seq = (SELECT max(first_commit_seq) FROM ordo.commit_chunks)
+             RETURNING first_commit_seq, last_commit_seq, min_sequence, sequences),
+         gone AS (
+             DELETE FROM ordo.events AS e USING lost WHERE e.sequence = ANY (lost.sequences))
+         UPDATE ordo.sequencer_state AS s
+         SET last_commit_seq = lost.first_commit_seq - 1,
+             logged_through_sequence = lost.min_sequence - 1
+         FROM lost
+         RETURNING lost.first_commit_seq, lost.last_commit_seq",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("lose the last append")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_again() {
+    let db = TestDb::new().await;
+    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    let mut stream = outbox.listen_committed(Start::Beginning);
+    for n in 0..10u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish(Note { writer: 1, n }).expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let mut seen = 0u64;
+    while seen < 10 {
+        let item = timeout(PATIENCE, stream.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("event");
+        seen = item.commit_sequence.get();
+    }
+    let (from, through) = lose_the_last_append(&db.pool).await;
+    assert!(from >= 1 && through == 10, "lost {from}..={through}");
+
+    // The next transaction would be given a position the listener already passed, and be
+    // skipped by it. The sequencer's append is refused, it reads the log again, finds its head
+    // below what it had seen, and the outbox stops instead.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 2, n: 0 }).expect("publish");
+    tx.commit().await.expect("commit");
+    let ended = match timeout(PATIENCE, stream.next())
+        .await
+        .expect("the listener hears of the rewind")
+    {
+        Some(Err(error)) => error,
+        Some(Ok(item)) => panic!(
+            "an event past the rewind reached the listener at {}",
+            item.commit_sequence
+        ),
+        None => panic!("the stream ended without an error"),
+    };
+    let text = ended.to_string();
+    assert!(
+        matches!(ended, ordo::Error::ServerRewound { .. }),
+        "the rewind: {text}"
+    );
+    assert!(text.contains("commit log"), "names the commit log: {text}");
+    assert!(stream.next().await.is_none(), "then the stream is over");
+    assert!(matches!(
+        outbox.begin().await,
+        Err(ordo::Error::ServerRewound { .. })
+    ));
+}

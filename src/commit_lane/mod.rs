@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use crate::config::OutboxConfig;
-use crate::insert_lane::LaneShared;
+use crate::insert_lane::{LaneShared, Rewind};
 use crate::position::{CommitSequence, EventSequence};
 use crate::task::Tasks;
 use sequencer::Sequencer;
@@ -86,26 +86,48 @@ pub(crate) struct CommitShared {
     /// `last_commit_seq` as this process last saw it.
     pub(crate) head: watch::Sender<u64>,
     pub(crate) log: RwLock<LogCache>,
+    /// Where a head below the one known is reported: the outbox's (the insert lane's) rewind.
+    rewind: Arc<Rewind>,
 }
 
 impl CommitShared {
-    pub(crate) fn new(head: u64, capacity: usize) -> Self {
+    pub(crate) fn new(head: u64, capacity: usize, rewind: Arc<Rewind>) -> Self {
         Self {
             head: watch::Sender::new(head),
             log: RwLock::new(LogCache::new(capacity)),
+            rewind,
         }
     }
 
-    /// Publishes a head, never moving it backwards, and wakes parked listeners.
+    /// Publishes a head read from the database (or appended there), never moving it backwards,
+    /// and wakes parked listeners.
+    ///
+    /// Only the append's compare-and-set moves `last_commit_seq`, and only forwards: a head
+    /// below one this process saw means the database went back (a failover to a standby that
+    /// had not received the last appends, a restored backup). Positions this process passed
+    /// are then given to other events, which its commit-lane listeners would skip: the rewind
+    /// is reported, and the outbox stops ([`Error::ServerRewound`](crate::Error::ServerRewound)).
+    /// The events sequence, which the insert lane watches, is logged 32 values ahead and does
+    /// not go back on a small loss; the log's head does.
     pub(crate) fn publish_head(&self, head: u64) {
         metrics::gauge!(crate::telemetry::metrics::COMMIT_HEAD).set(head as f64);
+        let mut behind = None;
         self.head.send_if_modified(|known| {
+            if head < *known {
+                behind = Some(*known);
+            }
             let newer = head > *known;
             if newer {
                 *known = head;
             }
             newer
         });
+        if let Some(known) = behind {
+            self.rewind.report(format!(
+                "the commit log's head is at position {head}, below position {known} that this \
+                 process had already seen"
+            ));
+        }
     }
 
     pub(crate) fn head(&self) -> u64 {
@@ -125,7 +147,11 @@ where
     P: DeserializeOwned + Send + Sync + 'static,
 {
     let head = read_head(pool).await?;
-    let commit = Arc::new(CommitShared::new(head.get(), config.cache_capacity));
+    let commit = Arc::new(CommitShared::new(
+        head.get(),
+        config.cache_capacity,
+        Arc::clone(&lane.rewind),
+    ));
     if config.sequencer {
         let mut sequencer = Sequencer::new(
             pool.clone(),
