@@ -180,8 +180,8 @@ pub enum Error {
 
     /// The database went back in time under this outbox: it no longer holds events this
     /// process's lanes had already passed (the events sequence is below the insert lane's
-    /// frontier, or the commit log's head below a position this process saw), after a
-    /// failover to a standby that had not received the
+    /// frontier, or an event this process saw in the commit log is gone), after a failover
+    /// to a standby that had not received the
     /// last transactions, a crash that lost commits made with `synchronous_commit = off`, a
     /// restore). The outbox stopped: its listeners end with this error, subscriptions and
     /// relays stop, and `begin` refuses. Start a new `Outbox` (or restart the process): it

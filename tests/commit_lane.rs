@@ -726,33 +726,37 @@ async fn a_refused_append_reads_again_what_it_read_ahead_when_the_winner_stops()
     writer.shutdown().await;
 }
 
-/// What a failover to a standby that missed the last transactions leaves (the last append and
-/// the events it logged gone, the state row back where it was before them), made in one
-/// transaction on this server. The events sequence is not reset: PostgreSQL logs it 32 values
-/// ahead, so a small loss leaves it above every lost event, where the insert lane's check
-/// cannot see the loss. Returns the lost positions.
-async fn lose_the_last_append(pool: &PgPool) -> (i64, i64) {
+/// What a server that went back leaves, made in one transaction on this server: the last
+/// append gone and the state row back where it was before it; with `events`, the events it
+/// logged gone too. Without: a crash that lost the sequencer's last appends (they commit
+/// asynchronously). With: a failover to a standby that missed the last transactions. The
+/// events sequence is not reset: PostgreSQL logs it 32 values ahead, so a small loss leaves it
+/// above every lost event, where the insert lane's check cannot see the loss. Returns the lost
+/// positions.
+async fn lose_the_last_append(pool: &PgPool, events: bool) -> (i64, i64) {
     sqlx::query_as(
         "WITH lost AS (
              DELETE FROM ordo.commit_chunks
              WHERE first_commit_seq = (SELECT max(first_commit_seq) FROM ordo.commit_chunks)
              RETURNING first_commit_seq, last_commit_seq, min_sequence, sequences),
          gone AS (
-             DELETE FROM ordo.events AS e USING lost WHERE e.sequence = ANY (lost.sequences))
+             DELETE FROM ordo.events AS e USING lost
+             WHERE $1 AND e.sequence = ANY (lost.sequences))
          UPDATE ordo.sequencer_state AS s
          SET last_commit_seq = lost.first_commit_seq - 1,
              logged_through_sequence = lost.min_sequence - 1
          FROM lost
          RETURNING lost.first_commit_seq, lost.last_commit_seq",
     )
+    .bind(events)
     .fetch_one(pool)
     .await
     .expect("lose the last append")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_again() {
-    let db = TestDb::new().await;
+/// An outbox that folded ten single-event transactions, and its commit-lane listener past
+/// all ten.
+async fn ten_folded(db: &TestDb) -> (Outbox<Note>, ordo::CommitStream<Note>) {
     let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
     let mut stream = outbox.listen_committed(Start::Beginning);
     for n in 0..10u32 {
@@ -769,7 +773,45 @@ async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_a
             .expect("event");
         seen = item.commit_sequence.get();
     }
-    let (from, through) = lose_the_last_append(&db.pool).await;
+    (outbox, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_a_crash_lost_are_appended_again_and_the_outbox_goes_on() {
+    let db = TestDb::new().await;
+    let (outbox, mut stream) = ten_folded(&db).await;
+    let (from, through) = lose_the_last_append(&db.pool, false).await;
+    assert!(from >= 1 && through == 10, "lost {from}..={through}");
+
+    // The fold appends the lost entries again, to the same events, then the new one after
+    // them: the listener, past position 10, gets the new event at 11, and nothing stops.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 2, n: 0 }).expect("publish");
+    tx.commit().await.expect("commit");
+    let item = timeout(PATIENCE, stream.next())
+        .await
+        .expect("in time")
+        .expect("open")
+        .expect("the new event, not an error");
+    assert_eq!(item.commit_sequence.get(), 11);
+    assert_eq!(item.event.payload, Note { writer: 2, n: 0 });
+    quiesce_and_check(&db.pool).await;
+    let mut tx = outbox.begin().await.expect("the outbox goes on");
+    tx.publish(Note { writer: 2, n: 1 }).expect("publish");
+    tx.commit().await.expect("commit");
+    let item = timeout(PATIENCE, stream.next())
+        .await
+        .expect("in time")
+        .expect("open")
+        .expect("an event");
+    assert_eq!(item.commit_sequence.get(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_again() {
+    let db = TestDb::new().await;
+    let (outbox, mut stream) = ten_folded(&db).await;
+    let (from, through) = lose_the_last_append(&db.pool, true).await;
     assert!(from >= 1 && through == 10, "lost {from}..={through}");
 
     // The next transaction would be given a position the listener already passed, and be
@@ -794,7 +836,10 @@ async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_a
         matches!(ended, ordo::Error::ServerRewound { .. }),
         "the rewind: {text}"
     );
-    assert!(text.contains("commit log"), "names the commit log: {text}");
+    assert!(
+        text.contains(&format!("commit log went back below position {from}")),
+        "names the position: {text}"
+    );
     assert!(stream.next().await.is_none(), "then the stream is over");
     assert!(matches!(
         outbox.begin().await,

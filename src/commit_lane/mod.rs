@@ -14,8 +14,8 @@ mod turns;
 pub(crate) mod wait;
 pub(crate) mod watcher;
 
-use std::collections::VecDeque;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -67,6 +67,15 @@ impl LogCache {
         }
     }
 
+    /// The cached entries above `head` up to `through`.
+    fn between(&self, head: u64, through: u64) -> Vec<LogEntry> {
+        self.entries
+            .iter()
+            .filter(|e| e.commit_seq > head && e.commit_seq <= through)
+            .copied()
+            .collect()
+    }
+
     /// Copies up to `max` entries from `from` on, if the cache holds `from`.
     pub(crate) fn read(&self, from: u64, max: usize, out: &mut Vec<LogEntry>) {
         if from < self.base {
@@ -86,8 +95,12 @@ pub(crate) struct CommitShared {
     /// `last_commit_seq` as this process last saw it.
     pub(crate) head: watch::Sender<u64>,
     pub(crate) log: RwLock<LogCache>,
-    /// Where a head below the one known is reported: the outbox's (the insert lane's) rewind.
+    /// Where a position given to another event is reported: the outbox's (the insert lane's)
+    /// rewind.
     rewind: Arc<Rewind>,
+    /// Positions this process saw above a head the log later went back to, with the event
+    /// sequence each held, until they are appended again (see [`publish_head`](Self::publish_head)).
+    gone_back: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl CommitShared {
@@ -96,19 +109,24 @@ impl CommitShared {
             head: watch::Sender::new(head),
             log: RwLock::new(LogCache::new(capacity)),
             rewind,
+            gone_back: Mutex::new(BTreeMap::new()),
         }
     }
 
     /// Publishes a head read from the database (or appended there), never moving it backwards,
     /// and wakes parked listeners.
     ///
-    /// Only the append's compare-and-set moves `last_commit_seq`, and only forwards: a head
-    /// below one this process saw means the database went back (a failover to a standby that
-    /// had not received the last appends, a restored backup). Positions this process passed
-    /// are then given to other events, which its commit-lane listeners would skip: the rewind
-    /// is reported, and the outbox stops ([`Error::ServerRewound`](crate::Error::ServerRewound)).
-    /// The events sequence, which the insert lane watches, is logged 32 values ahead and does
-    /// not go back on a small loss; the log's head does.
+    /// Only the append's compare-and-set moves `last_commit_seq`, and only forwards, but
+    /// appends commit asynchronously: a crash of the server may lose the last ones, and the
+    /// head read afterwards is below one this process saw. The fold appends the same events
+    /// again, to the same positions. A failover to a standby that had not received the last
+    /// transactions loses their events too, and their positions go to other events, which
+    /// this process's commit-lane listeners, past them, would skip. So a head that went back
+    /// is remembered with the events this process saw at the positions above it
+    /// ([`check_reappended`](Self::check_reappended)); a position appended again to another
+    /// event is reported as a rewind, and the outbox stops
+    /// ([`Error::ServerRewound`](crate::Error::ServerRewound)). The events sequence, which the
+    /// insert lane watches, is logged 32 values ahead and does not go back on a small loss.
     pub(crate) fn publish_head(&self, head: u64) {
         metrics::gauge!(crate::telemetry::metrics::COMMIT_HEAD).set(head as f64);
         let mut behind = None;
@@ -123,10 +141,96 @@ impl CommitShared {
             newer
         });
         if let Some(known) = behind {
-            self.rewind.report(format!(
-                "the commit log's head is at position {head}, below position {known} that this \
-                 process had already seen"
-            ));
+            self.went_back(head, known);
+        }
+    }
+
+    /// The log's head is `head`, below `known`: remembers what this process saw above it.
+    fn went_back(&self, head: u64, known: u64) {
+        let held = match self.log.read() {
+            Ok(log) => log.between(head, known),
+            Err(_) => Vec::new(),
+        };
+        let Ok(mut gone) = self.gone_back.lock() else {
+            return;
+        };
+        for entry in &held {
+            gone.entry(entry.commit_seq).or_insert(entry.sequence);
+        }
+        if held.is_empty() {
+            tracing::warn!(
+                head,
+                seen = known,
+                "the commit log's head went back below a position this process saw (a crash \
+                 that lost the last appends, or a failover); this process holds none of those \
+                 entries, so it cannot check that they are appended to the same events again"
+            );
+        } else {
+            tracing::warn!(
+                head,
+                seen = known,
+                "the commit log's head went back below a position this process saw (a crash \
+                 that lost the last appends, or a failover); checking that the positions are \
+                 appended to the same events again"
+            );
+        }
+    }
+
+    /// The event sequences this process saw above a head the log went back to, not yet
+    /// appended again.
+    pub(crate) fn gone_back_sequences(&self) -> Vec<u64> {
+        self.gone_back
+            .lock()
+            .map(|gone| gone.values().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The first position (and its sequence) of those this process saw above a head the log
+    /// went back to whose event is not among `stored`.
+    pub(crate) fn first_gone(&self, stored: &[u64]) -> Option<(u64, u64)> {
+        let gone = self.gone_back.lock().ok()?;
+        gone.iter()
+            .find(|(_, sequence)| !stored.contains(sequence))
+            .map(|(&position, &sequence)| (position, sequence))
+    }
+
+    /// Reports a rewind the commit lane found: the outbox stops.
+    pub(crate) fn report_rewind(&self, what: String) {
+        if let Ok(mut gone) = self.gone_back.lock() {
+            gone.clear();
+        }
+        self.rewind.report(what);
+    }
+
+    /// Compares entries about to be published with what this process saw at their positions
+    /// before the log's head went back: a position that now holds another event was given
+    /// twice (the database lost that event, or the transactions before it), and the rewind is
+    /// reported.
+    pub(crate) fn check_reappended(&self, entries: &[LogEntry]) {
+        let Ok(mut gone) = self.gone_back.lock() else {
+            return;
+        };
+        if gone.is_empty() {
+            return;
+        }
+        for entry in entries {
+            if let Some(seen) = gone.remove(&entry.commit_seq)
+                && seen != entry.sequence
+            {
+                drop(gone);
+                self.report_rewind(format!(
+                    "the commit log went back and position {} was appended again to the event \
+                     of sequence {}, where this process had seen sequence {seen}",
+                    entry.commit_seq, entry.sequence
+                ));
+                return;
+            }
+        }
+        if gone.is_empty() {
+            tracing::info!(
+                "the commit log is appended again with the events this process saw: no \
+                 position was given to another event"
+            );
         }
     }
 

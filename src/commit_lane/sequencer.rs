@@ -160,6 +160,7 @@ where
     async fn fold(&mut self) -> Result<()> {
         let mut state = store::restart(&self.pool).await?;
         self.commit.publish_head(state.head);
+        self.check_went_back().await?;
         let mut reader = LaneReader::new(
             Arc::clone(&self.lane),
             self.stop.clone(),
@@ -272,7 +273,28 @@ where
         *state = store::restart(&self.pool).await?;
         plan.clear();
         self.commit.publish_head(state.head);
+        self.check_went_back().await?;
         reader.seek(state.cursor);
+        Ok(())
+    }
+
+    /// After a head read below one this process saw: whether the events it saw above that
+    /// head are still stored. After a crash that lost appends they are, and are appended again
+    /// to the same positions ([`CommitShared::check_reappended`] checks it); one that is gone
+    /// was lost with its transaction (a failover to a standby that had not received it), and
+    /// its position goes to another event: the rewind is reported at once.
+    async fn check_went_back(&self) -> Result<()> {
+        let seen = self.commit.gone_back_sequences();
+        if seen.is_empty() {
+            return Ok(());
+        }
+        let stored = store::stored(&self.pool, &seen).await?;
+        if let Some((position, sequence)) = self.commit.first_gone(&stored) {
+            self.commit.report_rewind(format!(
+                "the commit log went back below position {position}, and the event of sequence \
+                 {sequence} this process saw there is gone from the database"
+            ));
+        }
         Ok(())
     }
 
@@ -397,6 +419,7 @@ where
     }
 
     fn publish(&self, state: &mut Restart, head: u64, entries: &[LogEntry]) {
+        self.commit.check_reappended(entries);
         state.head = state.head.max(head);
         if let Ok(mut log) = self.commit.log.write() {
             log.extend(entries);

@@ -90,6 +90,11 @@ SELECT a.commit_seq, a.sequence, a.group_last, a.commit_xid
 FROM ordo.append_commit_log($1, $2) AS a
 "#;
 
+/// Which of the event sequences `$1` are stored as committed events: after the log's head went
+/// back, whether the events this process saw above it are still there.
+pub(crate) const STORED: &str = "SELECT sequence FROM ordo.events \
+     WHERE sequence = ANY ($1::bigint[]) AND commit_xid IS NOT NULL";
+
 /// The log head, for processes that do not run a sequencer.
 pub(crate) const HEAD: &str =
     "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton LIMIT 1";

@@ -6,7 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 use super::LogEntry;
-use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART};
+use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART, STORED};
 use crate::error::Result;
 use crate::position::{CommitSequence, EventSequence};
 use crate::telemetry::metrics as m;
@@ -68,6 +68,22 @@ pub(crate) async fn restart(pool: &PgPool) -> Result<Restart> {
             .zip(maxes.into_iter().map(EventSequence::get))
             .collect(),
     })
+}
+
+/// Which of `sequences` are stored as events.
+pub(crate) async fn stored(pool: &PgPool, sequences: &[u64]) -> Result<Vec<u64>> {
+    let bound: Vec<i64> = sequences
+        .iter()
+        .map(|&s| i64::try_from(s).unwrap_or(i64::MAX))
+        .collect();
+    let rows: Vec<i64> = sqlx::query_scalar(STORED)
+        .bind(bound)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|s| u64::try_from(s).ok())
+        .collect())
 }
 
 /// Appends the groups first met in `(expected, covered]` if the cursor is still `expected`,
