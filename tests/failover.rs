@@ -695,12 +695,22 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     }
 
     let promoted = pool_on(&standby.url(), 2).await;
-    let on_promoted = commit_lane_of(&promoted).await;
     let stored: i64 =
         sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid IS NOT NULL")
             .fetch_one(&promoted)
             .await
             .expect("count");
+    // The last transactions may still be on their way into the log: read it once it holds
+    // every stored event, or a survivor not yet folded counts as lost below.
+    let folded = common::eventually(PATIENCE, || async {
+        commit_lane_of(&promoted).await.len() as i64 >= stored
+    })
+    .await;
+    assert!(
+        folded,
+        "the promoted server's log covers its {stored} events"
+    );
+    let on_promoted = commit_lane_of(&promoted).await;
     let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
     let lost = outcomes.acked.len() as i64 - copies(&promoted, &outcomes.acked).await.len() as i64;
     eprintln!(
