@@ -760,20 +760,29 @@ async fn ten_folded(db: &TestDb) -> (Outbox<Note>, ordo::CommitStream<Note>) {
     let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
     let mut stream = outbox.listen_committed(Start::Beginning);
     for n in 0..10u32 {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish(Note { writer: 1, n }).expect("publish");
-        tx.commit().await.expect("commit");
+        commit_one(&outbox, Note { writer: 1, n }).await;
     }
     let mut seen = 0u64;
     while seen < 10 {
-        let item = timeout(PATIENCE, stream.next())
-            .await
-            .expect("in time")
-            .expect("open")
-            .expect("event");
-        seen = item.commit_sequence.get();
+        seen = next_event(&mut stream).await.commit_sequence.get();
     }
     (outbox, stream)
+}
+
+/// Commits one transaction publishing `note`.
+async fn commit_one(outbox: &Outbox<Note>, note: Note) {
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(note).expect("publish");
+    tx.commit().await.expect("commit");
+}
+
+/// The listener's next event (not an error), in time.
+async fn next_event(stream: &mut ordo::CommitStream<Note>) -> ordo::CommitOrderedEnvelope<Note> {
+    timeout(PATIENCE, stream.next())
+        .await
+        .expect("in time")
+        .expect("open")
+        .expect("an event, not an error")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -785,26 +794,14 @@ async fn appends_a_crash_lost_are_appended_again_and_the_outbox_goes_on() {
 
     // The fold appends the lost entries again, to the same events, then the new one after
     // them: the listener, past position 10, gets the new event at 11, and nothing stops.
-    let mut tx = outbox.begin().await.expect("begin");
-    tx.publish(Note { writer: 2, n: 0 }).expect("publish");
-    tx.commit().await.expect("commit");
-    let item = timeout(PATIENCE, stream.next())
-        .await
-        .expect("in time")
-        .expect("open")
-        .expect("the new event, not an error");
+    commit_one(&outbox, Note { writer: 2, n: 0 }).await;
+    let item = next_event(&mut stream).await;
     assert_eq!(item.commit_sequence.get(), 11);
     assert_eq!(item.event.payload, Note { writer: 2, n: 0 });
     quiesce_and_check(&db.pool).await;
-    let mut tx = outbox.begin().await.expect("the outbox goes on");
-    tx.publish(Note { writer: 2, n: 1 }).expect("publish");
-    tx.commit().await.expect("commit");
-    let item = timeout(PATIENCE, stream.next())
-        .await
-        .expect("in time")
-        .expect("open")
-        .expect("an event");
-    assert_eq!(item.commit_sequence.get(), 12);
+    // The outbox goes on.
+    commit_one(&outbox, Note { writer: 2, n: 1 }).await;
+    assert_eq!(next_event(&mut stream).await.commit_sequence.get(), 12);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -817,9 +814,7 @@ async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_a
     // The next transaction would be given a position the listener already passed, and be
     // skipped by it. The sequencer's append is refused, it reads the log again, finds its head
     // below what it had seen, and the outbox stops instead.
-    let mut tx = outbox.begin().await.expect("begin");
-    tx.publish(Note { writer: 2, n: 0 }).expect("publish");
-    tx.commit().await.expect("commit");
+    commit_one(&outbox, Note { writer: 2, n: 0 }).await;
     let ended = match timeout(PATIENCE, stream.next())
         .await
         .expect("the listener hears of the rewind")
