@@ -15,6 +15,7 @@ pub(crate) mod wait;
 pub(crate) mod watcher;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::de::DeserializeOwned;
@@ -101,6 +102,9 @@ pub(crate) struct CommitShared {
     /// Positions this process saw above a head the log later went back to, with the event
     /// sequence each held, until they are appended again (see [`publish_head`](Self::publish_head)).
     gone_back: Mutex<BTreeMap<u64, u64>>,
+    /// The head seen that the last went-back warning was about: one warning per fall, however
+    /// often the lower head is read again.
+    warned_below: AtomicU64,
 }
 
 impl CommitShared {
@@ -110,6 +114,7 @@ impl CommitShared {
             log: RwLock::new(LogCache::new(capacity)),
             rewind,
             gone_back: Mutex::new(BTreeMap::new()),
+            warned_below: AtomicU64::new(0),
         }
     }
 
@@ -156,6 +161,9 @@ impl CommitShared {
         };
         for entry in &held {
             gone.entry(entry.commit_seq).or_insert(entry.sequence);
+        }
+        if self.warned_below.swap(known, Ordering::Relaxed) == known {
+            return;
         }
         if held.is_empty() {
             tracing::warn!(
