@@ -169,8 +169,14 @@ async fn one_listen_connection_per_outbox_carries_the_wake_ups_and_the_latest_va
         let event = next_event(&mut events, limit).await;
         assert_eq!(event.payload["round"], round);
         // Still one connection each: the latest values joined the reader's wake-up connection.
+        // Never more than one each; after the last round's kill, the writer's may still be
+        // reconnecting when the reader already has both, so wait for it.
         let pids = listen_pids(&db.pool).await;
-        assert_eq!(pids.len(), 2, "round {round}: {pids:?}");
+        assert!(pids.len() <= 2, "round {round}: {pids:?}");
+        assert!(
+            common::eventually(PATIENCE, two).await,
+            "round {round}: each outbox listens again on a connection of its own"
+        );
 
         // Both channels lost at once; what is sent while they are down arrives by the reads
         // that follow the reconnect.
