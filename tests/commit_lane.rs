@@ -733,7 +733,7 @@ async fn a_refused_append_reads_again_what_it_read_ahead_when_the_winner_stops()
 /// events sequence is not reset: PostgreSQL logs it 32 values ahead, so a small loss leaves it
 /// above every lost event, where the insert lane's check cannot see the loss. Returns the lost
 /// positions.
-async fn lose_the_last_append(pool: &PgPool, events: bool) -> (i64, i64) {
+async fn lose_the_last_append<'e>(db: impl sqlx::PgExecutor<'e>, events: bool) -> (i64, i64) {
     sqlx::query_as(
         "WITH lost AS (
              DELETE FROM ordo.commit_chunks
@@ -749,9 +749,71 @@ async fn lose_the_last_append(pool: &PgPool, events: bool) -> (i64, i64) {
          RETURNING lost.first_commit_seq, lost.last_commit_seq",
     )
     .bind(events)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
     .expect("lose the last append")
+}
+
+/// What a failover leaves, made by hand in one transaction on one server: the last append lost
+/// (and its events with it when `events`: a standby that had not received them), then, on a
+/// newer server history (timeline 99), a peer on the promoted server publishing `new` events
+/// and folding everything, all before any other process reads the head again. Returns the
+/// first position of the new history.
+async fn promote_by_hand(pool: &PgPool, events: bool, new: i64) -> i64 {
+    let mut tx = pool.begin().await.expect("begin");
+    let (lost_low, lost_high): (i64, i64) = sqlx::query_as(
+        "SELECT min_sequence, max_sequence FROM ordo.commit_chunks \
+         ORDER BY first_commit_seq DESC LIMIT 1",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("the last chunk");
+    let (from, _) = lose_the_last_append(&mut *tx, events).await;
+    if events {
+        sqlx::query("SELECT ordo.fill_placeholders($1, $2)")
+            .bind(lost_low)
+            .bind(lost_high)
+            .execute(&mut *tx)
+            .await
+            .expect("placeholders where the lost events were");
+    }
+    sqlx::query(
+        "INSERT INTO ordo.events (payload) \
+         SELECT jsonb_build_object('writer', 3, 'n', n) FROM generate_series(0, $1 - 1) AS n \
+         ORDER BY n",
+    )
+    .bind(new)
+    .execute(&mut *tx)
+    .await
+    .expect("the promoted server's own events");
+    sqlx::query(
+        "SELECT count(*) FROM ordo.append_commit_log(
+             (SELECT logged_through_sequence FROM ordo.sequencer_state),
+             (SELECT max(sequence) FROM ordo.events))",
+    )
+    .execute(&mut *tx)
+    .await
+    .expect("the peer's fold");
+    sqlx::query("INSERT INTO ordo.commit_histories (history, from_commit_seq) VALUES (99, $1)")
+        .bind(from)
+        .execute(&mut *tx)
+        .await
+        .expect("the promoted server's history");
+    tx.commit().await.expect("commit");
+    from
+}
+
+/// A folding outbox and one that does not fold, each with a commit-lane listener past the
+/// ten single-event transactions the first published.
+async fn ten_folded_and_followed(db: &TestDb) -> [(Outbox<Note>, ordo::CommitStream<Note>); 2] {
+    let (folder, folded) = ten_folded(db).await;
+    let follower = outbox_on(&db.pool, OutboxConfig::default().sequencer(false)).await;
+    let mut followed = follower.listen_committed(Start::Beginning);
+    let mut seen = 0u64;
+    while seen < 10 {
+        seen = next_event(&mut followed).await.commit_sequence.get();
+    }
+    [(folder, folded), (follower, followed)]
 }
 
 /// An outbox that folded ten single-event transactions, and its commit-lane listener past
@@ -840,4 +902,68 @@ async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_a
         outbox.begin().await,
         Err(ordo::Error::ServerRewound { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folders_and_followers() {
+    let db = TestDb::new().await;
+    let outboxes = ten_folded_and_followed(&db).await;
+    // A peer on the promoted server folds past position 10 before either process reads the
+    // head again: with more events than the last append held, the promoted head is past 10,
+    // and neither ever reads a head below what it saw. The last append's events are gone, and
+    // its positions hold the promoted server's events.
+    let from = promote_by_hand(&db.pool, true, 12).await;
+    assert!((1..=10).contains(&from), "the last append began at {from}");
+    for (index, (outbox, mut stream)) in outboxes.into_iter().enumerate() {
+        let which = ["the folding process", "the process that does not fold"][index];
+        let ended = match timeout(PATIENCE, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("{which} hears of the rewind"))
+        {
+            Some(Err(error)) => error,
+            Some(Ok(item)) => panic!(
+                "{which}: an event past the rewind reached the listener at {}",
+                item.commit_sequence
+            ),
+            None => panic!("{which}: the stream ended without an error"),
+        };
+        let text = ended.to_string();
+        assert!(
+            matches!(ended, ordo::Error::ServerRewound { .. }),
+            "{which}: the rewind: {text}"
+        );
+        assert!(
+            text.contains(&format!("position {from}")),
+            "{which}: names the position: {text}"
+        );
+        assert!(
+            stream.next().await.is_none(),
+            "{which}: then the stream is over"
+        );
+        assert!(matches!(
+            outbox.begin().await,
+            Err(ordo::Error::ServerRewound { .. })
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_history_that_appended_the_same_events_again_stops_nothing() {
+    let db = TestDb::new().await;
+    let [(folder, mut folded), (follower, mut followed)] = ten_folded_and_followed(&db).await;
+    // The standby had every event but not the last append (appends commit asynchronously):
+    // the promoted server folds the same events to the same positions again, then its own at 11.
+    let from = promote_by_hand(&db.pool, false, 1).await;
+    assert!((1..=10).contains(&from), "the last append began at {from}");
+    for stream in [&mut folded, &mut followed] {
+        let item = next_event(stream).await;
+        assert_eq!(item.commit_sequence.get(), 11);
+        assert_eq!(item.event.payload, Note { writer: 3, n: 0 });
+    }
+    commit_one(&folder, Note { writer: 2, n: 0 }).await;
+    for stream in [&mut folded, &mut followed] {
+        assert_eq!(next_event(stream).await.commit_sequence.get(), 12);
+    }
+    assert!(follower.begin().await.is_ok(), "the follower goes on");
+    quiesce_and_check(&db.pool).await;
 }

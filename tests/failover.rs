@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -614,10 +614,31 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     };
 
     let front = TcpFault::start(local(primary.port())).await;
-    let pool = pool_on(&format!("postgres://postgres@{}/postgres", front.addr()), 6).await;
+    let pool = pool_on(&format!("postgres://postgres@{}/postgres", front.addr()), 8).await;
     let stream = TestStream::new().await;
     let sender = Sender::start(&pool, "through-loss", &stream).await;
     let outbox = sender.outbox.clone();
+    // A second process that does not fold, reading the commit lane from the folding one's
+    // appends: it learns of the loss only from what it reads of the promoted server.
+    let follower = Outbox::<Note>::new(pool.clone(), OutboxConfig::default().sequencer(false))
+        .await
+        .expect("the follower");
+    let followed = Arc::new(AtomicU64::new(0));
+    let following = tokio::spawn({
+        let mut stream = follower.listen_committed(Start::Beginning);
+        let followed = Arc::clone(&followed);
+        async move {
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        followed.store(event.commit_sequence.get(), AtomicOrdering::SeqCst)
+                    }
+                    Err(error) => return Some(error),
+                }
+            }
+            None
+        }
+    });
     let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
     let consuming = downstream(receiving.clone(), &stream, stopping);
 
@@ -644,6 +665,14 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     assert!(
         relayed,
         "downstream holds every position up to {head_before} before the kill"
+    );
+    let read = common::eventually(PATIENCE, || async {
+        followed.load(AtomicOrdering::SeqCst) >= head_before
+    })
+    .await;
+    assert!(
+        read,
+        "the follower reads every position up to {head_before} before the kill"
     );
 
     let mut listener = outbox.listen_committed(Start::Beginning);
@@ -677,6 +706,21 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         outbox.begin().await,
         Err(Error::ServerRewound { .. })
     ));
+    // The follower too, instead of skipping the positions given again.
+    let ended = tokio::time::timeout(PATIENCE, following)
+        .await
+        .expect("the follower's listener ends")
+        .expect("the follower's listener");
+    eprintln!("loss: the follower stopped: {ended:?}");
+    assert!(
+        matches!(ended, Some(Error::ServerRewound { .. })),
+        "the follower's listener ends with the rewind: {ended:?}"
+    );
+    assert!(matches!(
+        follower.begin().await,
+        Err(Error::ServerRewound { .. })
+    ));
+    follower.shutdown().await;
     sender.shutdown().await;
     // What its supervisor does: a new outbox, which goes on from what the server holds.
     let sender = Sender::start(&pool, "through-loss", &stream).await;

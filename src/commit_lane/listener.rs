@@ -104,7 +104,8 @@ where
     /// The next run of the log, waiting when caught up; `None` once the outbox stops.
     pub(crate) async fn next_batch(&mut self) -> Option<Result<Vec<Item<P>>>> {
         loop {
-            if self.stop.is_stopped() {
+            // A rewind stops the outbox a moment after it is reported: not one position more.
+            if self.stop.is_stopped() || self.commit.went_back.reported() {
                 return self.ended();
             }
             if !self.floor_checked {
@@ -119,9 +120,18 @@ where
             if self.next <= head {
                 let cached = self.read_cached(head);
                 if !cached.is_empty() {
+                    self.commit.went_back.returned(self.next - 1);
                     return Some(Ok(cached));
                 }
-                return Some(self.read_table(head).await);
+                let read = self.read_table(head).await;
+                if let Ok(items) = &read {
+                    // The cache then holds what this process returned, where it does not fold
+                    // too: what a log that went back is checked against.
+                    let entries: Vec<LogEntry> = items.iter().map(|item| item.entry).collect();
+                    self.commit.remember(&entries);
+                    self.commit.went_back.returned(self.next - 1);
+                }
+                return Some(read);
             }
             tokio::select! {
                 biased;

@@ -13,10 +13,10 @@ pub(crate) mod store;
 mod turns;
 pub(crate) mod wait;
 pub(crate) mod watcher;
+pub(crate) mod went_back;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, RwLock};
 
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -24,9 +24,10 @@ use tokio::sync::watch;
 
 use crate::config::OutboxConfig;
 use crate::insert_lane::{LaneShared, Rewind};
-use crate::position::{CommitSequence, EventSequence};
+use crate::position::{CommitSequence, EventSequence, ServerHistory};
 use crate::task::Tasks;
 use sequencer::Sequencer;
+use went_back::WentBack;
 
 /// One row of the log: which event sits at a commit sequence, and whether it ends its group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +37,8 @@ pub(crate) struct LogEntry {
     pub(crate) group_last: bool,
 }
 
-/// The recent tail of the log as this process appended it: `entries[i]` is `base + i`.
+/// The recent tail of the log as this process appended it or its readers read it:
+/// `entries[i]` is `base + i`.
 pub(crate) struct LogCache {
     base: u64,
     entries: VecDeque<LogEntry>,
@@ -68,6 +70,19 @@ impl LogCache {
         }
     }
 
+    /// Takes in entries a reader read from the table: those that continue the cached run, or
+    /// a run above it (which restarts the cache there). Entries below the run's end are
+    /// already held (or older than it): the cache keeps the highest positions read.
+    fn remember(&mut self, read: &[LogEntry]) {
+        let end = self.base + self.entries.len() as u64;
+        let above: Vec<LogEntry> = read
+            .iter()
+            .filter(|entry| entry.commit_seq >= end)
+            .copied()
+            .collect();
+        self.extend(&above);
+    }
+
     /// The cached entries above `head` up to `through`.
     fn between(&self, head: u64, through: u64) -> Vec<LogEntry> {
         self.entries
@@ -96,15 +111,8 @@ pub(crate) struct CommitShared {
     /// `last_commit_seq` as this process last saw it.
     pub(crate) head: watch::Sender<u64>,
     pub(crate) log: RwLock<LogCache>,
-    /// Where a position given to another event is reported: the outbox's (the insert lane's)
-    /// rewind.
-    rewind: Arc<Rewind>,
-    /// Positions this process saw above a head the log later went back to, with the event
-    /// sequence each held, until they are appended again (see [`publish_head`](Self::publish_head)).
-    gone_back: Mutex<BTreeMap<u64, u64>>,
-    /// The head seen that the last went-back warning was about: one warning per fall, however
-    /// often the lower head is read again.
-    warned_below: AtomicU64,
+    /// Positions this process saw that the log went back below ([`went_back`]).
+    pub(crate) went_back: WentBack,
 }
 
 impl CommitShared {
@@ -112,26 +120,13 @@ impl CommitShared {
         Self {
             head: watch::Sender::new(head),
             log: RwLock::new(LogCache::new(capacity)),
-            rewind,
-            gone_back: Mutex::new(BTreeMap::new()),
-            warned_below: AtomicU64::new(0),
+            went_back: WentBack::new(rewind),
         }
     }
 
     /// Publishes a head read from the database (or appended there), never moving it backwards,
-    /// and wakes parked listeners.
-    ///
-    /// Only the append's compare-and-set moves `last_commit_seq`, and only forwards, but
-    /// appends commit asynchronously: a crash of the server may lose the last ones, and the
-    /// head read afterwards is below one this process saw. The fold appends the same events
-    /// again, to the same positions. A failover to a standby that had not received the last
-    /// transactions loses their events too, and their positions go to other events, which
-    /// this process's commit-lane listeners, past them, would skip. So a head that went back
-    /// is remembered with the events this process saw at the positions above it
-    /// ([`check_reappended`](Self::check_reappended)); a position appended again to another
-    /// event is reported as a rewind, and the outbox stops
-    /// ([`Error::ServerRewound`](crate::Error::ServerRewound)). The events sequence, which the
-    /// insert lane watches, is logged 32 values ahead and does not go back on a small loss.
+    /// and wakes parked listeners. A head below one this process saw is remembered with the
+    /// events it saw above it ([`went_back`]).
     pub(crate) fn publish_head(&self, head: u64) {
         metrics::gauge!(crate::telemetry::metrics::COMMIT_HEAD).set(head as f64);
         let mut behind = None;
@@ -146,99 +141,21 @@ impl CommitShared {
             newer
         });
         if let Some(known) = behind {
-            self.went_back(head, known);
+            self.went_back.fell(head, known, &self.log);
         }
     }
 
-    /// The log's head is `head`, below `known`: remembers what this process saw above it.
-    fn went_back(&self, head: u64, known: u64) {
-        let held = match self.log.read() {
-            Ok(log) => log.between(head, known),
-            Err(_) => Vec::new(),
-        };
-        let Ok(mut gone) = self.gone_back.lock() else {
-            return;
-        };
-        for entry in &held {
-            gone.entry(entry.commit_seq).or_insert(entry.sequence);
-        }
-        if self.warned_below.swap(known, Ordering::Relaxed) == known {
-            return;
-        }
-        if held.is_empty() {
-            tracing::warn!(
-                head,
-                seen = known,
-                "the commit log's head went back below a position this process saw (a crash \
-                 that lost the last appends, or a failover); this process holds none of those \
-                 entries, so it cannot check that they are appended to the same events again"
-            );
-        } else {
-            tracing::warn!(
-                head,
-                seen = known,
-                "the commit log's head went back below a position this process saw (a crash \
-                 that lost the last appends, or a failover); checking that the positions are \
-                 appended to the same events again"
-            );
-        }
+    /// Takes in the newest server history a head read found (see [`went_back`]); returns
+    /// whether positions this process saw wait to be checked against the database.
+    pub(crate) fn note_history(&self, history: Option<ServerHistory>) -> bool {
+        self.went_back.note_history(history, self.head(), &self.log)
     }
 
-    /// The event sequences this process saw above a head the log went back to, not yet
-    /// appended again.
-    pub(crate) fn gone_back_sequences(&self) -> Vec<u64> {
-        self.gone_back
-            .lock()
-            .map(|gone| gone.values().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// The first position (and its sequence) of those this process saw above a head the log
-    /// went back to whose event is not among `stored`.
-    pub(crate) fn first_gone(&self, stored: &[u64]) -> Option<(u64, u64)> {
-        let gone = self.gone_back.lock().ok()?;
-        gone.iter()
-            .find(|(_, sequence)| !stored.contains(sequence))
-            .map(|(&position, &sequence)| (position, sequence))
-    }
-
-    /// Reports a rewind the commit lane found: the outbox stops.
-    pub(crate) fn report_rewind(&self, what: String) {
-        if let Ok(mut gone) = self.gone_back.lock() {
-            gone.clear();
-        }
-        self.rewind.report(what);
-    }
-
-    /// Compares entries about to be published with what this process saw at their positions
-    /// before the log's head went back: a position that now holds another event was given
-    /// twice (the database lost that event, or the transactions before it), and the rewind is
-    /// reported.
-    pub(crate) fn check_reappended(&self, entries: &[LogEntry]) {
-        let Ok(mut gone) = self.gone_back.lock() else {
-            return;
-        };
-        if gone.is_empty() {
-            return;
-        }
-        for entry in entries {
-            if let Some(seen) = gone.remove(&entry.commit_seq)
-                && seen != entry.sequence
-            {
-                drop(gone);
-                self.report_rewind(format!(
-                    "the commit log went back and position {} was appended again to the event \
-                     of sequence {}, where this process had seen sequence {seen}",
-                    entry.commit_seq, entry.sequence
-                ));
-                return;
-            }
-        }
-        if gone.is_empty() {
-            tracing::info!(
-                "the commit log is appended again with the events this process saw: no \
-                 position was given to another event"
-            );
+    /// Remembers what readers here read from the table, so that the log cache holds the
+    /// positions this process returned even where it does not fold.
+    pub(crate) fn remember(&self, entries: &[LogEntry]) {
+        if let Ok(mut log) = self.log.write() {
+            log.remember(entries);
         }
     }
 
@@ -258,12 +175,13 @@ pub(crate) async fn spawn<P>(
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
-    let head = read_head(pool).await?;
+    let read = store::head_and_cursor(pool).await?;
     let commit = Arc::new(CommitShared::new(
-        head.get(),
+        read.head,
         config.cache_capacity,
         Arc::clone(&lane.rewind),
     ));
+    commit.note_history(read.history);
     if config.sequencer {
         let mut sequencer = Sequencer::new(
             pool.clone(),

@@ -159,8 +159,7 @@ where
     /// Folds until the outbox stops (`Ok`) or a statement fails (`Err`).
     async fn fold(&mut self) -> Result<()> {
         let mut state = store::restart(&self.pool).await?;
-        self.commit.publish_head(state.head);
-        self.check_went_back().await?;
+        self.take_in(&state).await?;
         let mut reader = LaneReader::new(
             Arc::clone(&self.lane),
             self.stop.clone(),
@@ -272,28 +271,24 @@ where
     ) -> Result<()> {
         *state = store::restart(&self.pool).await?;
         plan.clear();
-        self.commit.publish_head(state.head);
-        self.check_went_back().await?;
+        self.take_in(state).await?;
         reader.seek(state.cursor);
         Ok(())
     }
 
-    /// After a head read below one this process saw: whether the events it saw above that
-    /// head are still stored. After a crash that lost appends they are, and are appended again
-    /// to the same positions ([`CommitShared::check_reappended`] checks it); one that is gone
-    /// was lost with its transaction (a failover to a standby that had not received it), and
-    /// its position goes to another event: the rewind is reported at once.
-    async fn check_went_back(&self) -> Result<()> {
-        let seen = self.commit.gone_back_sequences();
-        if seen.is_empty() {
-            return Ok(());
-        }
-        let stored = store::stored(&self.pool, &seen).await?;
-        if let Some((position, sequence)) = self.commit.first_gone(&stored) {
-            self.commit.report_rewind(format!(
-                "the commit log went back below position {position}, and the event of sequence \
-                 {sequence} this process saw there is gone from the database"
-            ));
+    /// Publishes the head a restart read. Below one this process saw, or on a newer server
+    /// history that began at or below it, the positions this process saw are checked against
+    /// the database ([`went_back`](super::went_back)): one whose event is gone was lost with
+    /// its transaction (a failover to a standby that had not received it), and the rewind is
+    /// reported at once; after a crash that lost appends the events are there, and are
+    /// appended again to the same positions ([`WentBack::check_reappended`] checks it).
+    ///
+    /// [`WentBack::check_reappended`]: super::went_back::WentBack::check_reappended
+    async fn take_in(&self, state: &Restart) -> Result<()> {
+        self.commit.note_history(state.history);
+        self.commit.publish_head(state.head);
+        if self.commit.went_back.pending() {
+            self.commit.went_back.check(&self.pool).await?;
         }
         Ok(())
     }
@@ -368,6 +363,11 @@ where
         self.turns.lost();
         match store::catch_up(&self.pool, state.head).await? {
             Some(peer) => {
+                // A peer folded on a promoted server past positions this process saw: they
+                // are not appended again, so they are checked now.
+                if self.commit.note_history(peer.history) {
+                    self.commit.went_back.check(&self.pool).await?;
+                }
                 self.follow(state, reader, plan, peer);
             }
             None => self.restart(state, reader, plan).await?,
@@ -419,7 +419,7 @@ where
     }
 
     fn publish(&self, state: &mut Restart, head: u64, entries: &[LogEntry]) {
-        self.commit.check_reappended(entries);
+        self.commit.went_back.check_reappended(entries);
         state.head = state.head.max(head);
         if let Ok(mut log) = self.commit.log.write() {
             log.extend(entries);

@@ -12,8 +12,8 @@
 /// The sequencer's restart point, in one statement (one snapshot): the log head, the cursor,
 /// and the groups already logged above the cursor (a group straddles the cursor when it was
 /// appended whole while the fold had only reached its first member), with each group's highest
-/// logged sequence. Reading these apart lets a peer's append slip between them and leaves a
-/// head that disagrees with the skip set.
+/// logged sequence, and the newest server history (see [`HEAD_AND_CURSOR`]). Reading these apart
+/// lets a peer's append slip between them and leaves a head that disagrees with the skip set.
 pub(crate) const RESTART: &str = r#"
 WITH s AS MATERIALIZED (
     SELECT last_commit_seq, logged_through_sequence
@@ -31,22 +31,29 @@ logged AS MATERIALIZED (
 SELECT s.last_commit_seq,
        s.logged_through_sequence,
        coalesce((SELECT array_agg(xid ORDER BY xid) FROM logged), '{}') AS xids,
-       coalesce((SELECT array_agg(top ORDER BY xid) FROM logged), '{}') AS maxes
+       coalesce((SELECT array_agg(top ORDER BY xid) FROM logged), '{}') AS maxes,
+       h.history, h.from_commit_seq AS history_from
 FROM s
+LEFT JOIN LATERAL (
+    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+) AS h ON TRUE
 "#;
 
 /// After a refused compare-and-set: the state row and the entries a peer appended above the
-/// head this process knows (`$1`), at most `$2` of them, with each entry's transaction, in one
-/// snapshot. The sequencer continues from what the peer appended instead of restarting.
+/// head this process knows (`$1`), at most `$2` of them, with each entry's transaction, and the
+/// newest server history, in one snapshot. The sequencer continues from what the peer appended instead of restarting.
 /// Always at least one row (entry columns NULL when there is none).
 pub(crate) const CATCH_UP: &str = r#"
 WITH s AS MATERIALIZED (
     SELECT last_commit_seq, logged_through_sequence
     FROM ordo.sequencer_state WHERE singleton LIMIT 1
 )
-SELECT s.last_commit_seq, s.logged_through_sequence,
+SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from,
        l.commit_seq, l.sequence, l.group_last, e.commit_xid
 FROM s
+LEFT JOIN LATERAL (
+    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+) AS h ON TRUE
 LEFT JOIN LATERAL (
     SELECT r.commit_seq, r.sequence, r.group_last
     FROM ordo.commit_log_range($1, s.last_commit_seq) AS r
@@ -90,18 +97,39 @@ SELECT a.commit_seq, a.sequence, a.group_last, a.commit_xid
 FROM ordo.append_commit_log($1, $2) AS a
 "#;
 
-/// Which of the event sequences `$1` are stored as committed events: after the log's head went
-/// back, whether the events this process saw above it are still there.
-pub(crate) const STORED: &str = "SELECT sequence FROM ordo.events \
-     WHERE sequence = ANY ($1::bigint[]) AND commit_xid IS NOT NULL";
-
 /// The log head, for processes that do not run a sequencer.
 pub(crate) const HEAD: &str =
     "SELECT last_commit_seq FROM ordo.sequencer_state WHERE singleton LIMIT 1";
 
-/// The log head and how far it covers the insert lane, for the head watcher.
-pub(crate) const HEAD_AND_CURSOR: &str = "SELECT last_commit_seq, logged_through_sequence \
-     FROM ordo.sequencer_state WHERE singleton LIMIT 1";
+/// The log head, how far it covers the insert lane, and the newest server history, for the
+/// head watcher (and at start).
+///
+/// The newest history (`ordo.commit_histories`, the PostgreSQL timeline of the first append
+/// after a promotion, and its position) is how a process learns that the log was appended on
+/// a promoted server: one that began at or below a position this process saw gave those
+/// positions again, whether or not this process ever read the lower head in between
+/// ([`CommitShared::note_history`](super::CommitShared::note_history)).
+pub(crate) const HEAD_AND_CURSOR: &str = r#"
+SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from
+FROM (SELECT last_commit_seq, logged_through_sequence
+      FROM ordo.sequencer_state WHERE singleton LIMIT 1) AS s
+LEFT JOIN LATERAL (
+    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+) AS h ON TRUE
+"#;
+
+/// After the log went back below positions this process saw: what each of them holds now
+/// (`now`, NULL while not appended again) and whether the event this process saw there is
+/// still stored. `$1` the positions, `$2` the event sequences seen at them, `$3` and `$4` the
+/// range `(after, upto]` they lie in.
+pub(crate) const GONE_BACK: &str = r#"
+SELECT p.position, l.sequence AS now,
+       EXISTS (SELECT 1 FROM ordo.events AS e
+               WHERE e.sequence = p.seen AND e.commit_xid IS NOT NULL) AS stored
+FROM unnest($1::bigint[], $2::bigint[]) AS p(position, seen)
+LEFT JOIN ordo.commit_log_range($3, $4) AS l ON l.commit_seq = p.position
+ORDER BY p.position
+"#;
 
 /// A page of the log joined to its events, in `(after, upto]`.
 pub(crate) const PAGE: &str = r#"

@@ -6,9 +6,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 use super::LogEntry;
-use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART, STORED};
+use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART};
 use crate::error::Result;
-use crate::position::{CommitSequence, EventSequence};
+use crate::position::{CommitSequence, EventSequence, ServerHistory};
 use crate::telemetry::metrics as m;
 
 /// A peer further ahead than this many entries is followed by a restart (one statement that
@@ -21,6 +21,8 @@ pub(crate) struct Restart {
     pub(crate) cursor: u64,
     /// Groups logged above the cursor: commit_xid → highest logged sequence.
     pub(crate) logged: HashMap<i64, u64>,
+    /// The newest server history, in the same snapshot.
+    pub(crate) history: Option<ServerHistory>,
 }
 
 /// One group of an append's plan: its transaction and the first (lowest) sequence the fold met.
@@ -49,6 +51,8 @@ pub(crate) enum Appended {
 pub(crate) struct PeerAppends {
     pub(crate) head: u64,
     pub(crate) cursor: u64,
+    /// The newest server history, in the same snapshot.
+    pub(crate) history: Option<ServerHistory>,
     /// Each entry with its event's transaction.
     pub(crate) entries: Vec<(LogEntry, i64)>,
 }
@@ -67,23 +71,8 @@ pub(crate) async fn restart(pool: &PgPool) -> Result<Restart> {
             .into_iter()
             .zip(maxes.into_iter().map(EventSequence::get))
             .collect(),
+        history: history(&row)?,
     })
-}
-
-/// Which of `sequences` are stored as events.
-pub(crate) async fn stored(pool: &PgPool, sequences: &[u64]) -> Result<Vec<u64>> {
-    let bound: Vec<i64> = sequences
-        .iter()
-        .map(|&s| i64::try_from(s).unwrap_or(i64::MAX))
-        .collect();
-    let rows: Vec<i64> = sqlx::query_scalar(STORED)
-        .bind(bound)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|s| u64::try_from(s).ok())
-        .collect())
 }
 
 /// Appends the groups first met in `(expected, covered]` if the cursor is still `expected`,
@@ -136,6 +125,7 @@ pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppe
     let cursor = first
         .try_get::<EventSequence, _>("logged_through_sequence")?
         .get();
+    let history = history(first)?;
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
         let xid: Option<i64> = row.try_get("commit_xid")?;
@@ -153,6 +143,7 @@ pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppe
     Ok(complete.then_some(PeerAppends {
         head: peer_head,
         cursor,
+        history,
         entries,
     }))
 }
@@ -177,11 +168,41 @@ pub(crate) async fn announce(
     Ok(())
 }
 
-/// The log head and how far it covers the insert lane.
-pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<(u64, u64)> {
-    let (head, cursor): (CommitSequence, EventSequence) =
-        sqlx::query_as(HEAD_AND_CURSOR).fetch_one(pool).await?;
-    Ok((head.get(), cursor.get()))
+/// The log head as the watcher reads it.
+pub(crate) struct HeadRead {
+    pub(crate) head: u64,
+    /// How far the log covers the insert lane.
+    pub(crate) cursor: u64,
+    /// The newest server history, in the same snapshot.
+    pub(crate) history: Option<ServerHistory>,
+}
+
+/// The log head, how far it covers the insert lane, and the newest server history.
+pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<HeadRead> {
+    let row = sqlx::query(HEAD_AND_CURSOR).fetch_one(pool).await?;
+    Ok(HeadRead {
+        head: row.try_get::<CommitSequence, _>("last_commit_seq")?.get(),
+        cursor: row
+            .try_get::<EventSequence, _>("logged_through_sequence")?
+            .get(),
+        history: history(&row)?,
+    })
+}
+
+/// The newest server history from a row with `history` and `history_from` (NULL: none yet).
+fn history(row: &PgRow) -> Result<Option<ServerHistory>> {
+    let timeline: Option<i32> = row.try_get("history")?;
+    let from: Option<i64> = row.try_get("history_from")?;
+    Ok(match (timeline, from) {
+        (Some(timeline), Some(from)) => u32::try_from(timeline)
+            .ok()
+            .zip(u64::try_from(from).ok())
+            .map(|(timeline, first_position)| ServerHistory {
+                timeline,
+                first_position,
+            }),
+        _ => None,
+    })
 }
 
 /// A log entry from a row with `commit_seq`, `sequence` and `group_last`, all NULL for none.

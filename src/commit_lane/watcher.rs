@@ -5,6 +5,9 @@
 //! commit-ordered subscription or relay, a wait): otherwise at most every [`UNFOLLOWED_EVERY`],
 //! for the lag figures and a `Start::Now`. A writer that neither folds nor reads the commit lane
 //! read the state row after nearly every commit: a fifth more statements than it wrote.
+//!
+//! Each read also takes in the newest server history: a process that does not fold learns
+//! of a failover that gave positions it saw to other events ([`went_back`](super::went_back)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,10 +67,25 @@ pub(crate) async fn run(
         }
         let target = *frontier.borrow();
         match head_and_cursor(&pool).await {
-            Ok((head, cursor)) => {
-                commit.publish_head(head);
+            Ok(read) => {
+                // Positions this process saw that a newer server history or a lower head gave
+                // again are checked before a higher head wakes the readers past them.
+                let waits = commit.note_history(read.history);
+                if read.head < commit.head() {
+                    commit.publish_head(read.head);
+                }
+                if (waits || commit.went_back.pending())
+                    && let Err(error) = commit.went_back.check(&pool).await
+                {
+                    tracing::warn!(%error, "checking the positions the commit log went back below failed");
+                    continue;
+                }
+                if commit.went_back.reported() {
+                    return;
+                }
+                commit.publish_head(read.head);
                 chased += 1;
-                chase = (cursor < target && chased < CHASE_READS)
+                chase = (read.cursor < target && chased < CHASE_READS)
                     .then(|| chase.map_or(AFTER_FRONTIER, |pause| (pause * 2).min(CHASE_MAX)));
             }
             Err(error) => {

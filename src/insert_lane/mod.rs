@@ -84,6 +84,11 @@ impl Rewind {
         }
     }
 
+    /// Whether a rewind was reported.
+    pub(crate) fn is_reported(&self) -> bool {
+        self.what.get().is_some()
+    }
+
     /// The error readers and writers end with, once reported.
     pub(crate) fn error(&self) -> Option<crate::Error> {
         self.what

@@ -121,6 +121,18 @@ const HOT_PATH: &[HotStatement] = &[
     )),
     s("commit lane: head", commit::HEAD, "", ""),
     s(
+        "commit lane: head, cursor and history",
+        commit::HEAD_AND_CURSOR,
+        "",
+        "",
+    ),
+    s(
+        "commit lane: positions gone back",
+        commit::GONE_BACK,
+        "bigint[], bigint[], bigint, bigint",
+        "ARRAY[9, 10]::bigint[], ARRAY[40, 41]::bigint[], 8, 10",
+    ),
+    s(
         "commit lane: page",
         commit::PAGE,
         "bigint, bigint, bigint",

@@ -1,0 +1,298 @@
+//! A commit log that went back below positions this process saw, and how the process tells a
+//! crash that lost the last appends (the same events are appended again to the same positions)
+//! from a failover that lost transactions (their positions go to other events).
+//!
+//! Only the append's compare-and-set moves the log head, and only forwards, but appends commit
+//! asynchronously: a crash of the server may lose the last ones, and the fold appends the same
+//! events again. A failover to a standby that had not received the last transactions loses
+//! their events too, and the promoted server gives their positions to new events, which this
+//! process's commit-lane readers, past them, would skip. The process learns of it two ways:
+//!
+//! - it reads a head below one it saw ([`WentBack::fell`]);
+//! - it reads a server history newer than the one it knew that began at or below a position
+//!   it saw ([`WentBack::note_history`]): a peer may have folded past the old head on the
+//!   promoted server before this process read the head again, or this process may not fold.
+//!
+//! Either way it remembers the event each of those positions held (from the log cache, which
+//! the sequencer's appends and the readers' pages fill), then checks them against the
+//! database ([`WentBack::check`]) and against what is appended again
+//! ([`WentBack::check_reappended`]). A position appended again to another event, or whose
+//! event is gone, is a rewind: reported, and the outbox stops
+//! ([`Error::ServerRewound`](crate::Error::ServerRewound)). A position a reader here returned
+//! whose event the cache no longer holds cannot be checked, and is reported too: never a
+//! silent skip.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use sqlx::PgPool;
+
+use super::sql::GONE_BACK;
+use super::{LogCache, LogEntry};
+use crate::error::Result;
+use crate::insert_lane::Rewind;
+use crate::position::{CommitSequence, ServerHistory};
+
+pub(crate) struct WentBack {
+    /// Where a position given to another event is reported: the outbox's (the insert lane's)
+    /// rewind.
+    rewind: Arc<Rewind>,
+    /// Positions this process saw above a head the log went back to, with the event sequence
+    /// each held, until they are checked.
+    gone: Mutex<BTreeMap<u64, u64>>,
+    /// The head seen that the last went-back warning was about: one warning per fall, however
+    /// often the lower head is read again.
+    warned_below: AtomicU64,
+    /// The newest server history (timeline) this process has read; 0 before the first read.
+    timeline: AtomicU64,
+    /// The highest position a commit-lane reader in this process has returned.
+    read_through: AtomicU64,
+}
+
+impl WentBack {
+    pub(crate) fn new(rewind: Arc<Rewind>) -> Self {
+        Self {
+            rewind,
+            gone: Mutex::new(BTreeMap::new()),
+            warned_below: AtomicU64::new(0),
+            timeline: AtomicU64::new(0),
+            read_through: AtomicU64::new(0),
+        }
+    }
+
+    /// A commit-lane reader here returned every position up to `through`.
+    pub(crate) fn returned(&self, through: u64) {
+        self.read_through.fetch_max(through, Ordering::Relaxed);
+    }
+
+    /// Takes in the newest server history a read found, with `seen` the highest head this
+    /// process had seen. A history newer than the last one read that began at or below `seen`
+    /// gave positions this process saw again: they are remembered as for a head that went back
+    /// to just below it. Returns whether positions wait for [`check`](Self::check).
+    pub(crate) fn note_history(
+        &self,
+        history: Option<ServerHistory>,
+        seen: u64,
+        log: &RwLock<LogCache>,
+    ) -> bool {
+        let Some(history) = history else {
+            return self.pending();
+        };
+        let timeline = u64::from(history.timeline);
+        let known = self.timeline.fetch_max(timeline, Ordering::Relaxed);
+        if known != 0 && timeline > known && history.first_position <= seen {
+            tracing::warn!(
+                timeline,
+                from = history.first_position,
+                seen,
+                "the commit log is appended on a newer server history (a promoted standby) that \
+                 began at or below a position this process saw; checking that those positions \
+                 hold the same events"
+            );
+            self.fell(history.first_position.saturating_sub(1), seen, log);
+        }
+        self.pending()
+    }
+
+    /// The log's head is `head`, below `seen`: remembers the events this process saw above it.
+    pub(crate) fn fell(&self, head: u64, seen: u64, log: &RwLock<LogCache>) {
+        let held = match log.read() {
+            Ok(log) => log.between(head, seen),
+            Err(_) => Vec::new(),
+        };
+        let returned = self.read_through.load(Ordering::Relaxed).min(seen);
+        let unknown = unchecked(head, returned, &held);
+        if let Ok(mut gone) = self.gone.lock() {
+            for entry in &held {
+                gone.entry(entry.commit_seq).or_insert(entry.sequence);
+            }
+        }
+        if unknown > 0 {
+            self.report(format!(
+                "the commit log went back below position {}, and this process returned \
+                 positions up to {returned} to its readers without holding which events {unknown} \
+                 of them were (its log cache is smaller than the loss): it cannot check that they \
+                 are not given to other events",
+                head + 1
+            ));
+            return;
+        }
+        if self.warned_below.swap(seen, Ordering::Relaxed) == seen {
+            return;
+        }
+        if held.is_empty() {
+            tracing::info!(
+                head,
+                seen,
+                "the commit log's head went back below a position this process saw (a crash \
+                 that lost the last appends, or a failover); no reader here returned those \
+                 positions"
+            );
+        } else {
+            tracing::warn!(
+                head,
+                seen,
+                "the commit log's head went back below a position this process saw (a crash \
+                 that lost the last appends, or a failover); checking that the positions are \
+                 appended to the same events again"
+            );
+        }
+    }
+
+    /// Whether positions this process saw wait to be checked.
+    pub(crate) fn pending(&self) -> bool {
+        self.gone.lock().is_ok_and(|gone| !gone.is_empty())
+    }
+
+    /// Checks the positions this process saw above a head the log went back to against the
+    /// database: one appended again to its event is settled; one appended to another event, or
+    /// whose event is gone from the database, was given twice, and the rewind is reported. One
+    /// not appended again whose event is still stored waits for the fold (after a crash, the
+    /// fold appends it again to the same position; [`check_reappended`](Self::check_reappended)
+    /// and the next check see it).
+    pub(crate) async fn check(&self, pool: &PgPool) -> Result<()> {
+        let (positions, seen): (Vec<i64>, Vec<i64>) = match self.gone.lock() {
+            Ok(gone) => gone.iter().map(|(&p, &s)| (to_i64(p), to_i64(s))).unzip(),
+            Err(_) => return Ok(()),
+        };
+        let (Some(&first), Some(&last)) = (positions.first(), positions.last()) else {
+            return Ok(());
+        };
+        let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(GONE_BACK)
+            .bind(&positions)
+            .bind(&seen)
+            .bind(CommitSequence::new(u64::try_from(first - 1).unwrap_or(0)))
+            .bind(CommitSequence::new(u64::try_from(last).unwrap_or(0)))
+            .fetch_all(pool)
+            .await?;
+        for ((position, now, stored), seen) in rows.into_iter().zip(seen) {
+            match now {
+                Some(now) if now == seen => self.settle(position),
+                Some(now) => {
+                    self.report(format!(
+                        "the commit log went back and position {position} was appended again \
+                         to the event of sequence {now}, where this process had seen sequence \
+                         {seen}"
+                    ));
+                    return Ok(());
+                }
+                None if !stored => {
+                    self.report(format!(
+                        "the commit log went back below position {position}, and the event of \
+                         sequence {seen} this process saw there is gone from the database"
+                    ));
+                    return Ok(());
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn settle(&self, position: i64) {
+        let Ok(mut gone) = self.gone.lock() else {
+            return;
+        };
+        if gone.remove(&u64::try_from(position).unwrap_or(0)).is_some() && gone.is_empty() {
+            tracing::info!(
+                "the commit log is appended again with the events this process saw: no \
+                 position was given to another event"
+            );
+        }
+    }
+
+    /// Compares entries about to be published with what this process saw at their positions
+    /// before the log's head went back: a position that now holds another event was given
+    /// twice (the database lost that event, or the transactions before it), and the rewind is
+    /// reported.
+    pub(crate) fn check_reappended(&self, entries: &[LogEntry]) {
+        let Ok(mut gone) = self.gone.lock() else {
+            return;
+        };
+        if gone.is_empty() {
+            return;
+        }
+        for entry in entries {
+            if let Some(seen) = gone.remove(&entry.commit_seq)
+                && seen != entry.sequence
+            {
+                drop(gone);
+                self.report(format!(
+                    "the commit log went back and position {} was appended again to the event \
+                     of sequence {}, where this process had seen sequence {seen}",
+                    entry.commit_seq, entry.sequence
+                ));
+                return;
+            }
+        }
+        if gone.is_empty() {
+            tracing::info!(
+                "the commit log is appended again with the events this process saw: no \
+                 position was given to another event"
+            );
+        }
+    }
+
+    /// Reports a rewind the commit lane found: the outbox stops.
+    pub(crate) fn report(&self, what: String) {
+        if let Ok(mut gone) = self.gone.lock() {
+            gone.clear();
+        }
+        self.rewind.report(what);
+    }
+
+    /// Whether a rewind was reported (by the commit lane or the insert lane).
+    pub(crate) fn reported(&self) -> bool {
+        self.rewind.is_reported()
+    }
+}
+
+/// How many positions above `head` up to `returned` (those a reader here returned) `held` does
+/// not cover. What the cache holds of a range is one run: it is contiguous.
+fn unchecked(head: u64, returned: u64, held: &[LogEntry]) -> u64 {
+    let covered = match (held.first(), held.last()) {
+        (Some(first), Some(last)) => {
+            let upto = last.commit_seq.min(returned);
+            (upto + 1).saturating_sub(first.commit_seq.max(head + 1))
+        }
+        _ => 0,
+    };
+    returned.saturating_sub(head).saturating_sub(covered)
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LogEntry, unchecked};
+
+    fn run(from: u64, through: u64) -> Vec<LogEntry> {
+        (from..=through)
+            .map(|commit_seq| LogEntry {
+                commit_seq,
+                sequence: commit_seq + 100,
+                group_last: true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn positions_returned_that_the_cache_does_not_hold_are_counted() {
+        // Returned 6..=10 after the head went back to 5.
+        assert_eq!(unchecked(5, 10, &run(6, 10)), 0);
+        assert_eq!(unchecked(5, 10, &run(8, 10)), 2, "6 and 7 were evicted");
+        assert_eq!(
+            unchecked(5, 10, &run(6, 12)),
+            0,
+            "held beyond what was returned"
+        );
+        assert_eq!(unchecked(5, 10, &[]), 5);
+        assert_eq!(unchecked(5, 8, &run(6, 12)), 0);
+        // Nothing returned above the head: nothing to check.
+        assert_eq!(unchecked(5, 4, &[]), 0);
+        assert_eq!(unchecked(5, 5, &run(6, 7)), 0);
+    }
+}
