@@ -120,9 +120,11 @@ where
                         ?wait,
                         "listener read failed transiently; retrying at the same position"
                     );
+                    // Stopped meanwhile: the source says how it ended (the rewind that stopped
+                    // the outbox, once), rather than the stream ending without a word.
                     tokio::select! {
                         biased;
-                        _ = stop.stopped() => break,
+                        _ = stop.stopped() => continue,
                         _ = tokio::time::sleep(wait) => {}
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -118,6 +118,10 @@ LEFT JOIN LATERAL (
 ) AS h ON TRUE
 "#;
 
+/// The server history (PostgreSQL timeline) the server writes on now; NULL on a standby.
+pub(crate) const SERVER_HISTORY: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() \
+     THEN NULL ELSE ordo.server_history() END";
+
 /// After the log went back below positions this process saw: what each of them holds now
 /// (`now`, NULL while not appended again) and whether the event this process saw there is
 /// still stored. `$1` the positions, `$2` the event sequences seen at them, `$3` and `$4` the

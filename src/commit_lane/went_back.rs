@@ -19,8 +19,10 @@
 //! ([`WentBack::check_reappended`]). A position appended again to another event, or whose
 //! event is gone, is a rewind: reported, and the outbox stops
 //! ([`Error::ServerRewound`](crate::Error::ServerRewound)). A position a reader here returned
-//! whose event the cache no longer holds cannot be checked, and is reported too: never a
-//! silent skip.
+//! whose event the cache no longer holds cannot be checked: the server's history decides
+//! ([`WentBack::check`]). On the history the process knew, it was a crash, whose lost appends
+//! are folded again from the same events; on a newer one (a promotion), it is reported as a
+//! rewind: never a silent skip.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +30,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use sqlx::PgPool;
 
-use super::sql::GONE_BACK;
+use super::sql::{GONE_BACK, SERVER_HISTORY};
 use super::{LogCache, LogEntry};
 use crate::error::Result;
 use crate::insert_lane::Rewind;
@@ -48,6 +50,31 @@ pub(crate) struct WentBack {
     timeline: AtomicU64,
     /// The highest position a commit-lane reader in this process has returned.
     read_through: AtomicU64,
+    /// Positions returned that the log went back below whose events the cache did not hold.
+    unchecked: Mutex<Option<Unchecked>>,
+}
+
+/// Positions (`from..=through`, `count` of them not in the cache) a reader here returned above
+/// a head the log went back to, on server history `timeline` as this process knew it then.
+#[derive(Clone, Copy)]
+struct Unchecked {
+    from: u64,
+    through: u64,
+    count: u64,
+    timeline: u64,
+}
+
+impl Unchecked {
+    /// What is reported when the server is on history `now`, newer than the one known.
+    fn rewind(&self, now: u64) -> String {
+        format!(
+            "the commit log went back below position {} on a newer server history (timeline \
+             {now}, a promoted standby), and this process returned positions up to {} without \
+             holding which events {} of them were (its log cache is smaller than the loss): it \
+             cannot check that they are not given to other events",
+            self.from, self.through, self.count
+        )
+    }
 }
 
 impl WentBack {
@@ -58,6 +85,7 @@ impl WentBack {
             warned_below: AtomicU64::new(0),
             timeline: AtomicU64::new(0),
             read_through: AtomicU64::new(0),
+            unchecked: Mutex::new(None),
         }
     }
 
@@ -90,13 +118,33 @@ impl WentBack {
                  began at or below a position this process saw; checking that those positions \
                  hold the same events"
             );
-            self.fell(history.first_position.saturating_sub(1), seen, log);
+            self.fell_from(
+                history.first_position.saturating_sub(1),
+                seen,
+                log,
+                known,
+                Some(timeline),
+            );
         }
         self.pending()
     }
 
     /// The log's head is `head`, below `seen`: remembers the events this process saw above it.
     pub(crate) fn fell(&self, head: u64, seen: u64, log: &RwLock<LogCache>) {
+        let timeline = self.timeline.load(Ordering::Relaxed);
+        self.fell_from(head, seen, log, timeline, None);
+    }
+
+    /// [`fell`](Self::fell), with `timeline` the server history this process knew before, and
+    /// `promoted` the newer history known to have given the positions again, if one is.
+    fn fell_from(
+        &self,
+        head: u64,
+        seen: u64,
+        log: &RwLock<LogCache>,
+        timeline: u64,
+        promoted: Option<u64>,
+    ) {
         let held = match log.read() {
             Ok(log) => log.between(head, seen),
             Err(_) => Vec::new(),
@@ -109,14 +157,19 @@ impl WentBack {
             }
         }
         if unknown > 0 {
-            self.report(format!(
-                "the commit log went back below position {}, and this process returned \
-                 positions up to {returned} to its readers without holding which events {unknown} \
-                 of them were (its log cache is smaller than the loss): it cannot check that they \
-                 are not given to other events",
-                head + 1
-            ));
-            return;
+            let unchecked = Unchecked {
+                from: head + 1,
+                through: returned,
+                count: unknown,
+                timeline,
+            };
+            if let Some(newer) = promoted {
+                self.report(unchecked.rewind(newer));
+                return;
+            }
+            if let Ok(mut slot) = self.unchecked.lock() {
+                *slot = Some(unchecked);
+            }
         }
         if self.warned_below.swap(seen, Ordering::Relaxed) == seen {
             return;
@@ -143,6 +196,50 @@ impl WentBack {
     /// Whether positions this process saw wait to be checked.
     pub(crate) fn pending(&self) -> bool {
         self.gone.lock().is_ok_and(|gone| !gone.is_empty())
+            || self.unchecked.lock().is_ok_and(|u| u.is_some())
+    }
+
+    /// Positions a reader here returned whose events the cache no longer held when the log
+    /// went back below them: the server's history decides. On the history this process knew,
+    /// the log went back because a crash lost the last (asynchronous) appends, and the fold
+    /// appends the same events again (a transaction's events are durable before the append
+    /// that logs them). On a newer one (a promoted standby), events may be gone, and which
+    /// ones this process returned cannot be told: reported as a rewind.
+    async fn check_unchecked(&self, pool: &PgPool) -> Result<()> {
+        let Some(unchecked) = self.unchecked.lock().ok().and_then(|u| *u) else {
+            return Ok(());
+        };
+        // NULL on a standby (no history of its own to tell): checked again at the next read.
+        let Some(now) = sqlx::query_scalar::<_, Option<i32>>(SERVER_HISTORY)
+            .fetch_one(pool)
+            .await?
+        else {
+            return Ok(());
+        };
+        if let Ok(mut u) = self.unchecked.lock() {
+            *u = None;
+        }
+        let Unchecked {
+            from,
+            through,
+            count,
+            timeline,
+        } = unchecked;
+        let now = u64::try_from(now).unwrap_or(0);
+        if now > timeline {
+            self.report(unchecked.rewind(now));
+        } else {
+            tracing::warn!(
+                from,
+                through,
+                count,
+                timeline = now,
+                "the commit log went back on the same server history (a crash that lost the last \
+                 appends): they are appended again from the same events; {count} of the positions \
+                 this process returned are no longer in its log cache to compare"
+            );
+        }
+        Ok(())
     }
 
     /// Checks the positions this process saw above a head the log went back to against the
@@ -152,6 +249,10 @@ impl WentBack {
     /// fold appends it again to the same position; [`check_reappended`](Self::check_reappended)
     /// and the next check see it).
     pub(crate) async fn check(&self, pool: &PgPool) -> Result<()> {
+        self.check_unchecked(pool).await?;
+        if self.reported() {
+            return Ok(());
+        }
         let (positions, seen): (Vec<i64>, Vec<i64>) = match self.gone.lock() {
             Ok(gone) => gone.iter().map(|(&p, &s)| (to_i64(p), to_i64(s))).unzip(),
             Err(_) => return Ok(()),
@@ -238,6 +339,9 @@ impl WentBack {
     pub(crate) fn report(&self, what: String) {
         if let Ok(mut gone) = self.gone.lock() {
             gone.clear();
+        }
+        if let Ok(mut unchecked) = self.unchecked.lock() {
+            *unchecked = None;
         }
         self.rewind.report(what);
     }

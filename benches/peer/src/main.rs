@@ -1,0 +1,654 @@
+//! ordo beside the peer library, obix 0.16 (public API only), in one binary and one sitting:
+//! the rows of issue 32, each with its baseline measured in the same run.
+//!
+//! ```sh
+//! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
+//! cd benches/peer && cargo run --release                 # both phases, 2 sittings (~3 min)
+//! cargo run --release -- --phases single --seconds 3 --sittings 3
+//! cargo run --release -- --phases lag --writers 8 --folders 1,3
+//! ```
+//!
+//! Each run gets a fresh database (`ordo_load_<random>`, dropped at the end) holding both
+//! schemas: ordo's (`ordo::migrate`) and obix's (its shipped migration, read from the obix
+//! crate's sources in cargo's registry). Every pool has 10 connections and sqlx's defaults;
+//! each library runs with its defaults (`OutboxConfig::default()`, `MailboxConfig::builder()`),
+//! but for the switch named. Within a sitting the variants run in order and then in reverse
+//! (A, B, C, C, B, A), so background load falls on both sides of a comparison.
+//!
+//! Phases:
+//! - `single`: one writer, one event per transaction. Variants `raw` (`pool.begin()`, an
+//!   `INSERT` into `ordo.events`, `commit()`), `ordo` (commit lane on), `ordo_off`
+//!   (`sequencer(false)`), `obix` (`CommitLane::Disabled`, its default) and `obix_commit`
+//!   (`CommitLane::Enabled`). First flat out for `--seconds`: transactions per second, as a
+//!   ratio of the nearest `raw` run, and each transaction's latency from before it begins to
+//!   its commit returning. Then paced at `--rate` with listeners in the writer's process, on the
+//!   insert lane and (where it runs) the commit lane, both from now: latency from just before
+//!   `commit()` is called (obix: `op.commit()`, which runs its insert hook) to the listener's
+//!   task holding the event. `raw` has no listener: its paced figure is from before its
+//!   `INSERT` to its `commit()` returning, the floor of either library.
+//! - `lag`: `--writers` writers (default 8) as fast as they go for `--seconds`, through one
+//!   outbox whose process also listens on the commit lane; latency from before `commit()` is
+//!   called to that listener. With `--folders` outboxes folding (default `1,3`): the extra ones
+//!   are other processes on pools of their own (ordo: `Outbox` with its sequencer; obix: an
+//!   `Outbox` with `CommitLane::Enabled`, which folds in every process that runs it). Variants
+//!   `ordo` and `obix_commit`.
+//!
+//! The first half second of every phase is warm-up and is not recorded. Options: `--phases
+//! single,lag`, `--seconds N` (3), `--sittings N` (2), `--rate N` (500), `--writers N` (8),
+//! `--folders 1,3`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{Stream, StreamExt};
+use hdrhistogram::Histogram;
+use obix::{CommitLane, MailboxConfig};
+use ordo::{OutboxConfig, Start};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::types::Json;
+use tokio::time::MissedTickBehavior;
+
+#[path = "../../../examples/support/order.rs"]
+mod order;
+#[path = "../../../examples/support/scratch.rs"]
+mod scratch;
+
+use order::{OrderPlaced, payload};
+use scratch::Scratch;
+
+const WARM_UP: Duration = Duration::from_millis(500);
+const POOL: u32 = 10;
+const PATIENCE: Duration = Duration::from_secs(30);
+const OBIX_VERSION: &str = "0.16.0";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Raw,
+    Ordo,
+    OrdoOff,
+    Obix,
+    ObixCommit,
+}
+
+impl Variant {
+    const ALL: [Variant; 5] = [
+        Variant::Raw,
+        Variant::Ordo,
+        Variant::OrdoOff,
+        Variant::Obix,
+        Variant::ObixCommit,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Raw => "raw",
+            Variant::Ordo => "ordo",
+            Variant::OrdoOff => "ordo_off",
+            Variant::Obix => "obix",
+            Variant::ObixCommit => "obix_commit",
+        }
+    }
+
+    fn commit_lane(self) -> bool {
+        matches!(self, Variant::Ordo | Variant::ObixCommit)
+    }
+}
+
+struct Settings {
+    phases: Vec<String>,
+    seconds: f64,
+    sittings: usize,
+    rate: u32,
+    writers: u32,
+    folders: Vec<u32>,
+}
+
+fn settings() -> Result<Settings> {
+    let mut s = Settings {
+        phases: vec!["single".into(), "lag".into()],
+        seconds: 3.0,
+        sittings: 2,
+        rate: 500,
+        writers: 8,
+        folders: vec![1, 3],
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--phases" => s.phases = value()?.split(',').map(str::to_owned).collect(),
+            "--seconds" => s.seconds = value()?.parse().context("--seconds")?,
+            "--sittings" => s.sittings = value()?.parse().context("--sittings")?,
+            "--rate" => s.rate = value()?.parse().context("--rate")?,
+            "--writers" => s.writers = value()?.parse().context("--writers")?,
+            "--folders" => {
+                s.folders = value()?
+                    .split(',')
+                    .map(|f| f.parse().context("--folders"))
+                    .collect::<Result<_>>()?;
+            }
+            other => bail!(
+                "unknown option {other:?} (--phases, --seconds, --sittings, --rate, --writers, --folders)"
+            ),
+        }
+    }
+    if let Some(phase) = s.phases.iter().find(|p| !["single", "lag"].contains(&p.as_str())) {
+        bail!("unknown phase {phase:?} (single, lag)");
+    }
+    if s.seconds.is_nan() || s.seconds <= 0.5 {
+        bail!("--seconds must exceed 0.5");
+    }
+    if s.sittings == 0 || s.rate == 0 || s.writers == 0 || s.folders.contains(&0) {
+        bail!("--sittings, --rate, --writers and each of --folders must be at least 1");
+    }
+    Ok(s)
+}
+
+fn histogram() -> Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1_000, 60_000_000_000, 3)?)
+}
+
+fn nanos(d: Duration) -> u64 {
+    (d.as_nanos() as u64).max(1_000)
+}
+
+fn ms(nanos: u64) -> f64 {
+    nanos as f64 / 1e6
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// obix's schema, from its sources in cargo's registry (where building this crate put them).
+fn obix_setup_sql() -> Result<String> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    let sources = home.join("registry").join("src");
+    let crate_dir = format!("obix-{OBIX_VERSION}");
+    for index in std::fs::read_dir(&sources)
+        .with_context(|| format!("reading {}", sources.display()))?
+    {
+        let migrations = index?.path().join(&crate_dir).join("migrations");
+        if let Ok(entries) = std::fs::read_dir(&migrations) {
+            for entry in entries {
+                let path = entry?.path();
+                if path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with("_obix_setup.sql"))
+                {
+                    return std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()));
+                }
+            }
+        }
+    }
+    bail!(
+        "obix {OBIX_VERSION}'s migration is not under {}: build this crate first (cargo build --release)",
+        sources.display()
+    )
+}
+
+/// A fresh database with both schemas, and the pools a run uses.
+struct Db {
+    scratch: Scratch,
+    obix_sql: Arc<String>,
+}
+
+impl Db {
+    async fn create(obix_sql: Arc<String>) -> Result<Self> {
+        let scratch = Scratch::create(&scratch::server_url()).await?;
+        let db = Self { scratch, obix_sql };
+        let pool = db.obix_pool(1).await?;
+        sqlx08::raw_sql(sqlx08::AssertSqlSafe(db.obix_sql.as_str()))
+            .execute(&pool)
+            .await
+            .context("obix's migration")?;
+        pool.close().await;
+        Ok(db)
+    }
+
+    async fn pool(&self, size: u32) -> Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(size)
+            .connect(self.scratch.url())
+            .await?)
+    }
+
+    async fn obix_pool(&self, size: u32) -> Result<sqlx08::PgPool> {
+        Ok(sqlx08::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .connect(self.scratch.url())
+            .await?)
+    }
+
+    async fn drop(self) -> Result<()> {
+        self.scratch.drop_db().await
+    }
+}
+
+type Peer = obix::out::Outbox<OrderPlaced>;
+
+/// One library's write path (and the process it runs in).
+enum Writer {
+    Raw(PgPool),
+    Ordo(ordo::Outbox<OrderPlaced>, PgPool),
+    Obix(Peer, sqlx08::PgPool),
+}
+
+impl Writer {
+    async fn start(variant: Variant, db: &Db) -> Result<Self> {
+        Ok(match variant {
+            Variant::Raw => Writer::Raw(db.pool(POOL).await?),
+            Variant::Ordo | Variant::OrdoOff => {
+                let pool = db.pool(POOL).await?;
+                let config = OutboxConfig::default().sequencer(variant == Variant::Ordo);
+                Writer::Ordo(ordo::Outbox::new(pool.clone(), config).await?, pool)
+            }
+            Variant::Obix | Variant::ObixCommit => {
+                let pool = db.obix_pool(POOL).await?;
+                let lane = if variant == Variant::ObixCommit {
+                    CommitLane::Enabled
+                } else {
+                    CommitLane::Disabled
+                };
+                let config = MailboxConfig::builder().commit_lane(lane).build();
+                let outbox = Peer::init(&pool, config)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("obix init: {e}"))?;
+                Writer::Obix(outbox, pool)
+            }
+        })
+    }
+
+    /// One transaction publishing order `n`; returns the instant just before its commit was
+    /// called (for raw, just before its `INSERT`).
+    async fn transaction(&self, n: u64) -> Result<Instant> {
+        match self {
+            Writer::Raw(pool) => {
+                let mut tx = pool.begin().await?;
+                let before = Instant::now();
+                sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
+                    .bind(Json(payload(n)))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(before)
+            }
+            Writer::Ordo(outbox, _) => {
+                let mut tx = outbox.begin().await?;
+                tx.publish(payload(n))?;
+                let before = Instant::now();
+                tx.commit().await?;
+                Ok(before)
+            }
+            Writer::Obix(outbox, _) => {
+                let mut op = outbox.begin_op().await?;
+                outbox.publish_persisted_in_op(&mut op, payload(n)).await?;
+                let before = Instant::now();
+                op.commit().await?;
+                Ok(before)
+            }
+        }
+    }
+
+    /// The numbers of the orders this process's listener gets on the insert lane (`commit`
+    /// false) or the commit lane, from now on.
+    fn listen(&self, commit: bool) -> Result<Option<Numbers>> {
+        Ok(match self {
+            Writer::Raw(_) => None,
+            Writer::Ordo(outbox, _) if commit => Some(
+                outbox
+                    .listen_committed(Start::Now)
+                    .map(|e| e.map(|e| e.event.payload.number()).map_err(Into::into))
+                    .boxed(),
+            ),
+            Writer::Ordo(outbox, _) => Some(
+                outbox
+                    .listen_inserted(Start::Now)
+                    .map(|e| e.map(|e| e.payload.number()).map_err(Into::into))
+                    .boxed(),
+            ),
+            Writer::Obix(outbox, _) if commit => Some(
+                outbox
+                    .listen_commit_ordered(None)
+                    .map_err(|e| anyhow::anyhow!("obix commit lane: {e}"))?
+                    .map(obix_number)
+                    .boxed(),
+            ),
+            Writer::Obix(outbox, _) => Some(outbox.listen_persisted(None).map(obix_number).boxed()),
+        })
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Writer::Raw(pool) => pool.close().await,
+            Writer::Ordo(outbox, pool) => {
+                outbox.shutdown().await;
+                pool.close().await;
+            }
+            Writer::Obix(outbox, pool) => {
+                drop(outbox);
+                pool.close().await;
+            }
+        }
+    }
+}
+
+type Numbers = futures::stream::BoxStream<'static, Result<u64>>;
+
+fn obix_number<L: obix::out::Lane, E: std::fmt::Debug>(
+    item: Result<obix::out::EventDelivery<OrderPlaced, L>, E>,
+) -> Result<u64> {
+    let delivery = item.map_err(|e| anyhow::anyhow!("obix: {e:?}"))?;
+    delivery
+        .payload
+        .as_ref()
+        .map(OrderPlaced::number)
+        .context("an obix event without a payload")
+}
+
+/// When something happened to each order, by number.
+type Times = Arc<Mutex<HashMap<u64, Instant>>>;
+
+/// Notes when each order numbered at or above `first` reaches the listener, until `total` have
+/// (or `stop`); `heard` counts them as they come.
+fn listener(
+    mut numbers: Numbers,
+    first: u64,
+    total: Option<u64>,
+    heard: Arc<AtomicU64>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<HashMap<u64, Instant>>> {
+    tokio::spawn(async move {
+        let mut seen = HashMap::new();
+        loop {
+            let number = tokio::select! {
+                number = numbers.next() => number,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            let Some(number) = number else { break };
+            let number = number?;
+            let at = Instant::now();
+            if number < first {
+                continue;
+            }
+            seen.insert(number, at);
+            let count = heard.fetch_add(1, Ordering::Relaxed) + 1;
+            if total.is_some_and(|total| count >= total) {
+                break;
+            }
+        }
+        Ok(seen)
+    })
+}
+
+/// Each recorded start's latency to when the listener had it.
+fn latencies(starts: &HashMap<u64, Instant>, seen: &HashMap<u64, Instant>) -> Result<Histogram<u64>> {
+    let mut h = histogram()?;
+    for (number, start) in starts {
+        let at = seen
+            .get(number)
+            .with_context(|| format!("order {number} never reached the listener"))?;
+        h.record(nanos(at.saturating_duration_since(*start)))?;
+    }
+    Ok(h)
+}
+
+struct Single {
+    variant: Variant,
+    tps: f64,
+    tx: Histogram<u64>,
+    inserted: Histogram<u64>,
+    committed: Option<Histogram<u64>>,
+}
+
+async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -> Result<Single> {
+    let db = Db::create(Arc::clone(obix_sql)).await?;
+    let writer = Writer::start(variant, &db).await?;
+    // Flat out.
+    let mut n = 0u64;
+    let warm = Instant::now() + WARM_UP;
+    while Instant::now() < warm {
+        writer.transaction(n).await?;
+        n += 1;
+    }
+    let mut tx = histogram()?;
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(settings.seconds);
+    let mut count = 0u64;
+    while Instant::now() < until {
+        let t = Instant::now();
+        writer.transaction(n).await?;
+        tx.record(nanos(t.elapsed()))?;
+        n += 1;
+        count += 1;
+    }
+    let tps = count as f64 / started.elapsed().as_secs_f64();
+    // Paced, with listeners in this process.
+    let first = 1 << 40;
+    let total = (f64::from(settings.rate) * settings.seconds) as u64;
+    let warm = (f64::from(settings.rate) * WARM_UP.as_secs_f64()) as u64;
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for commit in [false, true] {
+        if commit && !variant.commit_lane() {
+            continue;
+        }
+        if let Some(numbers) = writer.listen(commit)? {
+            let heard = Arc::new(AtomicU64::new(0));
+            tasks.push(listener(numbers, first, Some(total), heard, stopped.clone()));
+        }
+    }
+    // Let the streams start before the clock does.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(settings.rate)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut floor = histogram()?;
+    let mut starts = HashMap::new();
+    for i in 0..total {
+        tick.tick().await;
+        let before = writer.transaction(first + i).await?;
+        if i >= warm {
+            starts.insert(first + i, before);
+            floor.record(nanos(before.elapsed()))?;
+        }
+    }
+    let mut heard = Vec::new();
+    for task in tasks {
+        let seen = tokio::time::timeout(PATIENCE, task)
+            .await
+            .context("a listener did not receive every event in time")???;
+        heard.push(latencies(&starts, &seen)?);
+    }
+    writer.shutdown().await;
+    db.drop().await?;
+    let mut heard = heard.into_iter();
+    Ok(Single {
+        variant,
+        tps,
+        tx,
+        inserted: heard.next().unwrap_or(floor),
+        committed: heard.next(),
+    })
+}
+
+fn lane(h: &Histogram<u64>) -> String {
+    format!(
+        "p50 {:.3} p99 {:.3} max {:.3}",
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max())
+    )
+}
+
+fn print_single(run: &Single, raw: Option<&Single>) {
+    let ratio = raw.map_or(String::from("-"), |raw| format!("{:.2}x", run.tps / raw.tps));
+    let over = raw.map_or(String::from("-"), |raw| {
+        format!(
+            "{:+.0}",
+            (run.tx.value_at_quantile(0.5) as f64 - raw.tx.value_at_quantile(0.5) as f64) / 1e3
+        )
+    });
+    let what = if run.variant == Variant::Raw {
+        "INSERT+COMMIT"
+    } else {
+        "insert lane"
+    };
+    println!(
+        "  {:<11} {:>6.0} tx/s {:>6} of raw | tx p50 {:.3} ms ({} us over raw) p99 {:.3} | paced: {what} {}{}",
+        run.variant.name(),
+        run.tps,
+        ratio,
+        ms(run.tx.value_at_quantile(0.5)),
+        over,
+        ms(run.tx.value_at_quantile(0.99)),
+        lane(&run.inserted),
+        run.committed
+            .as_ref()
+            .map_or(String::new(), |h| format!(" | commit lane {}", lane(h))),
+    );
+}
+
+async fn single_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> {
+    let mut order = Variant::ALL.to_vec();
+    let mut back = order.clone();
+    back.reverse();
+    order.extend(back);
+    let mut runs = Vec::new();
+    for variant in order {
+        runs.push(single(variant, settings, obix_sql).await?);
+    }
+    // Each half beside its own raw run.
+    let half = runs.len() / 2;
+    for part in [&runs[..half], &runs[half..]] {
+        let raw = part.iter().find(|r| r.variant == Variant::Raw);
+        for run in part {
+            print_single(run, raw.filter(|_| run.variant != Variant::Raw));
+        }
+    }
+    Ok(())
+}
+
+/// `writers` writers flat out through one outbox, `folders` outboxes folding in all; the
+/// commit-lane latency a listener in the writers' process sees.
+async fn lag(
+    variant: Variant,
+    writers: u32,
+    folders: u32,
+    settings: &Settings,
+    obix_sql: &Arc<String>,
+) -> Result<(f64, Histogram<u64>)> {
+    let db = Db::create(Arc::clone(obix_sql)).await?;
+    let writer = Arc::new(Writer::start(variant, &db).await?);
+    let mut others = Vec::new();
+    for _ in 1..folders {
+        others.push(Writer::start(variant, &db).await?);
+    }
+    let starts: Times = Arc::default();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let numbers = writer.listen(true)?.context("no commit lane")?;
+    let heard = Arc::new(AtomicU64::new(0));
+    let listening = listener(numbers, 0, None, Arc::clone(&heard), stop);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let warm = Instant::now() + WARM_UP;
+    let until = warm + Duration::from_secs_f64(settings.seconds);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let writer = Arc::clone(&writer);
+        let starts = Arc::clone(&starts);
+        tasks.push(tokio::spawn(async move {
+            let mut all = 0u64;
+            while Instant::now() < until {
+                let number = (u64::from(w) << 32) + all;
+                let recorded = Instant::now() >= warm;
+                let before = writer.transaction(number).await?;
+                if recorded && let Ok(mut starts) = starts.lock() {
+                    starts.insert(number, before);
+                }
+                all += 1;
+            }
+            anyhow::Ok(all)
+        }));
+    }
+    let mut all = 0;
+    for task in tasks {
+        all += task.await??;
+    }
+    let starts = std::mem::take(&mut *starts.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    let tps = starts.len() as f64 / settings.seconds;
+    let deadline = Instant::now() + PATIENCE;
+    while heard.load(Ordering::Relaxed) < all {
+        if Instant::now() > deadline {
+            bail!(
+                "the commit-lane listener heard {} of {all} events within {PATIENCE:?}",
+                heard.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(true);
+    let seen = listening.await??;
+    let latencies = latencies(&starts, &seen)?;
+    if let Ok(writer) = Arc::try_unwrap(writer) {
+        writer.shutdown().await;
+    }
+    for other in others {
+        other.shutdown().await;
+    }
+    db.drop().await?;
+    Ok((tps, latencies))
+}
+
+async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> {
+    for &folders in &settings.folders {
+        for variant in [
+            Variant::Ordo,
+            Variant::ObixCommit,
+            Variant::ObixCommit,
+            Variant::Ordo,
+        ] {
+            let (tps, latencies) = lag(variant, settings.writers, folders, settings, obix_sql).await?;
+            println!(
+                "  {:<11} {} writers, {folders} folding: {:>6.0} tx/s | commit lane {}",
+                variant.name(),
+                settings.writers,
+                tps,
+                lane(&latencies)
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let settings = settings()?;
+    let obix_sql = Arc::new(obix_setup_sql()?);
+    println!(
+        "ordo beside obix {OBIX_VERSION}: {} s per phase, paced at {} tx/s, {} sittings",
+        settings.seconds, settings.rate, settings.sittings
+    );
+    for sitting in 1..=settings.sittings {
+        if settings.phases.iter().any(|p| p == "single") {
+            println!("sitting {sitting}, one writer (load {} at its start):", load());
+            single_sitting(&settings, &obix_sql).await?;
+        }
+        if settings.phases.iter().any(|p| p == "lag") {
+            println!("sitting {sitting}, commit-lane lag (load {} at its start):", load());
+            lag_sitting(&settings, &obix_sql).await?;
+        }
+        println!("  (load {} at its end)", load());
+    }
+    Ok(())
+}
