@@ -1022,3 +1022,47 @@ async fn a_promoted_history_that_appended_the_same_events_again_stops_nothing() 
     assert!(follower.begin().await.is_ok(), "the follower goes on");
     quiesce_and_check(&db.pool).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_resuming_below_the_head_reads_the_stored_head_before_its_caches() {
+    let db = TestDb::new().await;
+    let folder = outbox_on(&db.pool, OutboxConfig::default()).await;
+    // A process that does not fold and reads the head only when its insert lane moves (its
+    // idle resync a minute away): nothing in it reads the log's head unprompted.
+    let quiet = OutboxConfig::default()
+        .sequencer(false)
+        .resync_interval(Duration::from_secs(60));
+    let follower = outbox_on(&db.pool, quiet).await;
+    let mut followed = follower.listen_committed(Start::Beginning);
+    for n in 0..10u32 {
+        commit_one(&folder, Note { writer: 1, n }).await;
+    }
+    let mut seen = 0u64;
+    while seen < 10 {
+        seen = next_event(&mut followed).await.commit_sequence.get();
+    }
+    folder.shutdown().await;
+    // The last appends and their events lost, as a failover to a standby that lacked them
+    // leaves them; the follower's caches still hold them.
+    let (from, _) = lose_the_last_append(&db.pool, true).await;
+    // What a relay or a subscription does after a claim: read on from its stored position,
+    // below the head this process knows. It must not be handed the lost events from the
+    // caches as the positions' events.
+    let stored = CommitSequence::new(u64::try_from(from - 1).expect("a position"));
+    let mut resumed = follower.listen_committed(Start::After(stored));
+    let first = timeout(PATIENCE, resumed.next())
+        .await
+        .expect("in time")
+        .expect("open");
+    match first {
+        Err(ordo::Error::ServerRewound { what }) => assert!(
+            what.contains(&format!("position {from}")),
+            "names the position: {what}"
+        ),
+        Err(other) => panic!("another error: {other}"),
+        Ok(item) => panic!(
+            "a lost event was served from the caches at position {}",
+            item.commit_sequence
+        ),
+    }
+}

@@ -805,6 +805,25 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         rows.len(),
         promoted_ids.difference(&have).count()
     );
+    if !all_new {
+        // What the relay and the inbox hold, for whoever reads the failure.
+        let relay: Vec<(i64, Option<String>, String, Option<String>)> = sqlx::query_as(
+            "SELECT position, lease_owner::text, status, last_error FROM ordo.subscriptions",
+        )
+        .fetch_all(&promoted)
+        .await
+        .unwrap_or_default();
+        let histories: Vec<(i32, i64)> =
+            sqlx::query_as("SELECT history, from_commit_seq FROM ordo.commit_histories")
+                .fetch_all(&promoted)
+                .await
+                .unwrap_or_default();
+        let marks = ordo::inbox::list_watermarks(&receiving, Some("fo-downstream"))
+            .await
+            .map(|m| ordo::admin::watermarks_table(&m))
+            .unwrap_or_default();
+        eprintln!("loss: rows {relay:?}; histories {histories:?}; downstream marks:\n{marks}");
+    }
     assert!(all_new, "downstream dropped events of the promoted server");
     assert_eq!(have.len(), rows.len(), "downstream handled an event twice");
     // The rewind, reported: from where the promoted server's history began to the mark.

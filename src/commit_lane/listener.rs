@@ -38,6 +38,10 @@ pub type CommitStream<P> = BoxStream<'static, Result<CommitOrderedEnvelope<P>, E
 
 const LOG_BATCH: usize = 512;
 
+/// How long a reader waits between checks while positions the log went back below are
+/// neither settled nor found given to other events (the fold appends them again).
+const GONE_BACK_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub(crate) struct CommitReader<P> {
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
@@ -50,6 +54,8 @@ pub(crate) struct CommitReader<P> {
     limit: usize,
     /// Whether it has ended with the outbox's rewind error (once; then `None`).
     told_rewind: bool,
+    /// See [`check_head`](Self::check_head): done once, before the first read.
+    head_checked: bool,
 }
 
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
@@ -93,6 +99,7 @@ where
             floor_checked: false,
             limit: usize::MAX,
             told_rewind: false,
+            head_checked: false,
         }
     }
 
@@ -115,6 +122,28 @@ where
                     return Some(Err(error));
                 }
                 self.floor_checked = true;
+            }
+            if !self.head_checked {
+                if let Err(error) = self.check_head().await {
+                    return Some(Err(error));
+                }
+                self.head_checked = true;
+            }
+            if self.commit.went_back.pending() {
+                // The log went back below positions this process saw: nothing is served
+                // until they are checked (the rewind ends this reader above), or appended
+                // again to the same events.
+                if let Err(error) = self.commit.went_back.check(&self.lane.pool).await {
+                    return Some(Err(error));
+                }
+                if self.commit.went_back.pending() {
+                    tokio::select! {
+                        biased;
+                        _ = self.stop.stopped() => return self.ended(),
+                        _ = tokio::time::sleep(GONE_BACK_PAUSE) => {}
+                    }
+                }
+                continue;
             }
             let head = *self.head.borrow_and_update();
             if self.next <= head {
@@ -139,6 +168,23 @@ where
                 changed = self.head.changed() => if changed.is_err() { return None },
             }
         }
+    }
+
+    /// A reader that starts behind the head this process knows (a subscription or a relay
+    /// resuming from its stored position, after a claim) reads the stored head first. After a
+    /// failover the process's caches still hold the positions it saw on the old server, and
+    /// the stored position (the promoted server's) may lie below them: reading them from the
+    /// caches before anything in the process read the lower head would hand on the old
+    /// server's events, lost or not, as the positions' (a relay would send them again, with
+    /// the new server's history). Reading the head first makes the process check them
+    /// ([`went_back`](super::went_back)) before anything is served.
+    async fn check_head(&self) -> Result<()> {
+        if self.next > self.commit.head() {
+            return Ok(());
+        }
+        let stored = super::read_head(&self.lane.pool).await?;
+        self.commit.publish_head(stored.get());
+        Ok(())
     }
 
     /// The end of a stopped outbox's reader: the rewind error once if that stopped it, then

@@ -174,7 +174,7 @@ impl WentBack {
         if self.warned_below.swap(seen, Ordering::Relaxed) == seen {
             return;
         }
-        if held.is_empty() {
+        if held.is_empty() && unknown == 0 {
             tracing::info!(
                 head,
                 seen,
