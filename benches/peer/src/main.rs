@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use hdrhistogram::Histogram;
 use obix::{CommitLane, MailboxConfig};
 use ordo::{OutboxConfig, Start};
@@ -136,7 +136,11 @@ fn settings() -> Result<Settings> {
             ),
         }
     }
-    if let Some(phase) = s.phases.iter().find(|p| !["single", "lag"].contains(&p.as_str())) {
+    if let Some(phase) = s
+        .phases
+        .iter()
+        .find(|p| !["single", "lag"].contains(&p.as_str()))
+    {
         bail!("unknown phase {phase:?} (single, lag)");
     }
     if s.seconds.is_nan() || s.seconds <= 0.5 {
@@ -175,8 +179,8 @@ fn obix_setup_sql() -> Result<String> {
         .context("neither CARGO_HOME nor HOME is set")?;
     let sources = home.join("registry").join("src");
     let crate_dir = format!("obix-{OBIX_VERSION}");
-    for index in std::fs::read_dir(&sources)
-        .with_context(|| format!("reading {}", sources.display()))?
+    for index in
+        std::fs::read_dir(&sources).with_context(|| format!("reading {}", sources.display()))?
     {
         let migrations = index?.path().join(&crate_dir).join("migrations");
         if let Ok(entries) = std::fs::read_dir(&migrations) {
@@ -210,7 +214,7 @@ impl Db {
         let scratch = Scratch::create(&scratch::server_url()).await?;
         let db = Self { scratch, obix_sql };
         let pool = db.obix_pool(1).await?;
-        sqlx08::raw_sql(sqlx08::AssertSqlSafe(db.obix_sql.as_str()))
+        sqlx08::raw_sql(db.obix_sql.as_str())
             .execute(&pool)
             .await
             .context("obix's migration")?;
@@ -394,7 +398,10 @@ fn listener(
 }
 
 /// Each recorded start's latency to when the listener had it.
-fn latencies(starts: &HashMap<u64, Instant>, seen: &HashMap<u64, Instant>) -> Result<Histogram<u64>> {
+fn latencies(
+    starts: &HashMap<u64, Instant>,
+    seen: &HashMap<u64, Instant>,
+) -> Result<Histogram<u64>> {
     let mut h = histogram()?;
     for (number, start) in starts {
         let at = seen
@@ -447,7 +454,13 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
         }
         if let Some(numbers) = writer.listen(commit)? {
             let heard = Arc::new(AtomicU64::new(0));
-            tasks.push(listener(numbers, first, Some(total), heard, stopped.clone()));
+            tasks.push(listener(
+                numbers,
+                first,
+                Some(total),
+                heard,
+                stopped.clone(),
+            ));
         }
     }
     // Let the streams start before the clock does.
@@ -493,7 +506,9 @@ fn lane(h: &Histogram<u64>) -> String {
 }
 
 fn print_single(run: &Single, raw: Option<&Single>) {
-    let ratio = raw.map_or(String::from("-"), |raw| format!("{:.2}x", run.tps / raw.tps));
+    let ratio = raw.map_or(String::from("-"), |raw| {
+        format!("{:.2}x", run.tps / raw.tps)
+    });
     let over = raw.map_or(String::from("-"), |raw| {
         format!(
             "{:+.0}",
@@ -618,7 +633,8 @@ async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> 
             Variant::ObixCommit,
             Variant::Ordo,
         ] {
-            let (tps, latencies) = lag(variant, settings.writers, folders, settings, obix_sql).await?;
+            let (tps, latencies) =
+                lag(variant, settings.writers, folders, settings, obix_sql).await?;
             println!(
                 "  {:<11} {} writers, {folders} folding: {:>6.0} tx/s | commit lane {}",
                 variant.name(),
@@ -641,11 +657,17 @@ async fn main() -> Result<()> {
     );
     for sitting in 1..=settings.sittings {
         if settings.phases.iter().any(|p| p == "single") {
-            println!("sitting {sitting}, one writer (load {} at its start):", load());
+            println!(
+                "sitting {sitting}, one writer (load {} at its start):",
+                load()
+            );
             single_sitting(&settings, &obix_sql).await?;
         }
         if settings.phases.iter().any(|p| p == "lag") {
-            println!("sitting {sitting}, commit-lane lag (load {} at its start):", load());
+            println!(
+                "sitting {sitting}, commit-lane lag (load {} at its start):",
+                load()
+            );
             lag_sitting(&settings, &obix_sql).await?;
         }
         println!("  (load {} at its end)", load());
