@@ -51,11 +51,14 @@ use sqlx::types::Json;
 use tokio::sync::Mutex;
 use tokio::time::MissedTickBehavior;
 
+#[path = "support/measure.rs"]
+mod measure;
 #[path = "support/order.rs"]
 mod order;
 #[path = "support/scratch.rs"]
 mod scratch;
 
+use measure::{histogram, load, ms, nanos, quantiles};
 use order::{OrderPlaced, payload};
 use scratch::Scratch;
 
@@ -168,18 +171,6 @@ fn settings() -> Result<Settings> {
         bail!("--seconds must exceed 0.5, --sittings, --rate and --variants must be non-empty");
     }
     Ok(s)
-}
-
-fn histogram() -> Result<Histogram<u64>> {
-    Ok(Histogram::new_with_bounds(1_000, 60_000_000_000, 3)?)
-}
-
-fn nanos(d: Duration) -> u64 {
-    (d.as_nanos() as u64).max(1_000)
-}
-
-fn ms(nanos: u64) -> f64 {
-    nanos as f64 / 1e6
 }
 
 /// CPU jiffies: this process's (user + system) and the machine's busy total.
@@ -467,13 +458,6 @@ async fn run(variant: Variant, settings: &Settings) -> Result<Run> {
     })
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
-
 fn print(run: &Run, raw: Option<&Run>) {
     let ratio = raw.map_or(String::from("-"), |raw| {
         format!("{:.2}x", run.tps / raw.tps)
@@ -484,14 +468,7 @@ fn print(run: &Run, raw: Option<&Run>) {
             (run.tx.value_at_quantile(0.5) as f64 - raw.tx.value_at_quantile(0.5) as f64) / 1e3
         )
     });
-    let lane = |h: &Histogram<u64>| {
-        format!(
-            "p50 {:.3} p99 {:.3} max {:.3}",
-            ms(h.value_at_quantile(0.5)),
-            ms(h.value_at_quantile(0.99)),
-            ms(h.max())
-        )
-    };
+    let lane = quantiles;
     println!(
         "  {:<7} {:>7.0} tx/s {:>6} of raw | tx p50 {:.3} ms ({} us over raw) p99 {:.3} | cpu/tx own {:>4.0} us machine {:>4.0} us | server commits/tx {:.2} | paced: insert lane {}{}",
         run.variant.name(),

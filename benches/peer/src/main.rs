@@ -52,11 +52,14 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Json;
 use tokio::time::MissedTickBehavior;
 
+#[path = "../../../examples/support/measure.rs"]
+mod measure;
 #[path = "../../../examples/support/order.rs"]
 mod order;
 #[path = "../../../examples/support/scratch.rs"]
 mod scratch;
 
+use measure::{histogram, load, ms, nanos, quantiles};
 use order::{OrderPlaced, payload};
 use scratch::Scratch;
 
@@ -150,25 +153,6 @@ fn settings() -> Result<Settings> {
         bail!("--sittings, --rate, --writers and each of --folders must be at least 1");
     }
     Ok(s)
-}
-
-fn histogram() -> Result<Histogram<u64>> {
-    Ok(Histogram::new_with_bounds(1_000, 60_000_000_000, 3)?)
-}
-
-fn nanos(d: Duration) -> u64 {
-    (d.as_nanos() as u64).max(1_000)
-}
-
-fn ms(nanos: u64) -> f64 {
-    nanos as f64 / 1e6
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
 }
 
 /// obix's schema, from its sources in cargo's registry (where building this crate put them).
@@ -496,15 +480,6 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
     })
 }
 
-fn lane(h: &Histogram<u64>) -> String {
-    format!(
-        "p50 {:.3} p99 {:.3} max {:.3}",
-        ms(h.value_at_quantile(0.5)),
-        ms(h.value_at_quantile(0.99)),
-        ms(h.max())
-    )
-}
-
 fn print_single(run: &Single, raw: Option<&Single>) {
     let ratio = raw.map_or(String::from("-"), |raw| {
         format!("{:.2}x", run.tps / raw.tps)
@@ -528,10 +503,11 @@ fn print_single(run: &Single, raw: Option<&Single>) {
         ms(run.tx.value_at_quantile(0.5)),
         over,
         ms(run.tx.value_at_quantile(0.99)),
-        lane(&run.inserted),
-        run.committed
-            .as_ref()
-            .map_or(String::new(), |h| format!(" | commit lane {}", lane(h))),
+        quantiles(&run.inserted),
+        run.committed.as_ref().map_or(String::new(), |h| format!(
+            " | commit lane {}",
+            quantiles(h)
+        )),
     );
 }
 
@@ -640,7 +616,7 @@ async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> 
                 variant.name(),
                 settings.writers,
                 tps,
-                lane(&latencies)
+                quantiles(&latencies)
             );
         }
     }
