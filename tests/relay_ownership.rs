@@ -284,6 +284,7 @@ fn assert_one_owner_at_a_time(records: &[Record]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_outlives_its_owners_lease_when_renewals_fail() {
+    const EVENTS: u32 = 200;
     let db = TestDb::new().await;
     let mut receiver = Receiver::start().await;
     let proxy = Proxy::start(&db.url).await;
@@ -299,8 +300,10 @@ async fn a_batch_never_outlives_its_owners_lease_when_renewals_fail() {
     let new = Outbox::<Parcel>::new(db.another_pool(6).await, OutboxConfig::default())
         .await
         .expect("the new owner's outbox");
-    // Published by the old owner's process, so that its lanes hold them at once.
-    publish(&old, parcels(0, 40)).await;
+    // Published by the old owner's process, so that its lanes hold them at once. Many more
+    // than the 20 waited for below: the hold that follows needs a request still to come (a
+    // fast sink finished 40 within one look at the records once).
+    publish(&old, parcels(0, EVENTS)).await;
     let old_relay = old
         .relay(config(), sink(&receiver, "a"), one_key)
         .await
@@ -339,7 +342,7 @@ async fn a_batch_never_outlives_its_owners_lease_when_renewals_fail() {
         .relay(config(), sink(&receiver, "b"), one_key)
         .await
         .expect("the new owner");
-    relayed(&new_relay, &db.pool, 40).await;
+    relayed(&new_relay, &db.pool, u64::from(EVENTS)).await;
     receiver.release();
     receiver.hold(false);
     let records = receiver.records();
