@@ -15,7 +15,8 @@ pub(super) const REST_MAX: Duration = Duration::from_millis(4);
 /// Only an append of at least this many groups rests after it: a single transaction at a time
 /// (one writer at 500 tx/s) is appended as it comes, a stream of several is coalesced.
 pub(super) const REST_FROM_GROUPS: usize = 2;
-/// Under a stream of commits, appends start at most this often. An append costs about half a
+/// Under a stream of commits, appends start at most this often (the longest spacing; a faster
+/// stream gets a shorter one, see [`STREAM_GROUPS`]). An append costs about half a
 /// millisecond of server time whatever its size (a plan of CTEs, the state row, a chunk row),
 /// and appends that followed each other as fast as the rest allowed kept the sequencer's
 /// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
@@ -28,6 +29,17 @@ pub(super) const REST_FROM_GROUPS: usize = 2;
 /// spacing put 2 ms on its p99 with three processes (`docs/performance-history.md`,
 /// session 9).
 pub(super) const STREAM_SPACING: Duration = Duration::from_millis(5);
+/// Under a stream the spacing is what gathers about this many groups into one append at the
+/// rate the last append's groups came, between [`SPACING_MIN`] and [`STREAM_SPACING`]: one
+/// writer back to back (2,000 to 3,000 transactions a second) keeps the full spacing, whose
+/// appends it needs to keep up with raw `INSERT`s, while eight writers (6,000 and more) fill an
+/// append in a third of the time, and their commit lane waits that much less for it. With
+/// the full spacing under eight writers the commit lane's p99 lag was 8 to 10 ms against the
+/// peer's 5 to 6 ms; with 2 ms for every stream, one writer fell to 0.71x of raw
+/// (`docs/performance-history.md`, session 24).
+pub(super) const STREAM_GROUPS: u32 = 16;
+/// The shortest spacing under a stream (see [`STREAM_GROUPS`]).
+pub(super) const SPACING_MIN: Duration = Duration::from_millis(2);
 /// A stream is [`STREAM_APPENDS`] appends in a row each of at least this many groups, or
 /// [`STREAM_PRESSED_APPENDS`] each of whose groups came before the last one's rest was over (as
 /// long as it took, up to [`REST_MAX`]: the sequencer's backend kept busy more than half the
@@ -53,6 +65,9 @@ pub(super) struct Cadence {
     pub(super) streak: u32,
     /// Peers fold too: no spacing (see [`STREAM_SPACING`]).
     pub(super) peers: bool,
+    /// The spacing under a stream, following the rate groups come at (see [`STREAM_GROUPS`]);
+    /// `None` until an append has one before it.
+    spacing: Option<Duration>,
     /// When the last append started and ended.
     last: Option<(Instant, Instant)>,
     /// When the next append's first group was met.
@@ -67,8 +82,10 @@ impl Cadence {
 
     /// When the append after one that started at `started`, ended at `ended` and took `groups`
     /// groups may start: `interval` after the last one started; under a stream of commits, with
-    /// no peer folding, no sooner than [`STREAM_SPACING`] after it started; and after an append
-    /// of several groups no sooner than it took (up to [`REST_MAX`]) after it ended.
+    /// no peer folding, no sooner than the stream's spacing after it started (what gathers
+    /// [`STREAM_GROUPS`], from [`SPACING_MIN`] to [`STREAM_SPACING`]); and after an append of
+    /// several groups no sooner than it took (up to [`REST_MAX`], under a stream up to the
+    /// spacing) after it ended.
     pub(super) fn next_due(
         &mut self,
         started: Instant,
@@ -82,6 +99,24 @@ impl Cadence {
         let pressed = self
             .last
             .is_some_and(|(before, after)| met < after + (after - before).min(REST_MAX));
+        if let Some((before, _)) = self.last {
+            // The groups of this append came since the last one started: the spacing that
+            // would gather STREAM_GROUPS at that rate. It rises at once (fewer appends when
+            // the commits thin out) and falls halfway (one full append is not yet a rate).
+            let came_in = started.saturating_duration_since(before);
+            let wanted = match u32::try_from(groups) {
+                Ok(groups) if groups > 0 => came_in.saturating_mul(STREAM_GROUPS) / groups,
+                _ => STREAM_SPACING,
+            }
+            .min(STREAM_SPACING);
+            let last = self.spacing.unwrap_or(STREAM_SPACING);
+            let spacing = if wanted >= last {
+                wanted
+            } else {
+                (last + wanted) / 2
+            };
+            self.spacing = Some(spacing.max(SPACING_MIN));
+        }
         self.last = Some((started, ended));
         self.streak = if groups >= STREAM_FROM_GROUPS {
             self.streak.saturating_add(MANY_GROUPS_COUNT)
@@ -90,13 +125,22 @@ impl Cadence {
         } else {
             0
         };
-        let spacing = if self.streak >= STREAM_PRESSED_APPENDS && !self.peers {
-            interval.max(STREAM_SPACING)
+        let stream = self.streak >= STREAM_PRESSED_APPENDS && !self.peers;
+        let stream_spacing = self.spacing.unwrap_or(STREAM_SPACING);
+        let spacing = if stream {
+            interval.max(stream_spacing)
         } else {
             interval
         };
+        // Under a stream the rest is no longer than the spacing: an append every spacing,
+        // the backend still appending at most about half the time.
+        let rest_max = if stream {
+            REST_MAX.min(stream_spacing)
+        } else {
+            REST_MAX
+        };
         let rest = if groups >= REST_FROM_GROUPS {
-            ended.saturating_duration_since(started).min(REST_MAX)
+            ended.saturating_duration_since(started).min(rest_max)
         } else {
             Duration::ZERO
         };
@@ -139,22 +183,33 @@ mod tests {
     #[test]
     fn a_backlog_is_not_a_stream_but_appends_of_many_groups_in_a_row_are() {
         let mut cadence = Cadence::default();
-        let started = Instant::now();
-        let ended = started + MS;
-        let rested = ended + MS;
+        // Ten groups an append, one append every 5 ms: 2,000 groups a second, the rate of one
+        // writer back to back, which keeps the full spacing.
+        let groups = 10;
+        let mut started = Instant::now();
         for _ in 1..STREAM_APPENDS {
-            assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), rested);
+            let ended = started + MS;
+            assert_eq!(
+                cadence.next_due(started, ended, groups, Duration::ZERO),
+                ended + MS
+            );
+            started += STREAM_SPACING;
         }
         let spaced = started + STREAM_SPACING;
-        assert_eq!(cadence.next_due(started, ended, 50, Duration::ZERO), spaced);
         assert_eq!(
-            cadence.next_due(started, ended, STREAM_FROM_GROUPS, Duration::ZERO),
+            cadence.next_due(started, started + MS, groups, Duration::ZERO),
             spaced
         );
+        started += STREAM_SPACING;
+        assert_eq!(
+            cadence.next_due(started, started + MS, STREAM_FROM_GROUPS, Duration::ZERO),
+            started + STREAM_SPACING
+        );
         // A slow append rests after it as before: the spacing bounds how often appends start.
+        started += STREAM_SPACING;
         let slow = started + 8 * MS;
         assert_eq!(
-            cadence.next_due(started, slow, 100, Duration::ZERO),
+            cadence.next_due(started, slow, groups, Duration::ZERO),
             slow + REST_MAX
         );
         // A small append ends the stream (once the backend has rested).
@@ -168,6 +223,63 @@ mod tests {
             cadence.next_due(later, later + MS, 50, Duration::ZERO),
             later + 2 * MS
         );
+    }
+
+    /// Appends of 1 ms, each starting when due, with groups coming at `per_ms` a millisecond
+    /// for `appends` appends: how long the last one left before the next.
+    fn spacing_under(
+        cadence: &mut Cadence,
+        started: &mut Instant,
+        per_ms: u32,
+        appends: u32,
+    ) -> Duration {
+        let mut last: Option<Instant> = None;
+        let mut spacing = Duration::ZERO;
+        for _ in 0..appends {
+            let came_in = last.map_or(STREAM_SPACING, |last| *started - last);
+            let groups = (came_in.as_secs_f64() * 1_000.0 * f64::from(per_ms))
+                .round()
+                .max(1.0) as usize;
+            let due = cadence.next_due(*started, *started + MS, groups, Duration::ZERO);
+            spacing = due - *started;
+            last = Some(*started);
+            *started = due;
+        }
+        spacing
+    }
+
+    #[test]
+    fn many_writers_fill_an_append_sooner_and_their_stream_is_spaced_less() {
+        let mut cadence = Cadence::default();
+        let mut started = Instant::now();
+        // One writer back to back, 2,500 transactions a second: the full spacing.
+        assert_eq!(
+            spacing_under(&mut cadence, &mut started, 3, 20),
+            STREAM_SPACING
+        );
+        // Eight writers, 7,000 a second: what gathers STREAM_GROUPS, about 2.3 ms, and the
+        // rest (1 ms here) no longer than it.
+        let spacing = spacing_under(&mut cadence, &mut started, 7, 20);
+        assert!(
+            (Duration::from_micros(2_200)..=Duration::from_micros(2_400)).contains(&spacing),
+            "{spacing:?}"
+        );
+        // Faster still: never below SPACING_MIN.
+        assert_eq!(
+            spacing_under(&mut cadence, &mut started, 40, 20),
+            SPACING_MIN
+        );
+        // The rate falls back: so does the spacing, back to the full one in a few appends.
+        assert_eq!(
+            spacing_under(&mut cadence, &mut started, 2, 8),
+            STREAM_SPACING
+        );
+        // A rest longer than the spacing is cut to it: a slow append of many groups under a
+        // fast stream starts the next one the spacing after it ended.
+        let _ = spacing_under(&mut cadence, &mut started, 40, 20);
+        let slow = started + 6 * MS;
+        let due = cadence.next_due(started, slow, 100, Duration::ZERO);
+        assert!(due <= slow + STREAM_SPACING / 2, "{:?}", due - slow);
     }
 
     #[test]
@@ -226,17 +338,20 @@ mod tests {
             peers: true,
             ..Cadence::default()
         };
-        let started = Instant::now();
-        let ended = started + MS;
+        // Ten groups in every 5 ms: a stream, alone.
+        let mut started = Instant::now();
         for _ in 0..=STREAM_APPENDS {
+            let ended = started + MS;
             assert_eq!(
-                cadence.next_due(started, ended, 50, Duration::ZERO),
+                cadence.next_due(started, ended, 10, Duration::ZERO),
                 ended + MS
             );
+            started += STREAM_SPACING;
         }
+        // Alone again, the stream is spaced.
         cadence.peers = false;
         assert_eq!(
-            cadence.next_due(started, ended, 50, Duration::ZERO),
+            cadence.next_due(started, started + MS, 10, Duration::ZERO),
             started + STREAM_SPACING
         );
     }
