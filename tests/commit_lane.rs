@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, commit_position_of_xid, counts};
+use common::lost::lose_by_hand;
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{CommitSequence, Outbox, OutboxConfig, Start};
@@ -754,69 +755,6 @@ async fn lose_the_last_append<'e>(db: impl sqlx::PgExecutor<'e>, events: bool) -
     .expect("lose the last append")
 }
 
-/// What a failover leaves, made by hand in one transaction on one server: the appends from the
-/// one holding `lose_from` on lost (and their events with them when `events`: a standby that
-/// had not received them), then, on a
-/// newer server history (timeline 99), a peer on the promoted server publishing `new` events
-/// and folding everything, all before any other process reads the head again. Returns the
-/// first position of the new history.
-async fn promote_by_hand(pool: &PgPool, events: bool, lose_from: i64, new: i64) -> i64 {
-    let mut tx = pool.begin().await.expect("begin");
-    let (from, lost_low, lost_high): (i64, i64, i64) = sqlx::query_as(
-        "WITH lost AS (
-             DELETE FROM ordo.commit_chunks WHERE last_commit_seq >= $1
-             RETURNING first_commit_seq, min_sequence, max_sequence, sequences),
-         gone AS (
-             DELETE FROM ordo.events AS e USING lost
-             WHERE $2 AND e.sequence = ANY (lost.sequences)),
-         span AS (
-             SELECT min(first_commit_seq) AS first, min(min_sequence) AS low,
-                    max(max_sequence) AS high
-             FROM lost)
-         UPDATE ordo.sequencer_state AS s
-         SET last_commit_seq = span.first - 1, logged_through_sequence = span.low - 1
-         FROM span
-         RETURNING span.first, span.low, span.high",
-    )
-    .bind(lose_from)
-    .bind(events)
-    .fetch_one(&mut *tx)
-    .await
-    .expect("lose the last appends");
-    if events {
-        sqlx::query("SELECT ordo.fill_placeholders($1, $2)")
-            .bind(lost_low)
-            .bind(lost_high)
-            .execute(&mut *tx)
-            .await
-            .expect("placeholders where the lost events were");
-    }
-    sqlx::query(
-        "INSERT INTO ordo.events (payload) \
-         SELECT jsonb_build_object('writer', 3, 'n', n) FROM generate_series(0, $1 - 1) AS n \
-         ORDER BY n",
-    )
-    .bind(new)
-    .execute(&mut *tx)
-    .await
-    .expect("the promoted server's own events");
-    sqlx::query(
-        "SELECT count(*) FROM ordo.append_commit_log(
-             (SELECT logged_through_sequence FROM ordo.sequencer_state),
-             (SELECT max(sequence) FROM ordo.events))",
-    )
-    .execute(&mut *tx)
-    .await
-    .expect("the peer's fold");
-    sqlx::query("INSERT INTO ordo.commit_histories (history, from_commit_seq) VALUES (99, $1)")
-        .bind(from)
-        .execute(&mut *tx)
-        .await
-        .expect("the promoted server's history");
-    tx.commit().await.expect("commit");
-    from
-}
-
 /// A folding outbox, one that does not fold, and one that does not fold whose log cache holds
 /// the fewest entries it may (16), each with a commit-lane listener past the thirty
 /// single-event transactions the first published.
@@ -938,7 +876,7 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folde
     // head again: with more events than the last append held, the promoted head is past 10,
     // and neither ever reads a head below what it saw. The last append's events are gone, and
     // its positions hold the promoted server's events.
-    let from = promote_by_hand(&db.pool, true, 10, 32).await;
+    let from = lose_by_hand(&db.pool, true, 10, 32, Some(99)).await;
     assert!((1..=10).contains(&from), "the appends lost began at {from}");
     for (index, (outbox, mut stream)) in outboxes.into_iter().enumerate() {
         let which = [
@@ -995,7 +933,7 @@ async fn a_promoted_history_that_appended_the_same_events_again_stops_nothing() 
     ] = thirty_folded_and_followed(&db).await;
     // The standby had every event but not the last append (appends commit asynchronously):
     // the promoted server folds the same events to the same positions again, then its own at 31.
-    let from = promote_by_hand(&db.pool, false, 30, 1).await;
+    let from = lose_by_hand(&db.pool, false, 30, 1, Some(99)).await;
     assert!((1..=30).contains(&from), "the last append began at {from}");
     let mut streams = vec![&mut folded, &mut followed];
     // The process with the smallest cache holds every position lost (15 to 30) unless the last

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::config::OutboxConfig;
 use crate::insert_lane::{LaneShared, Rewind};
-use crate::position::{CommitSequence, EventSequence, ServerHistory};
+use crate::position::{CommitSequence, EventSequence};
 use crate::task::Tasks;
 use sequencer::Sequencer;
 use went_back::WentBack;
@@ -81,6 +81,11 @@ impl LogCache {
             .copied()
             .collect();
         self.extend(&above);
+    }
+
+    /// The lowest position the cache holds.
+    fn lowest(&self) -> Option<u64> {
+        self.entries.front().map(|entry| entry.commit_seq)
     }
 
     /// The cached entries above `head` up to `through`.
@@ -145,10 +150,14 @@ impl CommitShared {
         }
     }
 
-    /// Takes in the newest server history a head read found (see [`went_back`]); returns
-    /// whether positions this process saw wait to be checked against the database.
-    pub(crate) fn note_history(&self, history: Option<ServerHistory>) -> bool {
-        self.went_back.note_history(history, self.head(), &self.log)
+    /// Takes in the newest server history and the server's start a read of the log's state
+    /// found (see [`went_back`]); returns whether positions this process saw wait to be
+    /// checked against the database.
+    pub(crate) fn note_server(&self, server: store::ServerRead) -> bool {
+        self.went_back
+            .note_server(server.started, self.head(), &self.log);
+        self.went_back
+            .note_history(server.history, self.head(), &self.log)
     }
 
     /// Remembers what readers here read from the table, so that the log cache holds the
@@ -181,7 +190,7 @@ where
         config.cache_capacity,
         Arc::clone(&lane.rewind),
     ));
-    commit.note_history(read.history);
+    commit.note_server(read.server);
     if config.sequencer {
         let mut sequencer = Sequencer::new(
             pool.clone(),

@@ -285,7 +285,7 @@ where
     ///
     /// [`WentBack::check_reappended`]: super::went_back::WentBack::check_reappended
     async fn take_in(&self, state: &Restart) -> Result<()> {
-        self.commit.note_history(state.history);
+        self.commit.note_server(state.server);
         self.commit.publish_head(state.head);
         if self.commit.went_back.pending() {
             self.commit.went_back.check(&self.pool).await?;
@@ -365,7 +365,7 @@ where
             Some(peer) => {
                 // A peer folded on a promoted server past positions this process saw: they
                 // are not appended again, so they are checked now.
-                if self.commit.note_history(peer.history) {
+                if self.commit.note_server(peer.server) {
                     self.commit.went_back.check(&self.pool).await?;
                 }
                 self.follow(state, reader, plan, peer);

@@ -32,7 +32,8 @@ SELECT s.last_commit_seq,
        s.logged_through_sequence,
        coalesce((SELECT array_agg(xid ORDER BY xid) FROM logged), '{}') AS xids,
        coalesce((SELECT array_agg(top ORDER BY xid) FROM logged), '{}') AS maxes,
-       h.history, h.from_commit_seq AS history_from
+       h.history, h.from_commit_seq AS history_from,
+       (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM s
 LEFT JOIN LATERAL (
     SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
@@ -49,6 +50,7 @@ WITH s AS MATERIALIZED (
     FROM ordo.sequencer_state WHERE singleton LIMIT 1
 )
 SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from,
+       (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started,
        l.commit_seq, l.sequence, l.group_last, e.commit_xid
 FROM s
 LEFT JOIN LATERAL (
@@ -110,7 +112,8 @@ pub(crate) const HEAD: &str =
 /// positions again, whether or not this process ever read the lower head in between
 /// ([`CommitShared::note_history`](super::CommitShared::note_history)).
 pub(crate) const HEAD_AND_CURSOR: &str = r#"
-SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from
+SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from,
+       (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM (SELECT last_commit_seq, logged_through_sequence
       FROM ordo.sequencer_state WHERE singleton LIMIT 1) AS s
 LEFT JOIN LATERAL (
@@ -124,12 +127,15 @@ pub(crate) const SERVER_HISTORY: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_re
 
 /// After the log went back below positions this process saw: what each of them holds now
 /// (`now`, NULL while not appended again) and whether the event this process saw there is
-/// still stored. `$1` the positions, `$2` the event sequences seen at them, `$3` and `$4` the
-/// range `(after, upto]` they lie in.
+/// still stored, with the lowest position the log still holds (`lowest`, NULL for an empty
+/// log): a position below it was trimmed by retention with its event, not lost. `$1` the
+/// positions, `$2` the event sequences seen at them, `$3` and `$4` the range `(after, upto]`
+/// they lie in.
 pub(crate) const GONE_BACK: &str = r#"
 SELECT p.position, l.sequence AS now,
        EXISTS (SELECT 1 FROM ordo.events AS e
-               WHERE e.sequence = p.seen AND e.commit_xid IS NOT NULL) AS stored
+               WHERE e.sequence = p.seen AND e.commit_xid IS NOT NULL) AS stored,
+       (SELECT min(c.first_commit_seq) FROM ordo.commit_chunks AS c) AS lowest
 FROM unnest($1::bigint[], $2::bigint[]) AS p(position, seen)
 LEFT JOIN ordo.commit_log_range($3, $4) AS l ON l.commit_seq = p.position
 ORDER BY p.position

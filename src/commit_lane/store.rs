@@ -21,8 +21,8 @@ pub(crate) struct Restart {
     pub(crate) cursor: u64,
     /// Groups logged above the cursor: commit_xid → highest logged sequence.
     pub(crate) logged: HashMap<i64, u64>,
-    /// The newest server history, in the same snapshot.
-    pub(crate) history: Option<ServerHistory>,
+    /// The server's newest history and when it started, in the same snapshot.
+    pub(crate) server: ServerRead,
 }
 
 /// One group of an append's plan: its transaction and the first (lowest) sequence the fold met.
@@ -51,8 +51,8 @@ pub(crate) enum Appended {
 pub(crate) struct PeerAppends {
     pub(crate) head: u64,
     pub(crate) cursor: u64,
-    /// The newest server history, in the same snapshot.
-    pub(crate) history: Option<ServerHistory>,
+    /// The server's newest history and when it started, in the same snapshot.
+    pub(crate) server: ServerRead,
     /// Each entry with its event's transaction.
     pub(crate) entries: Vec<(LogEntry, i64)>,
 }
@@ -71,7 +71,7 @@ pub(crate) async fn restart(pool: &PgPool) -> Result<Restart> {
             .into_iter()
             .zip(maxes.into_iter().map(EventSequence::get))
             .collect(),
-        history: history(&row)?,
+        server: server(&row)?,
     })
 }
 
@@ -125,7 +125,7 @@ pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppe
     let cursor = first
         .try_get::<EventSequence, _>("logged_through_sequence")?
         .get();
-    let history = history(first)?;
+    let server = server(first)?;
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
         let xid: Option<i64> = row.try_get("commit_xid")?;
@@ -143,7 +143,7 @@ pub(crate) async fn catch_up(pool: &PgPool, head: u64) -> Result<Option<PeerAppe
     Ok(complete.then_some(PeerAppends {
         head: peer_head,
         cursor,
-        history,
+        server,
         entries,
     }))
 }
@@ -173,8 +173,8 @@ pub(crate) struct HeadRead {
     pub(crate) head: u64,
     /// How far the log covers the insert lane.
     pub(crate) cursor: u64,
-    /// The newest server history, in the same snapshot.
-    pub(crate) history: Option<ServerHistory>,
+    /// The server's newest history and when it started, in the same snapshot.
+    pub(crate) server: ServerRead,
 }
 
 /// The log head, how far it covers the insert lane, and the newest server history.
@@ -185,7 +185,28 @@ pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<HeadRead> {
         cursor: row
             .try_get::<EventSequence, _>("logged_through_sequence")?
             .get(),
-        history: history(&row)?,
+        server: server(&row)?,
+    })
+}
+
+/// What a read of the log's state learns of the server itself (see
+/// [`WentBack`](super::went_back::WentBack)).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ServerRead {
+    /// The newest server history the log was appended on.
+    pub(crate) history: Option<ServerHistory>,
+    /// When the server last started (`pg_postmaster_start_time()`, in microseconds since the
+    /// epoch): a change is a restart, after which appends and, with `synchronous_commit` off,
+    /// transactions the crash lost may be gone on the same history.
+    pub(crate) started: Option<i64>,
+}
+
+/// The server's history and start from a row with `history`, `history_from` and
+/// `server_started`.
+fn server(row: &PgRow) -> Result<ServerRead> {
+    Ok(ServerRead {
+        history: history(row)?,
+        started: row.try_get("server_started")?,
     })
 }
 

@@ -70,7 +70,7 @@ pub(crate) async fn run(
             Ok(read) => {
                 // Positions this process saw that a newer server history or a lower head gave
                 // again are checked before a higher head wakes the readers past them.
-                let waits = commit.note_history(read.history);
+                let waits = commit.note_server(read.server);
                 if read.head < commit.head() {
                     commit.publish_head(read.head);
                 }

@@ -25,7 +25,7 @@
 //! rewind: never a silent skip.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use sqlx::PgPool;
@@ -48,6 +48,9 @@ pub(crate) struct WentBack {
     warned_below: AtomicU64,
     /// The newest server history (timeline) this process has read; 0 before the first read.
     timeline: AtomicU64,
+    /// When the server last started, as this process last read it (see
+    /// [`note_server`](Self::note_server)); 0 before the first read.
+    started: AtomicI64,
     /// The highest position a commit-lane reader in this process has returned.
     read_through: AtomicU64,
     /// Positions returned that the log went back below whose events the cache did not hold.
@@ -84,6 +87,7 @@ impl WentBack {
             gone: Mutex::new(BTreeMap::new()),
             warned_below: AtomicU64::new(0),
             timeline: AtomicU64::new(0),
+            started: AtomicI64::new(0),
             read_through: AtomicU64::new(0),
             unchecked: Mutex::new(None),
         }
@@ -127,6 +131,38 @@ impl WentBack {
             );
         }
         self.pending()
+    }
+
+    /// Takes in when the server last started, with `seen` the highest head this process had
+    /// seen. A server that started again since the last read may have lost, on the same
+    /// history, the appends it had not flushed and, from writers with `synchronous_commit`
+    /// off, transactions it had acknowledged; a peer may already have folded past the old head
+    /// with other events before this process read the head again. So every position the log
+    /// cache holds is remembered, as for a head that went back to below the cache, and checked
+    /// ([`check`](Self::check)): appended again to the same events, the process goes on.
+    pub(crate) fn note_server(&self, started: Option<i64>, seen: u64, log: &RwLock<LogCache>) {
+        let Some(started) = started else {
+            return;
+        };
+        let known = self.started.swap(started, Ordering::Relaxed);
+        if known == 0 || known == started {
+            return;
+        }
+        let Some(lowest) = log.read().ok().and_then(|log| log.lowest()) else {
+            return;
+        };
+        if lowest > seen {
+            return;
+        }
+        tracing::warn!(
+            lowest,
+            seen,
+            "the server restarted since this process last read the commit log (a crash may              have lost the last appends, and transactions committed with synchronous_commit              off); checking that the positions this process holds keep the same events"
+        );
+        // Said once here, not again as a head that went back.
+        self.warned_below.store(seen, Ordering::Relaxed);
+        let timeline = self.timeline.load(Ordering::Relaxed);
+        self.fell_from(lowest - 1, seen, log, timeline, None);
     }
 
     /// The log's head is `head`, below `seen`: remembers the events this process saw above it.
@@ -260,16 +296,19 @@ impl WentBack {
         let (Some(&first), Some(&last)) = (positions.first(), positions.last()) else {
             return Ok(());
         };
-        let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(GONE_BACK)
+        let rows: Vec<(i64, Option<i64>, bool, Option<i64>)> = sqlx::query_as(GONE_BACK)
             .bind(&positions)
             .bind(&seen)
             .bind(CommitSequence::new(u64::try_from(first - 1).unwrap_or(0)))
             .bind(CommitSequence::new(u64::try_from(last).unwrap_or(0)))
             .fetch_all(pool)
             .await?;
-        for ((position, now, stored), seen) in rows.into_iter().zip(seen) {
+        for ((position, now, stored, lowest), seen) in rows.into_iter().zip(seen) {
             match now {
                 Some(now) if now == seen => self.settle(position),
+                // Retention trimmed it, event and entry: the bottom of the log, which no
+                // crash or failover takes back (they lose its top).
+                None if lowest.is_some_and(|lowest| position < lowest) => self.settle(position),
                 Some(now) => {
                     self.report(format!(
                         "the commit log went back and position {position} was appended again \

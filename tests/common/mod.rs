@@ -237,6 +237,7 @@ pub mod inbox;
 pub mod invariants;
 pub mod keyed;
 pub mod logs;
+pub mod lost;
 pub mod pgbouncer;
 pub mod proxy;
 pub mod recording_sink;
