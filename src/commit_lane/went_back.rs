@@ -11,7 +11,10 @@
 //! - it reads a head below one it saw ([`WentBack::fell`]);
 //! - it reads a server history newer than the one it knew that began at or below a position
 //!   it saw ([`WentBack::note_history`]): a peer may have folded past the old head on the
-//!   promoted server before this process read the head again, or this process may not fold.
+//!   promoted server before this process read the head again, or this process may not fold;
+//! - it reads that the server started again since its last read ([`WentBack::note_server`]):
+//!   a crash on the same history may have lost transactions committed with
+//!   `synchronous_commit` off with their appends, and a peer folded past the old head again.
 //!
 //! Either way it remembers the event each of those positions held (from the log cache, which
 //! the sequencer's appends and the readers' pages fill), then checks them against the
