@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, commit_position_of_xid, counts};
-use common::lost::lose_by_hand;
+use common::lost::{ends_with_rewind, lose_by_hand};
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{CommitSequence, Outbox, OutboxConfig, Start};
@@ -841,31 +841,14 @@ async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_a
     // skipped by it. The sequencer's append is refused, it reads the log again, finds its head
     // below what it had seen, and the outbox stops instead.
     commit_one(&outbox, Note { writer: 2, n: 0 }).await;
-    let ended = match timeout(PATIENCE, stream.next())
-        .await
-        .expect("the listener hears of the rewind")
-    {
-        Some(Err(error)) => error,
-        Some(Ok(item)) => panic!(
-            "an event past the rewind reached the listener at {}",
-            item.commit_sequence
-        ),
-        None => panic!("the stream ended without an error"),
-    };
-    let text = ended.to_string();
-    assert!(
-        matches!(ended, ordo::Error::ServerRewound { .. }),
-        "the rewind: {text}"
-    );
-    assert!(
-        text.contains(&format!("commit log went back below position {from}")),
-        "names the position: {text}"
-    );
-    assert!(stream.next().await.is_none(), "then the stream is over");
-    assert!(matches!(
-        outbox.begin().await,
-        Err(ordo::Error::ServerRewound { .. })
-    ));
+    ends_with_rewind(
+        "the listener",
+        &outbox,
+        &mut stream,
+        &format!("commit log went back below position {from}"),
+        PATIENCE,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -884,26 +867,14 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folde
             "the process that does not fold",
             "a process whose cache holds 16 entries",
         ][index];
-        let ended = match timeout(PATIENCE, stream.next())
-            .await
-            .unwrap_or_else(|_| panic!("{which} hears of the rewind"))
-        {
-            Some(Err(error)) => error,
-            Some(Ok(item)) => panic!(
-                "{which}: an event past the rewind reached the listener at {}",
-                item.commit_sequence
-            ),
-            None => panic!("{which}: the stream ended without an error"),
-        };
-        let text = ended.to_string();
-        assert!(
-            matches!(ended, ordo::Error::ServerRewound { .. }),
-            "{which}: the rewind: {text}"
-        );
-        assert!(
-            text.contains(&format!("position {from}")),
-            "{which}: names the position: {text}"
-        );
+        let text = ends_with_rewind(
+            which,
+            &outbox,
+            &mut stream,
+            &format!("position {from}"),
+            PATIENCE,
+        )
+        .await;
         if index == 2 {
             // It returned positions whose events it no longer holds: a newer history gave
             // them again, so they cannot be taken as the same.
@@ -912,14 +883,6 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folde
                 "{which}: says why: {text}"
             );
         }
-        assert!(
-            stream.next().await.is_none(),
-            "{which}: then the stream is over"
-        );
-        assert!(matches!(
-            outbox.begin().await,
-            Err(ordo::Error::ServerRewound { .. })
-        ));
     }
 }
 

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use common::Note;
 use common::cluster::Cluster;
-use common::lost::lose_by_hand;
+use common::lost::{ends_with_rewind, lose_by_hand};
 use common::tcp_fault::{Fault, TcpFault};
 use futures::StreamExt;
-use ordo::{CommitStream, Error, Outbox, OutboxConfig, Start};
+use ordo::{CommitStream, Outbox, OutboxConfig, Start};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::timeout;
@@ -98,32 +98,14 @@ async fn a_restart_that_lost_acknowledged_transactions_stops_a_reader_that_comes
 
     // The reader comes back to a head above every position it saw, on the history it knew:
     // only the restart tells it to check, and the positions it returned hold other events.
-    let ended = match timeout(PATIENCE, followed.next())
-        .await
-        .expect("the reader hears of the rewind")
-    {
-        Some(Err(error)) => error,
-        Some(Ok(item)) => panic!(
-            "an event past the rewind reached the listener at {}: positions {from}..=30 were \
-             given to other events and skipped",
-            item.commit_sequence
-        ),
-        None => panic!("the stream ended without an error"),
-    };
-    let text = ended.to_string();
-    assert!(
-        matches!(ended, Error::ServerRewound { .. }),
-        "the rewind: {text}"
-    );
-    assert!(
-        text.contains(&format!("position {from}")),
-        "names the position: {text}"
-    );
-    assert!(followed.next().await.is_none(), "then the stream is over");
-    assert!(matches!(
-        follower.begin().await,
-        Err(Error::ServerRewound { .. })
-    ));
+    ends_with_rewind(
+        "the reader that came back",
+        &follower,
+        &mut followed,
+        &format!("position {from}"),
+        PATIENCE,
+    )
+    .await;
     follower.shutdown().await;
 }
 

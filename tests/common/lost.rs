@@ -2,7 +2,52 @@
 //! crash that lost unflushed ones, leaves in the commit log, for the tests of how every
 //! process notices it.
 
+use std::time::Duration;
+
+use futures::StreamExt;
+use ordo::{CommitStream, Error, Outbox};
 use sqlx::PgPool;
+use tokio::time::timeout;
+
+use super::Note;
+
+/// Waits up to `patience` for `which`'s commit-lane listener to end with
+/// `Error::ServerRewound` naming `names` (no event may come before it), then checks that the
+/// stream is over and that the outbox refuses new transactions. Returns the error's text.
+pub async fn ends_with_rewind(
+    which: &str,
+    outbox: &Outbox<Note>,
+    stream: &mut CommitStream<Note>,
+    names: &str,
+    patience: Duration,
+) -> String {
+    let ended = match timeout(patience, stream.next())
+        .await
+        .unwrap_or_else(|_| panic!("{which} hears of the rewind"))
+    {
+        Some(Err(error)) => error,
+        Some(Ok(item)) => panic!(
+            "{which}: an event past the rewind reached the listener at {}",
+            item.commit_sequence
+        ),
+        None => panic!("{which}: the stream ended without an error"),
+    };
+    let text = ended.to_string();
+    assert!(
+        matches!(ended, Error::ServerRewound { .. }),
+        "{which}: the rewind: {text}"
+    );
+    assert!(text.contains(names), "{which}: names {names:?}: {text}");
+    assert!(
+        stream.next().await.is_none(),
+        "{which}: then the stream is over"
+    );
+    assert!(
+        matches!(outbox.begin().await, Err(Error::ServerRewound { .. })),
+        "{which}: the outbox refuses new transactions"
+    );
+    text
+}
 
 /// What a failover or a crash leaves, made by hand in one transaction on one server: the
 /// appends from the one holding `lose_from` on lost (and their events with them when
