@@ -28,14 +28,17 @@
 //!   `INSERT` to its `commit()` returning, the floor of either library.
 //! - `lag`: `--writers` writers (default 8) as fast as they go for `--seconds`, through one
 //!   outbox whose process also listens on the commit lane; latency from before `commit()` is
-//!   called to that listener. With `--folders` outboxes folding (default `1,3`): the extra ones
+//!   called to that listener. With `--lag-rate N` the writers offer N transactions per second
+//!   between them instead (each paced at its share; a tick a slow transaction missed is
+//!   skipped), so both libraries can be compared at the same load: flat out, the faster
+//!   publisher also loads the machine more. With `--folders` outboxes folding (default `1,3`): the extra ones
 //!   are other processes on pools of their own (ordo: `Outbox` with its sequencer; obix: an
 //!   `Outbox` with `CommitLane::Enabled`, which folds in every process that runs it). Variants
 //!   `ordo` and `obix_commit`.
 //!
 //! The first half second of every phase is warm-up and is not recorded. Options: `--phases
 //! single,lag`, `--seconds N` (3), `--sittings N` (2), `--rate N` (500), `--writers N` (8),
-//! `--folders 1,3`.
+//! `--folders 1,3`, `--lag-rate N` (unset: flat out).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,6 +111,9 @@ struct Settings {
     rate: u32,
     writers: u32,
     folders: Vec<u32>,
+    /// The lag phase's offered load, in transactions per second across all writers; `None`
+    /// runs them flat out.
+    lag_rate: Option<u32>,
 }
 
 fn settings() -> Result<Settings> {
@@ -118,6 +124,7 @@ fn settings() -> Result<Settings> {
         rate: 500,
         writers: 8,
         folders: vec![1, 3],
+        lag_rate: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -128,6 +135,7 @@ fn settings() -> Result<Settings> {
             "--sittings" => s.sittings = value()?.parse().context("--sittings")?,
             "--rate" => s.rate = value()?.parse().context("--rate")?,
             "--writers" => s.writers = value()?.parse().context("--writers")?,
+            "--lag-rate" => s.lag_rate = Some(value()?.parse().context("--lag-rate")?),
             "--folders" => {
                 s.folders = value()?
                     .split(',')
@@ -135,7 +143,7 @@ fn settings() -> Result<Settings> {
                     .collect::<Result<_>>()?;
             }
             other => bail!(
-                "unknown option {other:?} (--phases, --seconds, --sittings, --rate, --writers, --folders)"
+                "unknown option {other:?} (--phases, --seconds, --sittings, --rate, --writers, --folders, --lag-rate)"
             ),
         }
     }
@@ -149,8 +157,13 @@ fn settings() -> Result<Settings> {
     if s.seconds.is_nan() || s.seconds <= 0.5 {
         bail!("--seconds must exceed 0.5");
     }
-    if s.sittings == 0 || s.rate == 0 || s.writers == 0 || s.folders.contains(&0) {
-        bail!("--sittings, --rate, --writers and each of --folders must be at least 1");
+    if s.sittings == 0
+        || s.rate == 0
+        || s.writers == 0
+        || s.folders.contains(&0)
+        || s.lag_rate == Some(0)
+    {
+        bail!("--sittings, --rate, --writers, --lag-rate and each of --folders must be at least 1");
     }
     Ok(s)
 }
@@ -531,8 +544,9 @@ async fn single_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<(
     Ok(())
 }
 
-/// `writers` writers flat out through one outbox, `folders` outboxes folding in all; the
-/// commit-lane latency a listener in the writers' process sees.
+/// `writers` writers through one outbox, flat out or together at `--lag-rate` (each paced at its
+/// share, their ticks staggered), `folders` outboxes folding in all; the commit-lane latency a
+/// listener in the writers' process sees.
 async fn lag(
     variant: Variant,
     writers: u32,
@@ -554,13 +568,29 @@ async fn lag(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let warm = Instant::now() + WARM_UP;
     let until = warm + Duration::from_secs_f64(settings.seconds);
+    // Each writer's share of the offered load: one transaction per `period`, the writers'
+    // ticks spread over it. A tick missed (a transaction slower than the period) is skipped,
+    // not made up in a burst: the run reports the rate it reached.
+    let period = settings
+        .lag_rate
+        .map(|rate| Duration::from_secs_f64(f64::from(writers) / f64::from(rate)));
     let mut tasks = Vec::new();
     for w in 0..writers {
         let writer = Arc::clone(&writer);
         let starts = Arc::clone(&starts);
+        let mut tick = period.map(|period| {
+            let first =
+                tokio::time::Instant::now() + period.mul_f64(f64::from(w) / f64::from(writers));
+            let mut tick = tokio::time::interval_at(first, period);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+            tick
+        });
         tasks.push(tokio::spawn(async move {
             let mut all = 0u64;
             while Instant::now() < until {
+                if let Some(tick) = tick.as_mut() {
+                    tick.tick().await;
+                }
                 let number = (u64::from(w) << 32) + all;
                 let recorded = Instant::now() >= warm;
                 let before = writer.transaction(number).await?;
@@ -611,8 +641,11 @@ async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> 
         ] {
             let (tps, latencies) =
                 lag(variant, settings.writers, folders, settings, obix_sql).await?;
+            let offered = settings
+                .lag_rate
+                .map_or_else(|| "flat out".to_owned(), |rate| format!("offered {rate}"));
             println!(
-                "  {:<11} {} writers, {folders} folding: {:>6.0} tx/s | commit lane {}",
+                "  {:<11} {} writers ({offered}), {folders} folding: {:>6.0} tx/s | commit lane {}",
                 variant.name(),
                 settings.writers,
                 tps,
