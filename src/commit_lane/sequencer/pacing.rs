@@ -41,19 +41,29 @@ pub(super) const STREAM_GROUPS: u32 = 16;
 /// The shortest spacing under a stream (see [`STREAM_GROUPS`]).
 pub(super) const SPACING_MIN: Duration = Duration::from_millis(2);
 /// A stream is [`STREAM_APPENDS`] appends in a row each of at least this many groups, or
-/// [`STREAM_PRESSED_APPENDS`] each of whose groups came before the last one's rest was over (as
-/// long as it took, up to [`REST_MAX`]: the sequencer's backend kept busy more than half the
-/// time, appending one or two groups at a time), or a mix: commits come faster than appends can take them one by one. One writer at 500 tx/s
-/// appends one group at a time with the backend idle most of the time, and a backlog after a
-/// pause (a start, a slow statement) drains in an append or two; neither is spaced. One writer
-/// committing back to back (a transaction every 0.6 ms, an append of 0.3 to 0.4 ms after each)
-/// is a stream: appended one group at a time, it published at 0.61x to 0.75x of raw `INSERT`
-/// transactions, spaced at 0.83x to 1.00x (`docs/performance-history.md`, session 22).
+/// [`STREAM_PRESSED_APPENDS`] appends under pressure (each one's first group came within
+/// [`PRESSED_WITHIN`] times the last append's length after it ended, up to [`REST_MAX`]: the
+/// sequencer's backend, appending one or two groups at a time, kept busy a third of the time or
+/// more), or a mix: commits come faster than appends can take them one by one. One writer at
+/// 500 tx/s appends one group at a time with the backend idle most of the time, and a backlog
+/// after a pause (a start, a slow statement) drains in an append or two; neither is spaced. One
+/// writer committing back to back (a transaction every 0.6 ms, an append of 0.3 to 0.4 ms after
+/// each) is a stream: appended one group at a time, it published at 0.61x to 0.75x of raw
+/// `INSERT` transactions, spaced at 0.83x to 1.00x (`docs/performance-history.md`, session 22).
 pub(super) const STREAM_FROM_GROUPS: usize = 4;
 pub(super) const STREAM_APPENDS: u32 = 3;
 /// Appends started under pressure are weaker evidence than appends of many groups (a few slow
 /// appends in a row at 500 tx/s look the same), so a stream takes twice as many of them.
 pub(super) const STREAM_PRESSED_APPENDS: u32 = 2 * STREAM_APPENDS;
+/// How soon after an append its successor's first group must come for the successor to count
+/// as pressed, in lengths of the last append. At 2 (a third of the time or more), one writer
+/// back to back beside a busy neighbour is a stream: a transaction every 0.66 ms and an append
+/// of 0.3 ms after each came *after* one append's length, so that writer was appended one
+/// transaction at a time, the sequencer's backend took about 45% of the core the neighbour left,
+/// and it published at 0.47x to 0.56x of raw `INSERT`s against 0.84x to 0.90x without the commit
+/// lane (`docs/performance-history.md`, session 26). A writer at 500 tx/s (an append every 2 ms
+/// of 0.3 to 0.6 ms) stays outside.
+pub(super) const PRESSED_WITHIN: u32 = 2;
 /// What an append of many groups counts for towards [`STREAM_PRESSED_APPENDS`].
 const MANY_GROUPS_COUNT: u32 = STREAM_PRESSED_APPENDS / STREAM_APPENDS;
 
@@ -93,12 +103,16 @@ impl Cadence {
         groups: usize,
         interval: Duration,
     ) -> Instant {
-        // Its first group came before the last append's rest was over: the backend is busier
-        // than half the time, appending one small group after another.
+        // Its first group came within PRESSED_WITHIN lengths of the last append after it
+        // ended: appending one small group after another keeps the backend busy a third of the
+        // time or more.
         let met = self.met.take().unwrap_or(started);
-        let pressed = self
-            .last
-            .is_some_and(|(before, after)| met < after + (after - before).min(REST_MAX));
+        let pressed = self.last.is_some_and(|(before, after)| {
+            met < after
+                + (after - before)
+                    .saturating_mul(PRESSED_WITHIN)
+                    .min(REST_MAX)
+        });
         if let Some((before, _)) = self.last {
             // The groups of this append came since the last one started: the spacing that
             // would gather STREAM_GROUPS at that rate. It rises at once (fewer appends when
@@ -283,7 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn one_group_after_another_with_the_backend_busy_half_the_time_is_a_stream() {
+    fn one_group_after_another_with_the_backend_busy_a_third_of_the_time_is_a_stream() {
         let mut cadence = Cadence::default();
         let append = Duration::from_micros(400);
         let every = Duration::from_micros(600);
@@ -322,13 +336,31 @@ mod tests {
             cadence.next_due(started, started + slow, 2, Duration::ZERO),
             started + STREAM_SPACING
         );
-        // A writer at 500 tx/s: each append starts long after the last one's rest.
+        // One writer beside a busy neighbour: an append of 0.3 ms after each transaction,
+        // one every 0.66 ms. Each next group comes after one append's length but within two:
+        // the backend appends 45% of the time, a stream.
         let mut cadence = Cadence::default();
         let mut started = Instant::now();
-        for _ in 0..=STREAM_PRESSED_APPENDS {
-            let ended = started + append;
+        let short = Duration::from_micros(300);
+        for _ in 0..STREAM_PRESSED_APPENDS {
+            let ended = started + short;
             assert_eq!(cadence.next_due(started, ended, 1, Duration::ZERO), ended);
-            started += 2 * MS;
+            started += Duration::from_micros(660);
+        }
+        assert_eq!(
+            cadence.next_due(started, started + short, 1, Duration::ZERO),
+            started + STREAM_SPACING
+        );
+        // A writer at 500 tx/s: each append starts long after the last one's rest, even with
+        // appends slowed to 0.6 ms.
+        for append in [append, Duration::from_micros(600)] {
+            let mut cadence = Cadence::default();
+            let mut started = Instant::now();
+            for _ in 0..=STREAM_PRESSED_APPENDS {
+                let ended = started + append;
+                assert_eq!(cadence.next_due(started, ended, 1, Duration::ZERO), ended);
+                started += 2 * MS;
+            }
         }
     }
 
