@@ -229,10 +229,10 @@ impl OutboxConfig {
 
     /// The least time between the starts of two of this sequencer's appends. With zero (the
     /// default) the sequencer appends as soon as it has caught up; events that commit while an
-    /// append is in flight go into the next one. Under a stream of commits (three appends in a
-    /// row of four transactions or more), with no other process folding, appends start at most
-    /// every 5 ms whatever this is set to, since an append costs the database about the same
-    /// whatever its size. A non-zero
+    /// append is in flight go into the next one. Under a stream of commits (see "Several
+    /// processes folding" in `docs/operations.md`), with no other process folding, appends start
+    /// 2 to 5 ms apart whatever this is set to (what gathers about 16 transactions at their
+    /// rate), since an append costs the database about the same whatever its size. A non-zero
     /// interval coalesces a stream of small
     /// transactions into fewer appends (less database load per event) at the price of commit-lane
     /// latency: timers tick in milliseconds, so even 1 ms adds up to about 2 ms. Measured here,
