@@ -38,6 +38,34 @@ pub const MAX_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// already looked.
 const MAX_NOTIFY_DEBOUNCE: Duration = Duration::from_secs(1);
 
+/// What an [`Outbox`](crate::Outbox) does when the database goes back in time under it
+/// ([`Error::ServerRewound`](crate::Error::ServerRewound)): a failover to a standby that had not
+/// received the last transactions, a crash that lost commits made with `synchronous_commit =
+/// off`, a restore. Either way every listener of the outbox ends with the error (its events
+/// past that point are gone from the server, and their positions will be given to other
+/// events), and the gauge `ordo_server_rewound` is 1 while the outbox is stopped by it.
+///
+/// ```
+/// use ordo::{OnRewind, OutboxConfig};
+///
+/// // Page someone and keep the process as it is, instead of going on by itself.
+/// let config = OutboxConfig::default().on_rewind(OnRewind::Stop);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnRewind {
+    /// Start the outbox's lanes again from what the server holds, as a new `Outbox` would:
+    /// [`begin`](crate::Outbox::begin) works again once they run, subscriptions and relays
+    /// claim again and go on from the positions stored on the server, and listeners opened
+    /// from then on read the server's events. Nothing needs restarting. The default.
+    #[default]
+    Resume,
+    /// Stop the outbox, as [`shutdown`](crate::Outbox::shutdown) does: `begin` and
+    /// `publish_in` return the error from then on, subscriptions and relays stop, and a new
+    /// `Outbox` (or a restart of the process) is what goes on.
+    Stop,
+}
+
 /// Settings of an [`Outbox`](crate::Outbox). Every setter states its default and unit;
 /// [`Outbox::new`](crate::Outbox::new) checks the relations between settings.
 #[derive(Debug, Clone)]
@@ -59,6 +87,7 @@ pub struct OutboxConfig {
     pub(crate) maintenance_interval: Duration,
     pub(crate) partition_maintenance: bool,
     pub(crate) background_pool: Option<sqlx::PgPool>,
+    pub(crate) on_rewind: OnRewind,
 }
 
 impl Default for OutboxConfig {
@@ -81,6 +110,7 @@ impl Default for OutboxConfig {
             maintenance_interval: Duration::from_secs(60),
             partition_maintenance: true,
             background_pool: None,
+            on_rewind: OnRewind::Resume,
         }
     }
 }
@@ -217,6 +247,14 @@ impl OutboxConfig {
     /// ```
     pub fn background_pool(mut self, pool: sqlx::PgPool) -> Self {
         self.background_pool = Some(pool);
+        self
+    }
+
+    /// What the outbox does when the database goes back in time under it (a failover that lost
+    /// the last transactions): start again from what the server holds ([`OnRewind::Resume`],
+    /// the default) or stop ([`OnRewind::Stop`]). See `docs/operations.md`, "Failover".
+    pub fn on_rewind(mut self, on_rewind: OnRewind) -> Self {
+        self.on_rewind = on_rewind;
         self
     }
 

@@ -183,11 +183,15 @@ pub enum Error {
     /// frontier, or an event this process saw in the commit log is gone), after a failover
     /// to a standby that had not received the
     /// last transactions, a crash that lost commits made with `synchronous_commit = off`, a
-    /// restore). The outbox stopped: its listeners end with this error, subscriptions and
-    /// relays stop, and `begin` refuses. Start a new `Outbox` (or restart the process): it
-    /// goes on from what the server holds. `docs/operations.md`, "Failover".
+    /// restore. The outbox's listeners end with this error (their events past that point are
+    /// gone from the server, and its positions will be given to other events); `begin` and
+    /// `publish_in` return it while the lanes stop. Then, by default
+    /// ([`OnRewind::Resume`](crate::OnRewind::Resume)), the outbox starts its lanes again from
+    /// what the server holds: listen again to follow it; subscriptions and relays go on from
+    /// their positions stored there. Under [`OnRewind::Stop`](crate::OnRewind::Stop) it stays
+    /// stopped. `docs/operations.md`, "Failover".
     #[error(
-        "the database went back in time under this outbox ({what}): a failover to a standby that lacked the last transactions, a crash that lost commits, or a restore; the outbox stopped: start a new Outbox (or restart the process) to go on from what the server holds"
+        "the database went back in time under this outbox ({what}): a failover to a standby that lacked the last transactions, a crash that lost commits, or a restore; events this process read past that point are gone from the server and their positions will be given to other events: this stream ends here (listen again to follow what the server holds; the outbox starts again from it unless OutboxConfig::on_rewind says to stop)"
     )]
     ServerRewound {
         /// What showed it.

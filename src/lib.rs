@@ -190,7 +190,7 @@ mod write;
 pub use commit_lane::listener::CommitStream;
 pub use config::{
     MAX_GAP_FILL_TIMEOUT, MAX_MAINTENANCE_INTERVAL, MAX_RESYNC_INTERVAL, MIN_POOL_CONNECTIONS,
-    OutboxConfig,
+    OnRewind, OutboxConfig,
 };
 pub use consumer::{
     DEFAULT_KEYED_WINDOW, DeadLetterCount, Keys, MAX_LEASE, MIN_LEASE, RunStatus, SERIAL_KEY,

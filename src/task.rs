@@ -12,19 +12,50 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, Span};
 
-/// A signal every background task of one outbox watches; set once, never cleared.
+/// A signal every background task of one outbox watches; set once, never cleared. A
+/// subscription's reads watch two ([`or`](Self::or)): the runner's own and its lanes'.
 #[derive(Clone, Debug)]
-pub(crate) struct StopSignal(watch::Receiver<bool>);
+pub(crate) struct StopSignal {
+    own: watch::Receiver<bool>,
+    also: Option<watch::Receiver<bool>>,
+}
 
 impl StopSignal {
+    fn of(stop: &watch::Sender<bool>) -> Self {
+        Self {
+            own: stop.subscribe(),
+            also: None,
+        }
+    }
+
     /// Resolves once a stop is requested. Cancel safe.
     pub(crate) async fn stopped(&mut self) {
         // An error means the owner is gone, which is a stop as well.
-        let _ = self.0.wait_for(|stop| *stop).await;
+        match &mut self.also {
+            None => {
+                let _ = self.own.wait_for(|stop| *stop).await;
+            }
+            Some(also) => {
+                tokio::select! {
+                    _ = self.own.wait_for(|stop| *stop) => {}
+                    _ = also.wait_for(|stop| *stop) => {}
+                }
+            }
+        }
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
-        *self.0.borrow()
+        *self.own.borrow() || self.also.as_ref().is_some_and(|also| *also.borrow())
+    }
+
+    /// A signal set when this one or `other` is: a runner's reads end when the runner is told
+    /// to stop, and when the lanes they read stop under it (an outbox starting again after a
+    /// rewind).
+    pub(crate) fn or(self, other: &StopSignal) -> StopSignal {
+        StopSignal {
+            own: self.own,
+            also: Some(other.own.clone()),
+        }
     }
 }
 
@@ -44,7 +75,7 @@ impl Tasks {
     }
 
     pub(crate) fn signal(&self) -> StopSignal {
-        StopSignal(self.stop.subscribe())
+        StopSignal::of(&self.stop)
     }
 
     /// Spawns `work` under the span `ordo.<name>` (see [`supervise`]).
@@ -145,7 +176,7 @@ impl Supervised {
         F: Future<Output = ()> + Send + 'static,
     {
         let stop = watch::Sender::new(false);
-        let handle = supervise(name, span.clone(), work(StopSignal(stop.subscribe())));
+        let handle = supervise(name, span.clone(), work(StopSignal::of(&stop)));
         Self {
             name,
             span,

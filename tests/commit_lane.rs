@@ -6,10 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, commit_position_of_xid, counts};
-use common::lost::{ends_with_rewind, lose_by_hand};
+use common::lost::{ends_with_rewind, goes_on_from_the_server, lose_by_hand, stays_stopped};
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
-use ordo::{CommitSequence, Outbox, OutboxConfig, Start};
+use ordo::{
+    CommitSequence, Delivery, HandlerError, JobConfig, OnRewind, Ordering, Outbox, OutboxConfig,
+    Start, Subscriber,
+};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::time::timeout;
@@ -20,6 +23,24 @@ async fn outbox_on(pool: &PgPool, config: OutboxConfig) -> Outbox<Note> {
     Outbox::new(pool.clone(), config)
         .await
         .expect("start the outbox")
+}
+
+/// Records each event it handles, at its position, in the handler's transaction.
+struct Recorder;
+
+impl Subscriber<Note> for Recorder {
+    async fn handle(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        event: &Delivery<Note>,
+    ) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO handled (position, payload) VALUES ($1, $2)")
+            .bind(i64::try_from(event.position().get()).unwrap_or(i64::MAX))
+            .bind(sqlx::types::Json(&event.event().payload))
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
 }
 
 /// Waits until every real event is logged, then checks the invariants.
@@ -783,7 +804,15 @@ async fn thirty_folded_and_followed(db: &TestDb) -> [(Outbox<Note>, ordo::Commit
 /// An outbox that folded ten single-event transactions, and its commit-lane listener past
 /// all ten.
 async fn ten_folded(db: &TestDb) -> (Outbox<Note>, ordo::CommitStream<Note>) {
-    let outbox = outbox_on(&db.pool, OutboxConfig::default()).await;
+    ten_folded_with(db, OutboxConfig::default()).await
+}
+
+/// [`ten_folded`] with `config`.
+async fn ten_folded_with(
+    db: &TestDb,
+    config: OutboxConfig,
+) -> (Outbox<Note>, ordo::CommitStream<Note>) {
+    let outbox = outbox_on(&db.pool, config).await;
     let mut stream = outbox.listen_committed(Start::Beginning);
     for n in 0..10u32 {
         commit_one(&outbox, Note { writer: 1, n }).await;
@@ -831,28 +860,107 @@ async fn appends_a_crash_lost_are_appended_again_and_the_outbox_goes_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_that_went_back_stops_the_outbox_instead_of_giving_its_positions_again() {
+async fn a_log_that_went_back_ends_the_listeners_and_the_outbox_goes_on_from_what_the_server_holds()
+{
     let db = TestDb::new().await;
     let (outbox, mut stream) = ten_folded(&db).await;
+    // A subscription past every position, in this process: it must go on from what the
+    // server stores for it, onto the new lanes, without a restart.
+    sqlx::query("CREATE TABLE handled (position bigint PRIMARY KEY, payload jsonb NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("the subscription's table");
+    let subscription = outbox
+        .subscribe(
+            JobConfig::new("past-the-rewind").ordering(Ordering::Commit),
+            Recorder,
+        )
+        .await
+        .expect("subscribe");
+    let (_, caught_up) = subscription
+        .wait_for(PATIENCE, |status| status.position.get() >= 10)
+        .await;
+    assert!(caught_up, "the subscription handles the ten");
     let (from, through) = lose_the_last_append(&db.pool, true).await;
     assert!(from >= 1 && through == 10, "lost {from}..={through}");
+    // The subscription's checkpoint and its writes went back with the loss, as a standby's
+    // would: they committed after the lost events.
+    sqlx::query(
+        "WITH mark AS (UPDATE ordo.subscriptions SET position = $1 WHERE name = 'past-the-rewind') \
+         DELETE FROM handled WHERE position > $1",
+    )
+    .bind(from - 1)
+    .execute(&db.pool)
+    .await
+    .expect("the checkpoint the server holds");
 
     // The next transaction would be given a position the listener already passed, and be
     // skipped by it. The sequencer's append is refused, it reads the log again, finds its head
-    // below what it had seen, and the outbox stops instead.
+    // below what it had seen: the listener ends, and the outbox starts again from the server.
     commit_one(&outbox, Note { writer: 2, n: 0 }).await;
     ends_with_rewind(
         "the listener",
-        &outbox,
         &mut stream,
         &format!("commit log went back below position {from}"),
         PATIENCE,
     )
     .await;
+    goes_on_from_the_server("the outbox", &outbox, &db.pool, from, true, PATIENCE).await;
+    // The subscription handled the server's events from the rewound position on, each once.
+    let handled = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM handled WHERE payload = '{\"writer\": 9, \"n\": 0}')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(handled, "the subscription goes on past the rewind");
+    let differ: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT l.commit_seq, e.payload FROM ordo.commit_log AS l
+             JOIN ordo.events AS e ON e.sequence = l.sequence
+             WHERE l.commit_seq >= $1
+               AND l.commit_seq <= (SELECT max(position) FROM handled)
+             EXCEPT
+             SELECT position, payload FROM handled WHERE position >= $1) AS missing",
+    )
+    .bind(from)
+    .fetch_one(&db.pool)
+    .await
+    .expect("compare");
+    assert_eq!(
+        differ, 0,
+        "from the rewind on, the subscription handled what the server holds at each position"
+    );
+    subscription.shutdown().await;
+    quiesce_and_check(&db.pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folders_and_followers() {
+async fn a_log_that_went_back_stops_an_outbox_told_to_stop() {
+    let db = TestDb::new().await;
+    let config = OutboxConfig::default().on_rewind(OnRewind::Stop);
+    let (outbox, mut stream) = ten_folded_with(&db, config).await;
+    let (from, _) = lose_the_last_append(&db.pool, true).await;
+    commit_one(&outbox, Note { writer: 2, n: 0 }).await;
+    ends_with_rewind(
+        "the listener",
+        &mut stream,
+        &format!("commit log went back below position {from}"),
+        PATIENCE,
+    )
+    .await;
+    stays_stopped("the outbox", &outbox).await;
+    // It stays so: nothing starts the lanes again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stays_stopped("the outbox, later", &outbox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_history_that_gave_seen_positions_to_other_events_ends_every_listener_and_each_process_goes_on()
+ {
     let db = TestDb::new().await;
     let outboxes = thirty_folded_and_followed(&db).await;
     // A peer on the promoted server folds past position 10 before either process reads the
@@ -867,14 +975,8 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folde
             "the process that does not fold",
             "a process whose cache holds 16 entries",
         ][index];
-        let text = ends_with_rewind(
-            which,
-            &outbox,
-            &mut stream,
-            &format!("position {from}"),
-            PATIENCE,
-        )
-        .await;
+        let text =
+            ends_with_rewind(which, &mut stream, &format!("position {from}"), PATIENCE).await;
         if index == 2 {
             // It returned positions whose events it no longer holds: a newer history gave
             // them again, so they cannot be taken as the same.
@@ -883,6 +985,7 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_stops_folde
                 "{which}: says why: {text}"
             );
         }
+        goes_on_from_the_server(which, &outbox, &db.pool, from, true, PATIENCE).await;
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::Note;
 use common::cluster::Cluster;
-use common::lost::{ends_with_rewind, lose_by_hand};
+use common::lost::{ends_with_rewind, goes_on_from_the_server, lose_by_hand};
 use common::tcp_fault::{Fault, TcpFault};
 use futures::StreamExt;
 use ordo::{CommitStream, Outbox, OutboxConfig, Start};
@@ -47,7 +47,7 @@ async fn next_position(stream: &mut CommitStream<Note>) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_that_lost_acknowledged_transactions_stops_a_reader_that_comes_back_after_a_peer_folded_past()
+async fn a_restart_that_lost_acknowledged_transactions_ends_a_reader_that_comes_back_after_a_peer_folded_past_and_it_goes_on()
  {
     let Some(server) = Cluster::create("ordo_restart_loss", 5489, &[]) else {
         return;
@@ -100,9 +100,18 @@ async fn a_restart_that_lost_acknowledged_transactions_stops_a_reader_that_comes
     // only the restart tells it to check, and the positions it returned hold other events.
     ends_with_rewind(
         "the reader that came back",
-        &follower,
         &mut followed,
         &format!("position {from}"),
+        PATIENCE,
+    )
+    .await;
+    // Then it goes on by itself, from what the server holds (no process folds here now).
+    goes_on_from_the_server(
+        "the reader that came back",
+        &follower,
+        &direct,
+        from,
+        false,
         PATIENCE,
     )
     .await;

@@ -120,7 +120,17 @@ pub(crate) async fn run<E: Executor>(mut executor: E) {
             }
         };
         if matches!(flow, Flow::Stop) {
-            break;
+            let core = executor.consumer();
+            if core.stop.is_stopped() {
+                break;
+            }
+            // Its reads ended without a stop of its own: the lanes stopped under it (the
+            // outbox starts new ones after a rewind). Claim again, on the lanes current then,
+            // from the position stored on the server.
+            tracing::info!(subscription = %core.name, kind = core.kind.as_str(), "the outbox's lanes stopped under this runner; claiming again");
+            if matches!(core.pause(ERROR_BACKOFF).await, Flow::Stop) {
+                break;
+            }
         }
     }
     let core = executor.consumer();

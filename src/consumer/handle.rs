@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::shutdown::Running;
+use super::start::LaneHeads;
 use super::status::SubscriptionStatus;
-use crate::commit_lane::CommitShared;
 use crate::position::Ordering;
 
 /// The handle returned by [`Outbox::subscribe`](crate::Outbox::subscribe).
@@ -48,10 +48,9 @@ impl std::fmt::Debug for SubscriptionHandle {
     }
 }
 
-/// Where each lane's head is, for the lag.
+/// Where each lane's head is, for the lag: the outbox's current lanes.
 pub(crate) struct Heads {
-    pub(crate) insert: watch::Receiver<u64>,
-    pub(crate) commit: Arc<CommitShared>,
+    pub(crate) current: Arc<dyn LaneHeads>,
 }
 
 impl SubscriptionHandle {
@@ -67,8 +66,8 @@ impl SubscriptionHandle {
     fn with_lag(&self, status: &SubscriptionStatus) -> SubscriptionStatus {
         let mut status = status.clone();
         let head = match status.lane {
-            Ordering::Insert => *self.heads.insert.borrow(),
-            Ordering::Commit => self.heads.commit.head(),
+            Ordering::Insert => *self.heads.current.insert().borrow(),
+            Ordering::Commit => self.heads.current.commit().head(),
         };
         status.lag = head.saturating_sub(status.position.get());
         status
@@ -88,10 +87,11 @@ impl SubscriptionHandle {
         mut condition: impl FnMut(&SubscriptionStatus) -> bool,
     ) -> (SubscriptionStatus, bool) {
         let mut changes = self.status.clone();
-        let mut insert_head = self.heads.insert.clone();
-        let mut commit_head = self.heads.commit.head.subscribe();
         let deadline = tokio::time::Instant::now() + limit;
         loop {
+            // Taken again each time: the outbox starts new lanes after a rewind.
+            let mut insert_head = self.heads.current.insert();
+            let mut commit_head = self.heads.current.commit().head.subscribe();
             let current = self.with_lag(&changes.borrow_and_update());
             if condition(&current) {
                 return (current, true);

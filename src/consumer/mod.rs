@@ -40,7 +40,7 @@ pub(crate) use schedule::Schedule;
 pub(crate) use shutdown::Runners;
 pub(crate) use stalled::attach_stalled;
 pub use stalled::{list_stalled_keys, retry_stalled_keys};
-pub(crate) use start::{Registration, Shared, start};
+pub(crate) use start::{CurrentLanes, LaneSet, Registration, Shared, start};
 pub use status::{
     DeadLetterCount, RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus,
 };

@@ -2,7 +2,7 @@
 //! its status channel, and its runner supervised in the care of the outbox's [`Runners`]
 //! (stopped, and its lease released, on shutdown).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -21,7 +21,7 @@ use crate::commit_lane::CommitShared;
 use crate::error::{Error, Result};
 use crate::insert_lane::LaneShared;
 use crate::position::{Ordering, Position};
-use crate::task::Supervised;
+use crate::task::{StopSignal, Supervised};
 
 /// What the core needs of a consumer's configuration (a subscription's `JobConfig`, a relay's
 /// `RelayConfig`): the row's name and lane, where a new row starts, and the lease.
@@ -34,19 +34,88 @@ pub(crate) struct Registration {
     pub(crate) kind: Kind,
 }
 
-/// What every runner reads from: the pool and both lanes.
+/// What every runner reads from: the pool and both lanes, as the outbox runs them now.
 pub(crate) struct Shared<P> {
     pub(crate) pool: PgPool,
+    pub(crate) lanes: Arc<CurrentLanes<P>>,
+}
+
+/// The lanes a runner reads and the signal that stops them: one outbox's, until it starts
+/// them again after a rewind.
+pub(crate) struct LaneSet<P> {
     pub(crate) lane: Arc<LaneShared<P>>,
     pub(crate) commit: Arc<CommitShared>,
+    /// Set when these lanes stop (the outbox shuts down, or starts new lanes after a rewind):
+    /// a runner's reads end with it, and its next claim reads the lanes current then.
+    pub(crate) stop: StopSignal,
+}
+
+impl<P> Clone for LaneSet<P> {
+    fn clone(&self) -> Self {
+        Self {
+            lane: Arc::clone(&self.lane),
+            commit: Arc::clone(&self.commit),
+            stop: self.stop.clone(),
+        }
+    }
+}
+
+/// The lanes an outbox runs now. Replaced when the outbox starts again after the database went
+/// back in time under it ([`Error::ServerRewound`]): runners take the lanes from here at each
+/// claim, so they go on with the new lanes from the position stored on the server.
+pub(crate) struct CurrentLanes<P> {
+    lanes: RwLock<LaneSet<P>>,
+}
+
+impl<P> CurrentLanes<P> {
+    pub(crate) fn new(lanes: LaneSet<P>) -> Self {
+        Self {
+            lanes: RwLock::new(lanes),
+        }
+    }
+
+    /// The lanes current now.
+    pub(crate) fn get(&self) -> LaneSet<P> {
+        match self.lanes.read() {
+            Ok(lanes) => lanes.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Makes `lanes` the current ones.
+    pub(crate) fn replace(&self, lanes: LaneSet<P>) {
+        match self.lanes.write() {
+            Ok(mut current) => *current = lanes,
+            Err(poisoned) => *poisoned.into_inner() = lanes,
+        }
+    }
+}
+
+/// Where each lane's head is now, for a handle's lag (which does not know the payload type).
+pub(crate) trait LaneHeads: Send + Sync {
+    /// A watch of the insert lane's frontier.
+    fn insert(&self) -> watch::Receiver<u64>;
+    /// The commit lane.
+    fn commit(&self) -> Arc<CommitShared>;
+}
+
+impl<P: Send + Sync> LaneHeads for CurrentLanes<P> {
+    fn insert(&self) -> watch::Receiver<u64> {
+        self.get().lane.frontier_watch()
+    }
+
+    fn commit(&self) -> Arc<CommitShared> {
+        self.get().commit
+    }
 }
 
 /// Where a new consumer starts, per its configuration.
 fn start_position<P>(shared: &Shared<P>, config: &Registration) -> Position {
+    let lanes = shared.lanes.get();
     let start_at = match (config.start, config.ordering) {
         (StartFrom::Beginning, _) => 0,
-        (StartFrom::Now, Ordering::Insert) => shared.lane.frontier(),
-        (StartFrom::Now, Ordering::Commit) => shared.commit.head(),
+        (StartFrom::Now, Ordering::Insert) => lanes.lane.frontier(),
+        (StartFrom::Now, Ordering::Commit) => lanes.commit.head(),
     };
     Position::new(config.ordering, start_at)
 }
@@ -88,8 +157,7 @@ where
     };
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {
-        insert: shared.lane.frontier.subscribe(),
-        commit: Arc::clone(&shared.commit),
+        current: Arc::clone(&shared.lanes) as Arc<dyn LaneHeads>,
     };
     let span = tracing::info_span!("ordo", task = kind, subscription = %config.name);
     let owner = Uuid::new_v4();

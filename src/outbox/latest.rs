@@ -58,7 +58,7 @@ where
     where
         V: Serialize + ?Sized,
     {
-        if self.inner.tasks.signal().is_stopped() {
+        if *self.inner.closed.borrow() {
             return Err(Error::Shutdown);
         }
         let mut conn = self.inner.direct.acquire().await?;
@@ -87,7 +87,7 @@ where
             event_type,
             value,
             &Headers::new(),
-            self.inner.sink.statements,
+            self.inner.statements,
         )
         .await
     }
@@ -125,14 +125,14 @@ where
         T: DeserializeOwned + Send + Sync + 'static,
     {
         let types = latest::selection(types)?;
-        let stop = self.inner.tasks.signal();
+        let generation = self.inner.generation();
+        let stop = generation.tasks.signal();
         if stop.is_stopped() {
             return Err(Error::Shutdown);
         }
-        let hub = self
-            .inner
+        let hub = generation
             .latest
-            .start(&self.inner.tasks, &self.inner.listen);
+            .start(&generation.tasks, &generation.listen);
         Ok(latest::stream(hub, types, stop))
     }
 

@@ -10,17 +10,18 @@ mod latest;
 mod read;
 mod wait;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::commit_lane::{self, CommitShared};
-use crate::config::{MIN_POOL_CONNECTIONS, OutboxConfig};
-use crate::consumer::{Runners, Shared, SubscriptionHandle};
+use crate::config::{MIN_POOL_CONNECTIONS, OnRewind, OutboxConfig};
+use crate::consumer::{CurrentLanes, LaneSet, Runners, Shared, SubscriptionHandle};
 use crate::error::{Error, Result};
 use crate::insert_lane::{self, LaneShared};
 use crate::latest::LatestHub;
@@ -37,11 +38,18 @@ use crate::write::transaction::OutboxTransaction;
 /// How long [`Outbox::shutdown`] waits for each lane task.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// The first and the longest wait between two attempts to start the lanes again after a
+/// rewind, while the server does not answer.
+const REWIND_RETRY_FIRST: Duration = Duration::from_millis(100);
+const REWIND_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// An outbox of events of type `P` on one database.
 ///
 /// Cheap to clone: clones share the background tasks (the insert lane's frontier task, the
 /// wake-up listener and notifier, the sequencer) and the subscription runners. They stop when
-/// [`shutdown`](Self::shutdown) is called or the last clone is dropped.
+/// [`shutdown`](Self::shutdown) is called or the last clone is dropped. If the database goes
+/// back in time under it (a failover that lost transactions), it starts its lanes again from
+/// what the server holds ([`OutboxConfig::on_rewind`]).
 ///
 /// ```no_run
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPlaced { id: u64 }
@@ -72,6 +80,24 @@ struct Inner<P> {
     /// The background parts' pool: [`OutboxConfig::background_pool`], else `pool`.
     direct: PgPool,
     config: OutboxConfig,
+    /// How publishing statements are sent (unnamed through a transaction-mode pooler).
+    statements: Statements,
+    /// The lanes and the tasks that run them: replaced when the outbox starts again after the
+    /// database went back in time under it.
+    generation: RwLock<Arc<Generation<P>>>,
+    /// The lanes of `generation`, as subscription runners take them at each claim.
+    current: Arc<CurrentLanes<P>>,
+    /// Subscription runners: stopped before the lanes they read.
+    runners: Runners,
+    /// Set by [`Outbox::shutdown`] (or a rewind under [`OnRewind::Stop`]): no generation
+    /// starts after it.
+    closed: watch::Sender<bool>,
+}
+
+/// What an outbox runs on one stretch of the server's history: its lanes, built from what the
+/// server holds when it starts, and the tasks that run them. A rewind ends one; the next one
+/// starts from what the server holds then, as a new `Outbox` would.
+struct Generation<P> {
     lane: Arc<LaneShared<P>>,
     commit: Arc<CommitShared>,
     sink: Arc<CommitSink<P>>,
@@ -79,17 +105,75 @@ struct Inner<P> {
     latest: LatestHub,
     /// The one LISTEN connection, for the wake-ups and the latest values.
     listen: Listen,
-    /// Subscription runners: stopped before the lanes they read.
-    runners: Runners,
     /// The lanes' and operations' tasks.
     tasks: Tasks,
 }
 
+impl<P> Generation<P>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Reads the lanes' positions from the server and spawns the tasks that run them.
+    async fn start(direct: &PgPool, config: &OutboxConfig, statements: Statements) -> Result<Self> {
+        let tasks = Tasks::new();
+        let listen = Listen::new(direct);
+        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, direct, config).await?;
+        let sink = crate::write::spawn(&tasks, direct, config, &lane, handoff, statements);
+        crate::ops::spawn(&tasks, direct, config);
+        let commit = commit_lane::spawn(&tasks, direct, config, &lane).await?;
+        Ok(Self {
+            latest: LatestHub::new(direct.clone()),
+            listen,
+            lane,
+            commit,
+            sink,
+            tasks,
+        })
+    }
+}
+
+impl<P> Generation<P> {
+    fn lanes(&self) -> LaneSet<P> {
+        LaneSet {
+            lane: Arc::clone(&self.lane),
+            commit: Arc::clone(&self.commit),
+            stop: self.tasks.signal(),
+        }
+    }
+}
+
 impl<P> Inner<P> {
+    /// The lanes running now.
+    fn generation(&self) -> Arc<Generation<P>> {
+        match self.generation.read() {
+            Ok(generation) => Arc::clone(&generation),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Makes `next` the running generation, unless the outbox was shut down meanwhile (then
+    /// stops it and returns false).
+    fn install(&self, next: Generation<P>) -> bool {
+        let mut slot = match self.generation.write() {
+            Ok(slot) => slot,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        // Read under the lock `stop` reads the generation under, after setting `closed`: a
+        // generation installed here is the one it stops.
+        if *self.closed.borrow() {
+            next.tasks.request_stop();
+            return false;
+        }
+        self.current.replace(next.lanes());
+        *slot = Arc::new(next);
+        true
+    }
+
     /// Stops the subscription runners, then the lanes they read and every other task.
     async fn stop(&self) {
+        self.closed.send_replace(true);
         self.runners.shutdown().await;
-        self.tasks.stop(SHUTDOWN_GRACE).await;
+        self.generation().tasks.stop(SHUTDOWN_GRACE).await;
     }
 }
 
@@ -153,51 +237,55 @@ where
             .unwrap_or_else(|| pool.clone());
         crate::migrate::check_schema_version(&direct).await?;
         crate::metrics::describe();
-        let tasks = Tasks::new();
-        let listen = Listen::new(&direct);
-        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, &direct, &config).await?;
-        let sink = crate::write::spawn(&tasks, &direct, &config, &lane, handoff, statements);
-        crate::ops::spawn(&tasks, &direct, &config);
-        let commit = commit_lane::spawn(&tasks, &direct, &config, &lane).await?;
+        let generation = Generation::start(&direct, &config, statements).await?;
         let outbox = Self {
             inner: Arc::new(Inner {
-                latest: LatestHub::new(direct.clone()),
-                listen,
+                current: Arc::new(CurrentLanes::new(generation.lanes())),
+                generation: RwLock::new(Arc::new(generation)),
                 pool,
                 direct,
                 config,
-                lane,
-                commit,
-                sink,
+                statements,
                 runners: Runners::new(),
-                tasks,
+                closed: watch::Sender::new(false),
             }),
         };
-        outbox.stop_on_rewind();
+        outbox.watch_for_rewinds();
         Ok(outbox)
     }
 
-    /// Stops the outbox, as [`shutdown`](Self::shutdown) does, once a part of it finds the
-    /// server gone back in time ([`Error::ServerRewound`]): its lanes hold events the server
-    /// no longer has, and going on would deliver positions the server gives again to other
-    /// events as if they had been delivered. A task of its own, which ends with the outbox.
-    fn stop_on_rewind(&self) {
+    /// Watches for the database going back in time under the outbox ([`Error::ServerRewound`]):
+    /// its lanes hold events the server no longer has, and going on with them would deliver
+    /// positions the server gives again to other events as if they had been delivered. The
+    /// lanes stop (every listener ends with the error), and then, per
+    /// [`OutboxConfig::on_rewind`], either new lanes start from what the server holds (the
+    /// runners claim again onto them) or the outbox stops. A task of its own, which ends with
+    /// the outbox; it holds the outbox only while it acts.
+    fn watch_for_rewinds(&self) {
         let outbox = Arc::downgrade(&self.inner);
-        let rewind = Arc::clone(&self.inner.lane.rewind);
-        let mut stopped = self.inner.tasks.signal();
+        let mut closed = self.inner.closed.subscribe();
         tokio::spawn(async move {
-            tokio::select! {
-                _ = stopped.stopped() => return,
-                _ = rewind.reported() => {}
+            loop {
+                let (rewind, mut stopped) = match outbox.upgrade() {
+                    Some(inner) => {
+                        let generation = inner.generation();
+                        (
+                            Arc::clone(&generation.lane.rewind),
+                            generation.tasks.signal(),
+                        )
+                    }
+                    None => return,
+                };
+                tokio::select! {
+                    _ = closed.wait_for(|closed| *closed) => return,
+                    // Stopped without a rewind: the outbox was dropped.
+                    _ = stopped.stopped() => if !rewind.is_reported() { return },
+                    _ = rewind.reported() => {}
+                }
+                if !resume_after_rewind(&outbox, &rewind, &mut closed).await {
+                    return;
+                }
             }
-            let Some(inner) = outbox.upgrade() else {
-                return;
-            };
-            if let Some(error) = rewind.error() {
-                tracing::error!(%error, "ordo outbox stopped: the database went back in time");
-            }
-            metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(1.0);
-            inner.stop().await;
         });
     }
 
@@ -217,16 +305,19 @@ where
     ///
     /// # Errors
     /// [`Error::Database`] if no connection can be had; [`Error::Shutdown`] after
-    /// [`shutdown`](Self::shutdown).
+    /// [`shutdown`](Self::shutdown); [`Error::ServerRewound`] while the outbox starts again
+    /// after the database went back in time under it (try again shortly), or for good under
+    /// [`OnRewind::Stop`].
     pub async fn begin(&self) -> Result<OutboxTransaction<P>> {
-        if let Some(error) = self.inner.lane.rewind.error() {
+        let generation = self.inner.generation();
+        if let Some(error) = generation.lane.rewind.error() {
             return Err(error);
         }
-        if self.inner.tasks.signal().is_stopped() {
+        if generation.tasks.signal().is_stopped() || *self.inner.closed.borrow() {
             return Err(Error::Shutdown);
         }
         let tx = self.inner.pool.begin().await?;
-        Ok(OutboxTransaction::new(tx, Arc::clone(&self.inner.sink)))
+        Ok(OutboxTransaction::new(tx, Arc::clone(&generation.sink)))
     }
 
     /// Inserts `events` into `ordo.events` now, inside a transaction the caller owns and will
@@ -251,16 +342,18 @@ where
     ///
     /// # Errors
     /// [`Error::Encode`] if an event does not serialise; [`Error::Database`] if the insert
-    /// fails (the caller's transaction is then aborted, as with any failed statement).
+    /// fails (the caller's transaction is then aborted, as with any failed statement);
+    /// [`Error::ServerRewound`] as [`begin`](Self::begin) returns it.
     pub async fn publish_in(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         events: impl IntoIterator<Item = P>,
     ) -> Result<Vec<EventSequence>> {
-        if let Some(error) = self.inner.lane.rewind.error() {
+        let generation = self.inner.generation();
+        if let Some(error) = generation.lane.rewind.error() {
             return Err(error);
         }
-        publish_in(&self.inner.sink, tx, events).await
+        publish_in(&generation.sink, tx, events).await
     }
 
     /// Whether transaction `xid` committed: the question to ask after
@@ -349,9 +442,7 @@ where
         S: Subscriber<P>,
     {
         subscription::spawn(
-            self.inner.direct.clone(),
-            Arc::clone(&self.inner.lane),
-            Arc::clone(&self.inner.commit),
+            self.shared(),
             &self.inner.runners,
             config.resolve_types::<P>(),
             subscriber,
@@ -432,13 +523,23 @@ where
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
-        let shared = Shared {
-            pool: self.inner.direct.clone(),
-            lane: Arc::clone(&self.inner.lane),
-            commit: Arc::clone(&self.inner.commit),
-        };
         let config = config.resolve_types::<P>();
-        crate::relay::start::spawn(shared, &self.inner.runners, config, sinks, Arc::new(keys)).await
+        crate::relay::start::spawn(
+            self.shared(),
+            &self.inner.runners,
+            config,
+            sinks,
+            Arc::new(keys),
+        )
+        .await
+    }
+
+    /// What a runner reads from.
+    fn shared(&self) -> Shared<P> {
+        Shared {
+            pool: self.inner.direct.clone(),
+            lanes: Arc::clone(&self.inner.current),
+        }
     }
 
     /// The outbox's state as the database shows it: positions, lag of each lane and each
@@ -472,6 +573,81 @@ where
     /// waiting.
     pub async fn shutdown(&self) {
         self.inner.stop().await;
+    }
+}
+
+/// One rewind under the outbox `outbox` (reported on `rewind`): stops the lanes it ended, then
+/// starts new ones from what the server holds, retrying while the server does not answer, or
+/// stops the outbox under [`OnRewind::Stop`]. Returns whether the outbox goes on.
+async fn resume_after_rewind<P>(
+    outbox: &std::sync::Weak<Inner<P>>,
+    rewind: &insert_lane::Rewind,
+    closed: &mut watch::Receiver<bool>,
+) -> bool
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    let Some(inner) = outbox.upgrade() else {
+        return false;
+    };
+    let error = rewind
+        .error()
+        .map(|error| error.to_string())
+        .unwrap_or_default();
+    metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(1.0);
+    metrics::counter!(crate::telemetry::metrics::SERVER_REWINDS).increment(1);
+    let resume = inner.config.on_rewind == OnRewind::Resume;
+    tracing::error!(
+        %error,
+        resume,
+        "ordo outbox: the database went back in time; every listener ends here, and {}",
+        if resume {
+            "the outbox starts again from what the server holds"
+        } else {
+            "the outbox stops (OnRewind::Stop)"
+        }
+    );
+    // Its listeners end with the error; the runners' reads end, and they claim again.
+    inner.generation().tasks.stop(SHUTDOWN_GRACE).await;
+    if !resume {
+        inner.stop().await;
+        return false;
+    }
+    drop(inner);
+    let mut backoff = REWIND_RETRY_FIRST;
+    loop {
+        let Some(inner) = outbox.upgrade() else {
+            return false;
+        };
+        if *closed.borrow() {
+            return false;
+        }
+        match Generation::start(&inner.direct, &inner.config, inner.statements).await {
+            Ok(next) => {
+                let (frontier, head) = (next.lane.frontier(), next.commit.head());
+                if !inner.install(next) {
+                    return false;
+                }
+                metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(0.0);
+                tracing::warn!(
+                    insert_frontier = frontier,
+                    commit_head = head,
+                    "ordo outbox started again after the rewind, from what the server holds: \
+                     listen again to follow it; subscriptions and relays go on from their \
+                     positions stored there"
+                );
+                return true;
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?backoff, "ordo outbox: starting again after the rewind failed; trying again");
+            }
+        }
+        drop(inner);
+        tokio::select! {
+            _ = closed.wait_for(|closed| *closed) => return false,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(REWIND_RETRY_MAX);
     }
 }
 

@@ -54,14 +54,15 @@ where
     }
 
     fn listen_filtered(&self, start: Start<EventSequence>, filter: TypeFilter) -> EventStream<P> {
+        let generation = self.inner.generation();
         let after = match start {
             Start::Beginning => 0,
             Start::After(position) => position.get(),
-            Start::Now => self.inner.lane.frontier(),
+            Start::Now => generation.lane.frontier(),
         };
         let reader = LaneReader::new(
-            Arc::clone(&self.inner.lane),
-            self.inner.tasks.signal(),
+            Arc::clone(&generation.lane),
+            generation.tasks.signal(),
             ReadMode::Full,
             after,
         );
@@ -71,7 +72,7 @@ where
     /// The insert lane's frontier in this process: every sequence at or below it is resolved
     /// (a committed event or a placeholder).
     pub fn insert_frontier(&self) -> EventSequence {
-        EventSequence::new(self.inner.lane.frontier())
+        EventSequence::new(self.inner.generation().lane.frontier())
     }
 
     /// A stream of the commit-ordered lane from `start`: dense [`CommitSequence`]s (+1 each
@@ -83,15 +84,16 @@ where
     ///
     /// `Start::Now` starts after the log head as this process knows it.
     pub fn listen_committed(&self, start: Start<CommitSequence>) -> CommitStream<P> {
+        let generation = self.inner.generation();
         let after = match start {
             Start::Beginning => 0,
             Start::After(position) => position.get(),
-            Start::Now => self.inner.commit.head(),
+            Start::Now => generation.commit.head(),
         };
         let reader = CommitReader::new(
-            Arc::clone(&self.inner.lane),
-            Arc::clone(&self.inner.commit),
-            self.inner.tasks.signal(),
+            Arc::clone(&generation.lane),
+            Arc::clone(&generation.commit),
+            generation.tasks.signal(),
             after,
         );
         commit_listener::stream(reader)
@@ -99,6 +101,6 @@ where
 
     /// The commit log's head as this process knows it (`last_commit_seq`).
     pub fn commit_head(&self) -> CommitSequence {
-        CommitSequence::new(self.inner.commit.head())
+        CommitSequence::new(self.inner.generation().commit.head())
     }
 }

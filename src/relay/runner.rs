@@ -39,6 +39,7 @@ use super::outage::Health;
 use super::sink_down::Shown;
 use super::{RawPayload, SendError, Sink};
 use crate::commit_lane::CommitShared;
+use crate::consumer::LaneSet;
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
 use crate::consumer::sql::Stored;
@@ -46,6 +47,7 @@ use crate::consumer::{Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed,
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
 use crate::position::{Ordering, Position};
+use crate::task::StopSignal;
 
 /// Events released by an expired deadline are tried again after this.
 pub(super) const BLAMELESS_RETRY: Duration = Duration::from_millis(100);
@@ -70,11 +72,17 @@ pub(super) enum Verdict {
     Unresolved(String),
 }
 
+/// The outbox's lanes now, the insert lane read as stored text: taken at each claim.
+pub(crate) type LanesNow = Arc<dyn Fn() -> LaneSet<RawPayload> + Send + Sync>;
+
 pub(crate) struct RelayRunner<K> {
     pub(crate) core: Consumer,
+    pub(crate) lanes_now: LanesNow,
     /// The lane read as stored text (see [`LaneShared::table_view`]).
     pub(crate) lane: Arc<LaneShared<RawPayload>>,
     pub(crate) commit: Arc<CommitShared>,
+    /// Set when `lane` and `commit` stop: this claim's reads end.
+    pub(crate) lanes_stop: StopSignal,
     pub(crate) config: RelayConfig,
     /// The sinks not in flight (one per batch that may be in flight at once).
     pub(crate) idle: Vec<Carrier<K>>,
@@ -123,6 +131,10 @@ impl<K: Sink> Executor for RelayRunner<K> {
     }
 
     async fn process(&mut self, row: Stored) -> Flow {
+        let lanes = (self.lanes_now)();
+        self.lane = lanes.lane;
+        self.commit = lanes.commit;
+        self.lanes_stop = lanes.stop;
         self.process_from(row.position).await
     }
 }
@@ -136,7 +148,7 @@ impl<K: Sink> RelayRunner<K> {
         let source = Source::new(
             &self.lane,
             &self.commit,
-            self.core.stop.clone(),
+            self.core.stop.clone().or(&self.lanes_stop),
             watermark,
             self.config.types.clone(),
         );

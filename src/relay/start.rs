@@ -9,10 +9,10 @@ use serde::de::DeserializeOwned;
 
 use super::config::RelayConfig;
 use super::flight::Carrier;
-use super::runner::{KeyFn, Keyer, RelayRunner};
+use super::runner::{KeyFn, Keyer, LanesNow, RelayRunner};
 use super::{Message, RawPayload, Sink};
 use crate::consumer::source::Item;
-use crate::consumer::{Keys, Kind, Registration, Runners, Shared, SubscriptionHandle};
+use crate::consumer::{Keys, Kind, LaneSet, Registration, Runners, Shared, SubscriptionHandle};
 use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::insert_lane::LaneShared;
@@ -46,14 +46,24 @@ where
         lease: config.lease,
         kind: Kind::Relay,
     };
-    let lane = stored_text_lane(&shared.lane);
+    let current = Arc::clone(&shared.lanes);
+    let lanes_now: LanesNow = Arc::new(move || {
+        let lanes = current.get();
+        LaneSet {
+            lane: stored_text_lane(&lanes.lane),
+            commit: lanes.commit,
+            stop: lanes.stop,
+        }
+    });
+    let lanes = lanes_now();
     let keys = keyer(keys);
-    let commit = Arc::clone(&shared.commit);
     crate::consumer::start(shared, runners, &registration, move |core| {
         crate::consumer::run(RelayRunner {
             core,
-            lane,
-            commit,
+            lanes_now,
+            lane: lanes.lane,
+            commit: lanes.commit,
+            lanes_stop: lanes.stop,
             config,
             idle: sinks
                 .into_iter()

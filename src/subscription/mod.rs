@@ -16,11 +16,8 @@ pub(crate) mod wait;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
-use sqlx::PgPool;
 
-use crate::commit_lane::CommitShared;
 use crate::error::{Error, Result};
-use crate::insert_lane::LaneShared;
 pub use crate::position::Position;
 pub use admin::{delete_subscription, pause_subscription, reset_subscription, resume_subscription};
 pub use config::{Batch, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering, RetryPolicy};
@@ -36,9 +33,7 @@ use runner::Runner;
 /// Creates the subscription's row if it is new, refuses a lane mismatch, and spawns its runner
 /// in the care of `runners` (the outbox's, which stops it on shutdown).
 pub(crate) async fn spawn<P, S>(
-    pool: PgPool,
-    lane: Arc<LaneShared<P>>,
-    commit: Arc<CommitShared>,
+    shared: Shared<P>,
     runners: &Runners,
     config: JobConfig,
     subscriber: S,
@@ -48,11 +43,7 @@ where
     S: Subscriber<P>,
 {
     config.validate()?;
-    let shared = Shared {
-        pool: pool.clone(),
-        lane: Arc::clone(&lane),
-        commit: Arc::clone(&commit),
-    };
+    let pool = shared.pool.clone();
     // A subscription not created yet has no progress.
     if config.keyed.is_none()
         && crate::consumer::progress::has_progress(&pool, &config.name).await?
@@ -69,11 +60,15 @@ where
         lease: config.lease,
         kind: Kind::Subscription,
     };
+    let current = Arc::clone(&shared.lanes);
+    let lanes = current.get();
     crate::consumer::start(shared, runners, &registration, move |core| {
         crate::consumer::run(Runner {
             core,
-            lane,
-            commit,
+            current,
+            lane: lanes.lane,
+            commit: lanes.commit,
+            lanes_stop: lanes.stop,
             config,
             subscriber: Arc::new(subscriber),
         })

@@ -17,10 +17,11 @@ use crate::commit_lane::CommitShared;
 use crate::consumer::source::{Item, Source};
 use crate::consumer::sql::Stored;
 use crate::consumer::{
-    Consumer, ERROR_BACKOFF, Executor, Flow, ReadFailed, RunStatus, SubscriptionState,
+    Consumer, CurrentLanes, ERROR_BACKOFF, Executor, Flow, ReadFailed, RunStatus, SubscriptionState,
 };
 use crate::insert_lane::LaneShared;
 use crate::position::Position;
+use crate::task::StopSignal;
 use crate::telemetry::metrics as m;
 
 /// How waiting for the lane's next items ended.
@@ -34,8 +35,12 @@ enum Waited {
 
 pub(crate) struct Runner<P, S> {
     pub(crate) core: Consumer,
+    /// The outbox's lanes now, taken at each claim into `lane` and `commit`.
+    pub(crate) current: Arc<CurrentLanes<P>>,
     pub(crate) lane: Arc<LaneShared<P>>,
     pub(crate) commit: Arc<CommitShared>,
+    /// Set when `lane` and `commit` stop: this claim's reads end.
+    pub(crate) lanes_stop: StopSignal,
     pub(crate) config: JobConfig,
     pub(crate) subscriber: Arc<S>,
 }
@@ -54,6 +59,10 @@ where
     }
 
     async fn process(&mut self, row: Stored) -> Flow {
+        let lanes = self.current.get();
+        self.lane = lanes.lane;
+        self.commit = lanes.commit;
+        self.lanes_stop = lanes.stop;
         match self.config.keyed {
             Some(keyed) => self.process_keyed(&row, keyed).await,
             None => self.process_from(row.position, row.attempts).await,
@@ -72,7 +81,7 @@ where
         let mut source = Source::new(
             &self.lane,
             &self.commit,
-            self.core.stop.clone(),
+            self.core.stop.clone().or(&self.lanes_stop),
             position,
             self.config.types.clone(),
         );

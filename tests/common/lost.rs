@@ -13,10 +13,9 @@ use super::Note;
 
 /// Waits up to `patience` for `which`'s commit-lane listener to end with
 /// `Error::ServerRewound` naming `names` (no event may come before it), then checks that the
-/// stream is over and that the outbox refuses new transactions. Returns the error's text.
+/// stream is over. Returns the error's text.
 pub async fn ends_with_rewind(
     which: &str,
-    outbox: &Outbox<Note>,
     stream: &mut CommitStream<Note>,
     names: &str,
     patience: Duration,
@@ -42,11 +41,91 @@ pub async fn ends_with_rewind(
         stream.next().await.is_none(),
         "{which}: then the stream is over"
     );
+    text
+}
+
+/// Checks that `which` (built with `OnRewind::Stop`) refuses new transactions after a rewind.
+pub async fn stays_stopped(which: &str, outbox: &Outbox<Note>) {
     assert!(
         matches!(outbox.begin().await, Err(Error::ServerRewound { .. })),
         "{which}: the outbox refuses new transactions"
     );
-    text
+}
+
+/// Checks that `which` (built with the default `OnRewind::Resume`) goes on by itself after a
+/// rewind, from what `pool`'s server holds: `begin` works again within `patience`, and a
+/// listener opened now reads the server's event at the rewound position `from` (not the one
+/// the process had seen there), and, when a process folds (`folded`), an event committed
+/// through the outbox after it.
+pub async fn goes_on_from_the_server(
+    which: &str,
+    outbox: &Outbox<Note>,
+    pool: &PgPool,
+    from: i64,
+    folded: bool,
+    patience: Duration,
+) {
+    let began = tokio::time::Instant::now();
+    let mut tx = loop {
+        match outbox.begin().await {
+            Ok(tx) => break tx,
+            Err(Error::ServerRewound { .. }) if began.elapsed() < patience => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{which}: begin after the rewind: {error}"),
+        }
+    };
+    tx.publish(Note { writer: 9, n: 0 }).expect("publish");
+    tx.commit().await.expect("a commit after the rewind");
+    // Once the server's log holds the position again (a process folds what it holds).
+    let held = loop {
+        let held: Option<String> = sqlx::query_scalar(
+            "SELECT e.id::text FROM ordo.commit_log AS l \
+             JOIN ordo.events AS e ON e.sequence = l.sequence WHERE l.commit_seq = $1",
+        )
+        .bind(from)
+        .fetch_optional(pool)
+        .await
+        .expect("the server's event at the rewound position");
+        match held {
+            Some(held) => break held,
+            None if began.elapsed() < patience => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None => panic!("{which}: the server's log holds no position {from}"),
+        }
+    };
+    let after = ordo::CommitSequence::new(u64::try_from(from - 1).expect("a position"));
+    let mut stream = outbox.listen_committed(ordo::Start::After(after));
+    let first = next_in(which, &mut stream, patience).await;
+    assert_eq!(first.commit_sequence.get(), from as u64, "{which}: dense");
+    assert_eq!(
+        first.event.id.to_string(),
+        held,
+        "{which}: the server's event at position {from}"
+    );
+    if !folded {
+        return;
+    }
+    loop {
+        let item = next_in(which, &mut stream, patience).await;
+        if item.event.payload == (Note { writer: 9, n: 0 }) {
+            return;
+        }
+    }
+}
+
+async fn next_in(
+    which: &str,
+    stream: &mut CommitStream<Note>,
+    patience: Duration,
+) -> ordo::CommitOrderedEnvelope<Note> {
+    match timeout(patience, stream.next()).await {
+        Ok(Some(Ok(item))) => item,
+        Ok(Some(Err(error))) => panic!("{which}: a listener opened after the rewind: {error}"),
+        Ok(None) => panic!("{which}: a listener opened after the rewind ended"),
+        Err(_) => panic!("{which}: a listener opened after the rewind heard nothing"),
+    }
 }
 
 /// What a failover or a crash leaves, made by hand in one transaction on one server: the

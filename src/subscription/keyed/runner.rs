@@ -56,7 +56,7 @@ where
         let source = Source::new(
             &self.lane,
             &self.commit,
-            self.core.stop.clone(),
+            self.core.stop.clone().or(&self.lanes_stop),
             row.position,
             self.config.types.clone(),
         );
