@@ -864,6 +864,18 @@ async fn a_log_that_went_back_ends_the_listeners_and_the_outbox_goes_on_from_wha
 {
     let db = TestDb::new().await;
     let (outbox, mut stream) = ten_folded(&db).await;
+    // A latest-value stream ends with the rewind too: a lost value's version may be given
+    // again to another value.
+    let mut rates = outbox.latest::<u32>(["rate"]).expect("a latest stream");
+    outbox
+        .publish_latest("rate", &1u32)
+        .await
+        .expect("publish a latest value");
+    let first = timeout(PATIENCE, rates.next()).await.expect("in time");
+    assert!(
+        matches!(first, Some(Ok(ref latest)) if *latest.payload == 1),
+        "{first:?}"
+    );
     // A subscription past every position, in this process: it must go on from what the
     // server stores for it, onto the new lanes, without a restart.
     sqlx::query("CREATE TABLE handled (position bigint PRIMARY KEY, payload jsonb NOT NULL)")
@@ -905,7 +917,19 @@ async fn a_log_that_went_back_ends_the_listeners_and_the_outbox_goes_on_from_wha
         PATIENCE,
     )
     .await;
+    let ended = timeout(PATIENCE, rates.next()).await.expect("in time");
+    assert!(
+        matches!(ended, Some(Err(ordo::Error::ServerRewound { .. }))),
+        "the latest stream ends with the rewind: {ended:?}"
+    );
+    assert!(rates.next().await.is_none(), "then it is over");
     goes_on_from_the_server("the outbox", &outbox, &db.pool, from, true, PATIENCE).await;
+    let mut rates = outbox.latest::<u32>(["rate"]).expect("a new latest stream");
+    let current = timeout(PATIENCE, rates.next()).await.expect("in time");
+    assert!(
+        matches!(current, Some(Ok(ref latest)) if *latest.payload == 1),
+        "{current:?}"
+    );
     // The subscription handled the server's events from the rewound position on, each once.
     let handled = eventually(PATIENCE, || async {
         sqlx::query_scalar::<_, bool>(

@@ -12,6 +12,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::{HubShared, Latest, LatestRow, sql};
 use crate::error::{Error, Result};
+use crate::insert_lane::Rewind;
 use crate::listener::jittered;
 use crate::task::StopSignal;
 
@@ -37,6 +38,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 ///   yielded if it decodes).
 /// - [`Error::Database`] with a permanent cause (the `ordo` schema not migrated, permission
 ///   denied, the pool closed): yielded once, then the stream ends.
+/// - [`Error::ServerRewound`]: the database went back in time under the outbox (a failover
+///   that lost transactions): a lost value's version may be given again to another value,
+///   which this stream would skip as already seen. Yielded once, then the stream ends; open a
+///   new one ([`OutboxConfig::on_rewind`](crate::OutboxConfig::on_rewind)).
 ///
 /// Transient failures (a lost connection, a restarting server, a pool timeout) are not
 /// yielded: the stream reads its types again after a capped, jittered backoff (50 ms doubling
@@ -70,16 +75,22 @@ struct Follower {
     rows: broadcast::Receiver<Arc<LatestRow>>,
     epoch: watch::Receiver<u64>,
     stop: StopSignal,
+    /// Reported when the outbox's lanes stop because the database went back in time: the
+    /// stream ends with the error (a lost upsert's version may be given again to another
+    /// value, which a stream that went on would skip as already seen).
+    rewind: Arc<Rewind>,
     backoff: Duration,
     /// The highest version yielded per selected type (0: none yet).
     seen: HashMap<String, u64>,
 }
 
-/// The stream of `types` over `hub`'s rows; ends on `stop`.
+/// The stream of `types` over `hub`'s rows; ends on `stop`, with the error of `rewind` if that
+/// is why the outbox stopped it.
 pub(crate) fn stream<T>(
     hub: Arc<HubShared>,
     types: Vec<String>,
     stop: StopSignal,
+    rewind: Arc<Rewind>,
 ) -> LatestStream<T>
 where
     T: DeserializeOwned + Send + Sync + 'static,
@@ -92,6 +103,7 @@ where
         hub,
         types,
         stop,
+        rewind,
         backoff: FIRST_BACKOFF,
     };
     Box::pin(async_stream::stream! {
@@ -112,11 +124,21 @@ where
                         yield Err(error);
                         break;
                     }
-                    Read::Stop => break,
+                    Read::Stop => {
+                        if let Some(error) = follower.rewind.error() {
+                            yield Err(error);
+                        }
+                        break;
+                    }
                 }
             }
             match follower.wake().await {
-                Wake::Stop => break,
+                Wake::Stop => {
+                    if let Some(error) = follower.rewind.error() {
+                        yield Err(error);
+                    }
+                    break;
+                }
                 Wake::Reread => reread = true,
                 Wake::Row(row) => {
                     if let Some(item) = accept(&mut follower.seen, &row) {

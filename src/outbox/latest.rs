@@ -1,5 +1,7 @@
 //! Latest values on the outbox: publishing and following them (the work is in `latest/`).
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Postgres, Transaction};
@@ -133,7 +135,12 @@ where
         let hub = generation
             .latest
             .start(&generation.tasks, &generation.listen);
-        Ok(latest::stream(hub, types, stop))
+        Ok(latest::stream(
+            hub,
+            types,
+            stop,
+            Arc::clone(&generation.lane.rewind),
+        ))
     }
 
     /// The current value of `event_type`, read from `ordo.latest_values` now; `None` if it
