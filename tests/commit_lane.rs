@@ -831,6 +831,25 @@ async fn commit_one(outbox: &Outbox<Note>, note: Note) {
     tx.commit().await.expect("commit");
 }
 
+/// Commits a transaction after the last append (from `from` on) was lost with its events. It
+/// would be given a position the listener already passed, and be skipped by it: the
+/// sequencer's append is refused, it reads the log again and finds its head below what it had
+/// seen, and the listener ends with the rewind.
+async fn a_commit_finds_the_log_went_back(
+    outbox: &Outbox<Note>,
+    stream: &mut ordo::CommitStream<Note>,
+    from: i64,
+) {
+    commit_one(outbox, Note { writer: 2, n: 0 }).await;
+    ends_with_rewind(
+        "the listener",
+        stream,
+        &format!("commit log went back below position {from}"),
+        PATIENCE,
+    )
+    .await;
+}
+
 /// The listener's next event (not an error), in time.
 async fn next_event(stream: &mut ordo::CommitStream<Note>) -> ordo::CommitOrderedEnvelope<Note> {
     timeout(PATIENCE, stream.next())
@@ -906,17 +925,8 @@ async fn a_log_that_went_back_ends_the_listeners_and_the_outbox_goes_on_from_wha
     .await
     .expect("the checkpoint the server holds");
 
-    // The next transaction would be given a position the listener already passed, and be
-    // skipped by it. The sequencer's append is refused, it reads the log again, finds its head
-    // below what it had seen: the listener ends, and the outbox starts again from the server.
-    commit_one(&outbox, Note { writer: 2, n: 0 }).await;
-    ends_with_rewind(
-        "the listener",
-        &mut stream,
-        &format!("commit log went back below position {from}"),
-        PATIENCE,
-    )
-    .await;
+    // The listener ends, and the outbox starts again from the server.
+    a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
     let ended = timeout(PATIENCE, rates.next()).await.expect("in time");
     assert!(
         matches!(ended, Some(Err(ordo::Error::ServerRewound { .. }))),
@@ -968,14 +978,7 @@ async fn a_log_that_went_back_stops_an_outbox_told_to_stop() {
     let config = OutboxConfig::default().on_rewind(OnRewind::Stop);
     let (outbox, mut stream) = ten_folded_with(&db, config).await;
     let (from, _) = lose_the_last_append(&db.pool, true).await;
-    commit_one(&outbox, Note { writer: 2, n: 0 }).await;
-    ends_with_rewind(
-        "the listener",
-        &mut stream,
-        &format!("commit log went back below position {from}"),
-        PATIENCE,
-    )
-    .await;
+    a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
     stays_stopped("the outbox", &outbox).await;
     // It stays so: nothing starts the lanes again.
     tokio::time::sleep(Duration::from_millis(500)).await;
