@@ -980,6 +980,14 @@ async fn a_log_that_went_back_stops_an_outbox_told_to_stop() {
     let (from, _) = lose_the_last_append(&db.pool, true).await;
     a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
     stays_stopped("the outbox", &outbox).await;
+    // No consumer starts on lanes the server went back under.
+    let refused = outbox
+        .subscribe(JobConfig::new("after-the-rewind"), Recorder)
+        .await;
+    assert!(
+        matches!(refused, Err(ordo::Error::ServerRewound { .. })),
+        "a subscription is refused: {refused:?}"
+    );
     // It stays so: nothing starts the lanes again.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stays_stopped("the outbox, later", &outbox).await;

@@ -436,11 +436,12 @@ where
     /// # Errors
     /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::LaneMismatch`] when the
     /// stored subscription follows the other lane; [`Error::Database`] if its row cannot be
-    /// read or created.
+    /// read or created; [`Error::ServerRewound`] as [`begin`](Self::begin) returns it.
     pub async fn subscribe<S>(&self, config: JobConfig, subscriber: S) -> Result<SubscriptionHandle>
     where
         S: Subscriber<P>,
     {
+        self.refuse_while_rewound()?;
         subscription::spawn(
             self.shared(),
             &self.inner.runners,
@@ -491,7 +492,7 @@ where
     /// [`Error::InvalidConfig`] for settings that cannot hold (naming them: `batch_size ×
     /// per_event_budget ≤ batch_deadline < lease`); [`Error::LaneMismatch`] when a row of the
     /// same name follows the other lane; [`Error::Database`] if its row cannot be read or
-    /// created.
+    /// created; [`Error::ServerRewound`] as [`begin`](Self::begin) returns it.
     pub async fn relay<K, F>(
         &self,
         config: crate::relay::RelayConfig,
@@ -523,6 +524,7 @@ where
         K: crate::relay::Sink,
         F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
     {
+        self.refuse_while_rewound()?;
         let config = config.resolve_types::<P>();
         crate::relay::start::spawn(
             self.shared(),
@@ -532,6 +534,15 @@ where
             Arc::new(keys),
         )
         .await
+    }
+
+    /// [`Error::ServerRewound`] while the lanes are stopped on a rewind: a consumer started now
+    /// would take its start (`StartFrom::Now`) from lanes the server went back under.
+    fn refuse_while_rewound(&self) -> Result<()> {
+        match self.inner.generation().lane.rewind.error() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     /// What a runner reads from.
