@@ -973,6 +973,43 @@ async fn a_log_that_went_back_ends_the_listeners_and_the_outbox_goes_on_from_wha
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_shut_down_while_it_starts_again_after_a_rewind_stays_shut_down() {
+    let db = TestDb::new().await;
+    let (outbox, mut stream) = ten_folded(&db).await;
+    let (from, _) = lose_the_last_append(&db.pool, true).await;
+    // The listener ends when the old lanes stop; the new ones start right after. A shutdown
+    // then lands while they start: they must not run after it returns.
+    a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
+    outbox.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        let begun = outbox.begin().await;
+        assert!(
+            matches!(
+                begun,
+                Err(ordo::Error::Shutdown | ordo::Error::ServerRewound { .. })
+            ),
+            "the outbox stays shut down: {:?}",
+            begun.map(|_| "a transaction")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nor does anything of theirs: no LISTEN connection is left.
+    let closed = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'ordo.listen'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .map(|left| left == 0)
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(closed, "a LISTEN connection outlived the shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_went_back_stops_an_outbox_told_to_stop() {
     let db = TestDb::new().await;
     let config = OutboxConfig::default().on_rewind(OnRewind::Stop);
