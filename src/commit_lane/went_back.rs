@@ -20,8 +20,9 @@
 //! the sequencer's appends and the readers' pages fill), then checks them against the
 //! database ([`WentBack::check`]) and against what is appended again
 //! ([`WentBack::check_reappended`]). A position appended again to another event, or whose
-//! event is gone, is a rewind: reported, and the outbox stops
-//! ([`Error::ServerRewound`](crate::Error::ServerRewound)). A position a reader here returned
+//! event is gone, is a rewind: reported, and the outbox's lanes stop
+//! ([`Error::ServerRewound`](crate::Error::ServerRewound)) before new ones start from what the
+//! server holds. A position a reader here returned
 //! whose event the cache no longer holds cannot be checked: the server's history decides
 //! ([`WentBack::check`]). On the history the process knew, it was a crash, whose lost appends
 //! are folded again from the same events; on a newer one (a promotion), it is reported as a
@@ -377,7 +378,7 @@ impl WentBack {
         }
     }
 
-    /// Reports a rewind the commit lane found: the outbox stops.
+    /// Reports a rewind the commit lane found: the outbox's lanes stop.
     pub(crate) fn report(&self, what: String) {
         if let Ok(mut gone) = self.gone.lock() {
             gone.clear();

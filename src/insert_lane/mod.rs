@@ -66,8 +66,9 @@ pub(crate) struct LaneShared<P> {
     pub(crate) rewind: Arc<Rewind>,
 }
 
-/// The server went back in time under an outbox ([`Error::ServerRewound`]): reported once, by
-/// the part that sees it; the outbox then stops, and every reader ends with the error.
+/// The server went back in time under an outbox's lanes ([`Error::ServerRewound`]): reported
+/// once, by the part that sees it; the lanes then stop, every reader of them ends with the
+/// error, and the outbox starts new lanes (or stops, per `OutboxConfig::on_rewind`).
 ///
 /// [`Error::ServerRewound`]: crate::Error::ServerRewound
 #[derive(Debug, Default)]
@@ -77,7 +78,7 @@ pub(crate) struct Rewind {
 }
 
 impl Rewind {
-    /// Reports a rewind (the first report wins); the outbox's watchdog stops it.
+    /// Reports a rewind (the first report wins); the outbox's watchdog stops these lanes.
     pub(crate) fn report(&self, what: String) {
         if self.what.set(what).is_ok() {
             self.reported.notify_one();
