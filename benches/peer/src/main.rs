@@ -28,7 +28,8 @@
 //!   `INSERT` to its `commit()` returning, the floor of either library.
 //! - `lag`: `--writers` writers (default 8) as fast as they go for `--seconds`, through one
 //!   outbox whose process also listens on the commit lane; latency from before `commit()` is
-//!   called to that listener. With `--lag-rate N` the writers offer N transactions per second
+//!   called to that listener, and (`from commit() returning`) from `commit()` returning to
+//!   it: the part the commit lane adds after the commit itself. With `--lag-rate N` the writers offer N transactions per second
 //!   between them instead (each paced at its share; a tick a slow transaction missed is
 //!   skipped), so both libraries can be compared at the same load: flat out, the faster
 //!   publisher also loads the machine more. With `--folders` outboxes folding (default `1,3`): the extra ones
@@ -274,7 +275,8 @@ impl Writer {
 
     /// One transaction publishing order `n`; returns the instant just before its commit was
     /// called (for raw, just before its `INSERT`).
-    async fn transaction(&self, n: u64) -> Result<Instant> {
+    /// One transaction publishing order `n`: when `commit()` was called, and when it returned.
+    async fn transaction(&self, n: u64) -> Result<(Instant, Instant)> {
         match self {
             Writer::Raw(pool) => {
                 let mut tx = pool.begin().await?;
@@ -284,21 +286,21 @@ impl Writer {
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                Ok(before)
+                Ok((before, Instant::now()))
             }
             Writer::Ordo(outbox, _) => {
                 let mut tx = outbox.begin().await?;
                 tx.publish(payload(n))?;
                 let before = Instant::now();
                 tx.commit().await?;
-                Ok(before)
+                Ok((before, Instant::now()))
             }
             Writer::Obix(outbox, _) => {
                 let mut op = outbox.begin_op().await?;
                 outbox.publish_persisted_in_op(&mut op, payload(n)).await?;
                 let before = Instant::now();
                 op.commit().await?;
-                Ok(before)
+                Ok((before, Instant::now()))
             }
         }
     }
@@ -468,7 +470,7 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
     let mut starts = HashMap::new();
     for i in 0..total {
         tick.tick().await;
-        let before = writer.transaction(first + i).await?;
+        let (before, _) = writer.transaction(first + i).await?;
         if i >= warm {
             starts.insert(first + i, before);
             floor.record(nanos(before.elapsed()))?;
@@ -553,7 +555,7 @@ async fn lag(
     folders: u32,
     settings: &Settings,
     obix_sql: &Arc<String>,
-) -> Result<(f64, Histogram<u64>)> {
+) -> Result<(f64, Histogram<u64>, Histogram<u64>)> {
     let db = Db::create(Arc::clone(obix_sql)).await?;
     let writer = Arc::new(Writer::start(variant, &db).await?);
     let mut others = Vec::new();
@@ -561,6 +563,7 @@ async fn lag(
         others.push(Writer::start(variant, &db).await?);
     }
     let starts: Times = Arc::default();
+    let returns: Times = Arc::default();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let numbers = writer.listen(true)?.context("no commit lane")?;
     let heard = Arc::new(AtomicU64::new(0));
@@ -578,6 +581,7 @@ async fn lag(
     for w in 0..writers {
         let writer = Arc::clone(&writer);
         let starts = Arc::clone(&starts);
+        let returns = Arc::clone(&returns);
         let mut tick = period.map(|period| {
             let first =
                 tokio::time::Instant::now() + period.mul_f64(f64::from(w) / f64::from(writers));
@@ -593,9 +597,12 @@ async fn lag(
                 }
                 let number = (u64::from(w) << 32) + all;
                 let recorded = Instant::now() >= warm;
-                let before = writer.transaction(number).await?;
+                let (before, returned) = writer.transaction(number).await?;
                 if recorded && let Ok(mut starts) = starts.lock() {
                     starts.insert(number, before);
+                }
+                if recorded && let Ok(mut returns) = returns.lock() {
+                    returns.insert(number, returned);
                 }
                 all += 1;
             }
@@ -620,6 +627,9 @@ async fn lag(
     }
     let _ = stop_tx.send(true);
     let seen = listening.await??;
+    let returns = std::mem::take(&mut *returns.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    // The part of the lag after `commit()` returned: what the commit lane itself adds.
+    let after_commit = latencies(&returns, &seen)?;
     let latencies = latencies(&starts, &seen)?;
     if let Ok(writer) = Arc::try_unwrap(writer) {
         writer.shutdown().await;
@@ -628,7 +638,7 @@ async fn lag(
         other.shutdown().await;
     }
     db.drop().await?;
-    Ok((tps, latencies))
+    Ok((tps, latencies, after_commit))
 }
 
 async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> {
@@ -639,17 +649,18 @@ async fn lag_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> 
             Variant::ObixCommit,
             Variant::Ordo,
         ] {
-            let (tps, latencies) =
+            let (tps, latencies, after_commit) =
                 lag(variant, settings.writers, folders, settings, obix_sql).await?;
             let offered = settings
                 .lag_rate
                 .map_or_else(|| "flat out".to_owned(), |rate| format!("offered {rate}"));
             println!(
-                "  {:<11} {} writers ({offered}), {folders} folding: {:>6.0} tx/s | commit lane {}",
+                "  {:<11} {} writers ({offered}), {folders} folding: {:>6.0} tx/s | commit lane {} | from commit() returning {}",
                 variant.name(),
                 settings.writers,
                 tps,
-                quantiles(&latencies)
+                quantiles(&latencies),
+                quantiles(&after_commit)
             );
         }
     }
