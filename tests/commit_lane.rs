@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, commit_position_of_xid, counts};
 use common::lost::{ends_with_rewind, goes_on_from_the_server, lose_by_hand, stays_stopped};
+use common::tcp_fault::{Fault, TcpFault};
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{
@@ -15,6 +16,7 @@ use ordo::{
 };
 use rand::Rng;
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::time::timeout;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -1007,6 +1009,52 @@ async fn an_outbox_shut_down_while_it_starts_again_after_a_rewind_stays_shut_dow
     })
     .await;
     assert!(closed, "a LISTEN connection outlived the shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_that_cannot_reach_the_server_as_it_starts_again_after_a_rewind_retries_until_it_can()
+ {
+    let db = TestDb::new().await;
+    // The outbox reaches the server through a proxy that the test cuts.
+    let options: PgConnectOptions = db.url.parse().expect("the test database's URL");
+    let server = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .expect("resolve the server")
+        .next()
+        .expect("an address");
+    let front = TcpFault::start(server).await;
+    let through_front = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_with(
+            options
+                .host(&front.addr().ip().to_string())
+                .port(front.addr().port()),
+        )
+        .await
+        .expect("a pool through the proxy");
+    let outbox = outbox_on(&through_front, OutboxConfig::default()).await;
+    let mut stream = outbox.listen_committed(Start::Beginning);
+    for n in 0..10u32 {
+        commit_one(&outbox, Note { writer: 1, n }).await;
+    }
+    let mut seen = 0u64;
+    while seen < 10 {
+        seen = next_event(&mut stream).await.commit_sequence.get();
+    }
+    let (from, _) = lose_the_last_append(&db.pool, true).await;
+    // The listener ends as the old lanes stop; the new ones start right after, and find the
+    // server cut off: they try again until it answers.
+    a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
+    front.set(Fault::Cut);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        outbox.begin().await.is_err(),
+        "no transaction while the server is cut off"
+    );
+    front.set(Fault::Pass);
+    goes_on_from_the_server("the outbox", &outbox, &db.pool, from, true, PATIENCE).await;
+    outbox.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
