@@ -191,7 +191,7 @@ pub enum Error {
     /// their positions stored there. Under [`OnRewind::Stop`](crate::OnRewind::Stop) it stays
     /// stopped. `docs/operations.md`, "Failover".
     #[error(
-        "the database went back in time under this outbox ({what}): a failover to a standby that lacked the last transactions, a crash that lost commits, or a restore; events this process read past that point are gone from the server and their positions will be given to other events: this stream ends here (listen again to follow what the server holds; the outbox starts again from it unless OutboxConfig::on_rewind says to stop)"
+        "the database went back in time under this outbox ({what}): a failover to a standby that lacked the last transactions, a crash that lost commits, or a restore; events this process read past that point are gone from the server and their positions will be given to other events; every listener of this outbox ends here (listen again to follow what the server holds), and the outbox starts again from what the server holds unless OutboxConfig::on_rewind says to stop (until then, begin, publish_in, subscribe and relay return this error: try again)"
     )]
     ServerRewound {
         /// What showed it.
