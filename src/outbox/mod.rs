@@ -85,7 +85,10 @@ struct Inner<P> {
     /// The lanes and the tasks that run them: replaced when the outbox starts again after the
     /// database went back in time under it.
     generation: RwLock<Arc<Generation<P>>>,
-    /// The lanes of `generation`, as subscription runners take them at each claim.
+    /// The lanes of `generation`, as subscription runners take them at each claim. A cell of
+    /// its own, replaced with `generation` (in [`Inner::install`]): runners outlive a dropped
+    /// outbox until they see their stop, and holding the generation would keep its tasks (and
+    /// its LISTEN connection) from the stop that dropping it sends.
     current: Arc<CurrentLanes<P>>,
     /// Subscription runners: stopped before the lanes they read.
     runners: Runners,
