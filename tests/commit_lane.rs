@@ -806,15 +806,15 @@ async fn thirty_folded_and_followed(db: &TestDb) -> [(Outbox<Note>, ordo::Commit
 /// An outbox that folded ten single-event transactions, and its commit-lane listener past
 /// all ten.
 async fn ten_folded(db: &TestDb) -> (Outbox<Note>, ordo::CommitStream<Note>) {
-    ten_folded_with(db, OutboxConfig::default()).await
+    ten_folded_on(&db.pool, OutboxConfig::default()).await
 }
 
-/// [`ten_folded`] with `config`.
-async fn ten_folded_with(
-    db: &TestDb,
+/// [`ten_folded`] on `pool`, with `config`.
+async fn ten_folded_on(
+    pool: &PgPool,
     config: OutboxConfig,
 ) -> (Outbox<Note>, ordo::CommitStream<Note>) {
-    let outbox = outbox_on(&db.pool, config).await;
+    let outbox = outbox_on(pool, config).await;
     let mut stream = outbox.listen_committed(Start::Beginning);
     for n in 0..10u32 {
         commit_one(&outbox, Note { writer: 1, n }).await;
@@ -1033,15 +1033,7 @@ async fn an_outbox_that_cannot_reach_the_server_as_it_starts_again_after_a_rewin
         )
         .await
         .expect("a pool through the proxy");
-    let outbox = outbox_on(&through_front, OutboxConfig::default()).await;
-    let mut stream = outbox.listen_committed(Start::Beginning);
-    for n in 0..10u32 {
-        commit_one(&outbox, Note { writer: 1, n }).await;
-    }
-    let mut seen = 0u64;
-    while seen < 10 {
-        seen = next_event(&mut stream).await.commit_sequence.get();
-    }
+    let (outbox, mut stream) = ten_folded_on(&through_front, OutboxConfig::default()).await;
     let (from, _) = lose_the_last_append(&db.pool, true).await;
     // The listener ends as the old lanes stop; the new ones start right after, and find the
     // server cut off: they try again until it answers.
@@ -1061,7 +1053,7 @@ async fn an_outbox_that_cannot_reach_the_server_as_it_starts_again_after_a_rewin
 async fn a_log_that_went_back_stops_an_outbox_told_to_stop() {
     let db = TestDb::new().await;
     let config = OutboxConfig::default().on_rewind(OnRewind::Stop);
-    let (outbox, mut stream) = ten_folded_with(&db, config).await;
+    let (outbox, mut stream) = ten_folded_on(&db.pool, config).await;
     let (from, _) = lose_the_last_append(&db.pool, true).await;
     a_commit_finds_the_log_went_back(&outbox, &mut stream, from).await;
     stays_stopped("the outbox", &outbox).await;
