@@ -88,6 +88,7 @@ pub struct OutboxConfig {
     pub(crate) partition_maintenance: bool,
     pub(crate) background_pool: Option<sqlx::PgPool>,
     pub(crate) on_rewind: OnRewind,
+    pub(crate) early_commit_listeners: bool,
 }
 
 impl Default for OutboxConfig {
@@ -111,6 +112,7 @@ impl Default for OutboxConfig {
             partition_maintenance: true,
             background_pool: None,
             on_rewind: OnRewind::Resume,
+            early_commit_listeners: true,
         }
     }
 }
@@ -262,6 +264,25 @@ impl OutboxConfig {
     /// at once; turn it off only where another process (or `ordo fold`) does. Default on.
     pub fn sequencer(mut self, enabled: bool) -> Self {
         self.sequencer = enabled;
+        self
+    }
+
+    /// Whether [`listen_committed`](crate::Outbox::listen_committed) streams in this process
+    /// take this process's own transactions at the positions its sequencer computed for them,
+    /// before the append that logs them commits. Default on.
+    ///
+    /// The fold is a pure function of the insert lane, so a transaction committed through
+    /// [`OutboxTransaction::commit`](crate::OutboxTransaction::commit), whose events this process knows,
+    /// has known positions as soon as every group before it has: the sequencer hands them on
+    /// at once, and the append (its own or another process's) writes the same ones. Each is
+    /// compared with what the log then holds; a difference is reported as a rewind
+    /// ([`Error::ServerRewound`](crate::Error::ServerRewound)), never passed over. Measured
+    /// beside the peer library, this takes the stream spacing and the append out of the
+    /// listener's wait (`PERFORMANCE.md`). Off, a listener waits for the append to commit, as
+    /// subscriptions and relays always do (they store positions, so they take only logged
+    /// ones). Where the sequencer is off this setting has no effect.
+    pub fn early_commit_listeners(mut self, enabled: bool) -> Self {
+        self.early_commit_listeners = enabled;
         self
     }
 

@@ -56,6 +56,9 @@ pub(crate) struct CommitReader<P> {
     told_rewind: bool,
     /// See [`check_head`](Self::check_head): done once, before the first read.
     head_checked: bool,
+    /// Set for a listener that takes positions promised before their append
+    /// ([`promised`](super::promised)): a watch of the highest one.
+    promised: Option<watch::Receiver<u64>>,
 }
 
 /// One log position as the reader found it: the entry, and its event or why it did not decode.
@@ -100,7 +103,15 @@ where
             limit: usize::MAX,
             told_rewind: false,
             head_checked: false,
+            promised: None,
         }
+    }
+
+    /// Takes this process's own transactions at the positions the sequencer here promised,
+    /// before their append ([`promised`](super::promised)).
+    pub(crate) fn taking_promises(mut self) -> Self {
+        self.promised = Some(self.commit.promised.subscribe());
+        self
     }
 
     /// Caps each page read from the table at `limit` rows (at least one) from now on.
@@ -162,10 +173,25 @@ where
                 }
                 return Some(read);
             }
+            if let Some(promised) = self.promised.as_mut() {
+                promised.borrow_and_update();
+                let items = self.read_promised();
+                if !items.is_empty() {
+                    self.commit.went_back.returned(self.next - 1);
+                    return Some(Ok(items));
+                }
+            }
+            let promised = async {
+                match self.promised.as_mut() {
+                    Some(promised) => promised.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = self.stop.stopped() => return self.ended(),
                 changed = self.head.changed() => if changed.is_err() { return None },
+                open = promised => if !open { return None },
             }
         }
     }
@@ -211,6 +237,30 @@ where
             if entry.commit_seq != self.next || entry.commit_seq > head {
                 break;
             }
+            let Some(slot) = cache.get(entry.sequence) else {
+                break;
+            };
+            let Some(event) = slot.item.into_event() else {
+                break;
+            };
+            out.push(CommitItem { entry, event });
+            self.next += 1;
+        }
+        out
+    }
+
+    /// Serves promised positions above the head, with their events from the insert lane's
+    /// cache, up to the first miss (a miss waits for the append).
+    fn read_promised(&mut self) -> Vec<Item<P>> {
+        let mut entries = Vec::new();
+        self.commit
+            .promised
+            .read(self.next, LOG_BATCH, &mut entries);
+        let mut out = Vec::with_capacity(entries.len());
+        let Ok(cache) = self.lane.cache.read() else {
+            return out;
+        };
+        for entry in entries {
             let Some(slot) = cache.get(entry.sequence) else {
                 break;
             };

@@ -7,6 +7,7 @@
 //! the insert lane's cache), or the log joined to the events by pages when further behind.
 
 pub(crate) mod listener;
+pub(crate) mod promised;
 pub(crate) mod sequencer;
 pub(crate) mod sql;
 pub(crate) mod store;
@@ -26,6 +27,7 @@ use crate::config::OutboxConfig;
 use crate::insert_lane::{LaneShared, Rewind};
 use crate::position::{CommitSequence, EventSequence};
 use crate::task::Tasks;
+use promised::Promised;
 use sequencer::Sequencer;
 use went_back::WentBack;
 
@@ -118,6 +120,9 @@ pub(crate) struct CommitShared {
     pub(crate) log: RwLock<LogCache>,
     /// Positions this process saw that the log went back below ([`went_back`]).
     pub(crate) went_back: WentBack,
+    /// Positions the sequencer here computed for this process's own commits before their
+    /// append ([`promised`]).
+    pub(crate) promised: Promised,
 }
 
 impl CommitShared {
@@ -126,6 +131,27 @@ impl CommitShared {
             head: watch::Sender::new(head),
             log: RwLock::new(LogCache::new(capacity)),
             went_back: WentBack::new(rewind),
+            promised: Promised::new(head),
+        }
+    }
+
+    /// Hands `entries`, computed by the fold before their append, to the listeners that take
+    /// them ([`promised`]); a position promised before to another event is reported as a
+    /// rewind.
+    pub(crate) fn promise(&self, entries: &[LogEntry]) {
+        if let Err(what) = self.promised.promise(entries, self.head()) {
+            self.went_back.report(what);
+        }
+    }
+
+    /// Compares what the log now holds, `entries` and everything up to `head`, with what was
+    /// promised ([`promised`]): promises the entries do not cover are checked against the
+    /// database like positions the log went back below; another event at a promised position
+    /// is reported as a rewind.
+    pub(crate) fn settle_promised(&self, entries: &[LogEntry], head: u64) {
+        match self.promised.settle(entries, head) {
+            Ok(unseen) => self.went_back.check_later(&unseen),
+            Err(what) => self.went_back.report(what),
         }
     }
 
@@ -199,6 +225,7 @@ where
             tasks.signal(),
             config.fold_batch,
             config.fold_interval,
+            config.early_commit_listeners,
         );
         if config.cross_process_wakeups {
             let announcer = sequencer.announcer(config.notify_channel.clone(), tasks.signal());

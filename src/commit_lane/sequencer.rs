@@ -80,10 +80,14 @@ const SET_SESSION: &str = "SET synchronous_commit = off; SET jit = off; SET enab
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// What [`Sequencer::append_plan`] read while its append ran: `None` when it read nothing (or
-/// dropped the read), otherwise what [`LaneReader::next_batch`] returned (`Some(None)` once the
-/// outbox stops).
-type ReadAhead<P> = Option<Option<Result<Vec<Slot<P>>>>>;
+/// What happened besides an append ([`Sequencer::append_plan`]).
+#[derive(Default)]
+struct AppendPlan {
+    /// The outbox stopped while the append ran.
+    stopped: bool,
+    /// When the plan, emptied by the append, met its first group again during it.
+    met: Option<Instant>,
+}
 
 /// The skip set's mark for a group planned but not appended yet: no member is above it.
 const PLANNED: u64 = u64::MAX;
@@ -100,6 +104,20 @@ pub(crate) struct Sequencer<P> {
     announce: Option<watch::Sender<Announcement>>,
     /// When this sequencer last told peers that it leaves its appends to them.
     yielded_at: Option<Instant>,
+    /// Whether it hands its own groups' positions to this process's listeners before their
+    /// append ([`promised`](super::promised)).
+    promises: bool,
+    /// How far the plan's positions are known ([`Self::promise`]).
+    chain: Chain,
+}
+
+/// How far the plan's positions are known: its first `groups` groups are promised, and `next`
+/// is the last position they take (`None` once a group of unknown size is met: no later group
+/// is known before an append).
+#[derive(Clone, Copy, Default)]
+struct Chain {
+    groups: usize,
+    next: Option<u64>,
 }
 
 impl<P> Sequencer<P>
@@ -113,6 +131,7 @@ where
         stop: StopSignal,
         batch: usize,
         interval: Duration,
+        promises: bool,
     ) -> Self {
         // Set by statements once connected, not as startup `options`: PgBouncer refuses a
         // connection whose startup packet carries them (`unsupported startup parameter`).
@@ -135,6 +154,8 @@ where
             turns: Turns::default(),
             announce: None,
             yielded_at: None,
+            promises,
+            chain: Chain::default(),
         }
     }
 
@@ -169,6 +190,7 @@ where
         .with_limit(self.batch);
         // Groups planned but not yet appended, in log order.
         let mut plan: Vec<Planned> = Vec::new();
+        self.promise_again(&state, &plan);
         // When the next append may start (see [`Cadence::next_due`]): `interval` after the last
         // one started, spaced under a stream while no peer folds, and no sooner than the last
         // one took after it ended. A transaction arriving after a quiet spell is appended at once.
@@ -191,19 +213,17 @@ where
                             let started = Instant::now();
                             let groups = plan.len();
                             self.turns.settled();
-                            let read_ahead =
+                            let outcome =
                                 self.append_plan(&mut state, &mut reader, &mut plan).await?;
                             cadence.peers = self.lane.peer_log.heard_within(PEERS_HEARD);
                             due = cadence.next_due(started, Instant::now(), groups, self.interval);
-                            match read_ahead {
-                                Some(Some(batch)) => {
-                                    self.plan_batch(batch?, &mut state, &mut plan);
-                                    if !plan.is_empty() {
-                                        cadence.met(Instant::now());
-                                    }
-                                }
-                                Some(None) => return Ok(()),
-                                None => {}
+                            if outcome.stopped {
+                                return Ok(());
+                            }
+                            if let Some(met) = outcome.met
+                                && !plan.is_empty()
+                            {
+                                cadence.met(met);
                             }
                         }
                         Step::AskPeer => {
@@ -239,7 +259,7 @@ where
 
     /// Adds the groups first met in `batch` to `plan`, skipping members of groups already
     /// logged or planned.
-    fn plan_batch(&self, batch: Vec<Slot<P>>, state: &mut Restart, plan: &mut Vec<Planned>) {
+    fn plan_batch(&mut self, batch: Vec<Slot<P>>, state: &mut Restart, plan: &mut Vec<Planned>) {
         for slot in batch {
             let Some(xid) = slot.commit_xid else { continue };
             if matches!(slot.item, SlotItem::Placeholder) {
@@ -255,16 +275,66 @@ where
             }
             // Planned, not appended yet: every member met until the append is its own.
             state.logged.insert(xid, PLANNED);
+            let own = self.lane.take_own_commit(xid);
             plan.push(Planned {
                 xid,
                 low: slot.sequence,
-                own: self.lane.take_own_commit(xid),
+                own: own.is_some(),
+                // Met first at the lowest row this process inserted: no row of the
+                // transaction lies below it, and none was added after the commit's insert.
+                members: own.filter(|members| members.first() == Some(&slot.sequence)),
             });
+        }
+        self.promise(plan);
+    }
+
+    /// Computes the positions of the plan's groups past those already promised, while each
+    /// group's members are known, and hands them to this process's listeners
+    /// ([`promised`](super::promised)): the append, this sequencer's or a peer's, gives them
+    /// the same positions.
+    fn promise(&mut self, plan: &[Planned]) {
+        if !self.promises {
+            return;
+        }
+        let Some(mut next) = self.chain.next else {
+            return;
+        };
+        let mut entries = Vec::new();
+        for group in plan.iter().skip(self.chain.groups) {
+            let Some(members) = &group.members else {
+                self.chain.next = None;
+                break;
+            };
+            for (index, &sequence) in members.iter().enumerate() {
+                next += 1;
+                entries.push(LogEntry {
+                    commit_seq: next,
+                    sequence,
+                    group_last: index + 1 == members.len(),
+                });
+            }
+            self.chain.groups += 1;
+        }
+        if self.chain.next.is_some() {
+            self.chain.next = Some(next);
+        }
+        if !entries.is_empty() {
+            self.commit.promise(&entries);
         }
     }
 
+    /// Starts the plan's positions again at the head (after an append, a peer's, or a restart
+    /// changed the plan), and promises what is known of it.
+    fn promise_again(&mut self, state: &Restart, plan: &[Planned]) {
+        self.chain = Chain {
+            groups: 0,
+            next: Some(state.head),
+        };
+        self.promise(plan);
+    }
+
     async fn restart(
-        &self,
+        &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
@@ -273,6 +343,7 @@ where
         plan.clear();
         self.take_in(state).await?;
         reader.seek(state.cursor);
+        self.promise_again(state, plan);
         Ok(())
     }
 
@@ -287,77 +358,76 @@ where
     async fn take_in(&self, state: &Restart) -> Result<()> {
         self.commit.note_server(state.server);
         self.commit.publish_head(state.head);
+        self.commit.settle_promised(&[], state.head);
         if self.commit.went_back.pending() {
             self.commit.went_back.check(&self.pool).await?;
         }
         Ok(())
     }
 
-    /// Appends `plan` (groups up to the reader's position) under the CAS and empties it. On a
-    /// refusal, continues from what the peer appended: `plan` keeps only the groups the peer
-    /// did not log, to be appended on the peer's cursor.
+    /// Appends `plan` (groups up to the reader's position) under the CAS. On a refusal,
+    /// continues from what the peer appended: `plan` keeps only the groups the peer did not
+    /// log, to be appended on the peer's cursor.
     ///
-    /// When the reader has more to read without waiting (a fold catching up on a backlog), the
-    /// next batch is read while the append runs, on the lane's own connection, and returned
-    /// (`Some`, as [`LaneReader::next_batch`] gave it) to be planned next. The append's entries
-    /// are published as soon as it is done, the read awaited only after that: the read no longer
-    /// waits for the append, and the commit lane never waits for the read. A refused append drops
-    /// the read (cancel safe: the reader's position moves only when slots are returned) or, if it
-    /// finished, its batch, and the peer's appends decide what is read next.
+    /// While the append runs, the reader goes on reading (on the lane's own connection when it
+    /// reads the table), and what it reads is planned, and promised where its positions are
+    /// known ([`Self::promise`]), at once: a commit that lands during an append reaches this
+    /// process's listeners without waiting for it, and goes into the next append. The append's
+    /// entries are published as soon as it is done; a read still waiting then is dropped
+    /// (cancel safe: the reader's position moves only when slots are returned). After a
+    /// refusal the groups read meanwhile stay planned, behind the refused ones: the plan
+    /// still holds every group up to the reader's position.
     async fn append_plan(
         &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
-    ) -> Result<ReadAhead<P>> {
+    ) -> Result<AppendPlan> {
         let covered = reader.position();
-        let ahead = reader.ready();
-        {
-            let read = async {
-                match ahead {
-                    true => Some(reader.next_batch().await),
-                    false => None,
+        let in_flight = std::mem::take(plan);
+        // The promised part of the plan now counts from the groups read during the append.
+        self.chain.groups = self.chain.groups.saturating_sub(in_flight.len());
+        let mut outcome = AppendPlan::default();
+        let appended = {
+            let pool = self.pool.clone();
+            let append = store::append(&pool, state.cursor, covered, &in_flight);
+            tokio::pin!(append);
+            loop {
+                tokio::select! {
+                    biased;
+                    appended = &mut append => break appended,
+                    batch = reader.next_batch(), if !outcome.stopped => match batch {
+                        Some(batch) => {
+                            let was_empty = plan.is_empty();
+                            self.plan_batch(batch?, state, plan);
+                            if was_empty && !plan.is_empty() {
+                                outcome.met = Some(Instant::now());
+                            }
+                        }
+                        None => outcome.stopped = true,
+                    },
                 }
-            };
-            tokio::pin!(read);
-            let (appended, early) = {
-                let append = store::append(&self.pool, state.cursor, covered, plan);
-                tokio::pin!(append);
-                let mut early = None;
-                let appended = loop {
-                    tokio::select! {
-                        biased;
-                        appended = &mut append => break appended,
-                        batch = &mut read, if early.is_none() => early = Some(batch),
-                    }
-                };
-                (appended, early)
-            };
-            if let Appended::Done(appended) = appended? {
-                metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
-                metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
-                metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
-                metrics::gauge!(m::FOLD_LAG)
-                    .set(self.lane.frontier().saturating_sub(covered) as f64);
-                record_appended(state, plan, &appended, covered);
-                let entries: Vec<LogEntry> = appended.into_iter().map(|a| a.entry).collect();
-                let head = entries.last().map_or(state.head, |e| e.commit_seq);
-                plan.clear();
-                self.publish(state, head, &entries);
-                if self.lane.peer_log.heard_within(PEERS_HEARD) {
-                    self.tell_peers(state);
-                }
-                return Ok(match early {
-                    Some(batch) => batch,
-                    None => read.await,
-                });
             }
+        };
+        if let Appended::Done(appended) = appended? {
+            metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
+            metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
+            metrics::counter!(m::FOLD_GROUPS).increment(in_flight.len() as u64);
+            metrics::gauge!(m::FOLD_LAG).set(self.lane.frontier().saturating_sub(covered) as f64);
+            record_appended(state, &in_flight, &appended, covered);
+            let entries: Vec<LogEntry> = appended.into_iter().map(|a| a.entry).collect();
+            let head = entries.last().map_or(state.head, |e| e.commit_seq);
+            self.publish(state, head, &entries);
+            self.promise_again(state, plan);
+            if self.lane.peer_log.heard_within(PEERS_HEARD) {
+                self.tell_peers(state);
+            }
+            return Ok(outcome);
         }
-        // Refused. A read ahead still running was dropped with its block; one that finished
-        // moved the reader, which goes back to where the append covered.
-        if reader.position() != covered {
-            reader.seek(covered);
-        }
+        // Refused: the groups read meanwhile follow the refused ones.
+        let mut refused = in_flight;
+        refused.append(plan);
+        *plan = refused;
         metrics::counter!(m::FOLD_APPENDS, "result" => "refused").increment(1);
         // A peer folds too: leave it other processes' groups from now on.
         self.turns.lost();
@@ -372,7 +442,8 @@ where
             }
             None => self.restart(state, reader, plan).await?,
         }
-        Ok(None)
+        outcome.met = None;
+        Ok(outcome)
     }
 
     /// Takes in a peer's appends: its entries join the log cache (listeners here read them
@@ -381,7 +452,7 @@ where
     /// logged: the fold is the same function everywhere). Returns how many groups the peer
     /// appended, and how many of them were this process's.
     fn follow(
-        &self,
+        &mut self,
         state: &mut Restart,
         reader: &mut LaneReader<P>,
         plan: &mut Vec<Planned>,
@@ -394,7 +465,7 @@ where
         for (entry, xid) in &peer.entries {
             let top = tops.entry(*xid).or_insert_with(|| {
                 // Ours, appended by the peer: not to be waited for any more.
-                if self.lane.take_own_commit(*xid) || planned_own.contains(xid) {
+                if self.lane.take_own_commit(*xid).is_some() || planned_own.contains(xid) {
                     own = own.saturating_add(1);
                 }
                 entry.sequence
@@ -415,6 +486,7 @@ where
         state.cursor = cursor;
         let entries: Vec<LogEntry> = peer.entries.into_iter().map(|(e, _)| e).collect();
         self.publish(state, peer.head, &entries);
+        self.promise_again(state, plan);
         (groups, own)
     }
 
@@ -425,6 +497,7 @@ where
             log.extend(entries);
         }
         self.commit.publish_head(state.head);
+        self.commit.settle_promised(entries, state.head);
     }
 }
 

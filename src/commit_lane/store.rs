@@ -8,6 +8,7 @@ use sqlx::{PgPool, Row};
 use super::LogEntry;
 use super::sql::{APPEND, CATCH_UP, HEAD_AND_CURSOR, RESTART};
 use crate::error::Result;
+use crate::insert_lane::OwnCommit;
 use crate::position::{CommitSequence, EventSequence, ServerHistory};
 use crate::telemetry::metrics as m;
 
@@ -26,12 +27,16 @@ pub(crate) struct Restart {
 }
 
 /// One group of an append's plan: its transaction and the first (lowest) sequence the fold met.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Planned {
     pub(crate) xid: i64,
     pub(crate) low: u64,
     /// Committed by this process: the sequencer appends it without waiting for a peer.
     pub(crate) own: bool,
+    /// The group's members, when they are known before the append: this process committed it
+    /// through `commit`, and the fold met first the lowest sequence that commit inserted (so
+    /// no row of the transaction lies below it; see `sequencer::promise`).
+    pub(crate) members: Option<OwnCommit>,
 }
 
 /// One entry an append wrote, with the plan group (1-based) it belongs to (0: none).

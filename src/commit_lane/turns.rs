@@ -180,7 +180,12 @@ mod tests {
     use super::*;
 
     fn group(xid: i64, own: bool) -> Planned {
-        Planned { xid, low: 1, own }
+        Planned {
+            xid,
+            low: 1,
+            own,
+            members: None,
+        }
     }
 
     #[test]

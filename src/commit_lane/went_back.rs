@@ -233,6 +233,19 @@ impl WentBack {
         }
     }
 
+    /// Remembers `entries` (positions this process handed on before the log was seen to hold
+    /// them) to be checked against the database like positions the log went back below.
+    pub(crate) fn check_later(&self, entries: &[LogEntry]) {
+        if entries.is_empty() {
+            return;
+        }
+        if let Ok(mut gone) = self.gone.lock() {
+            for entry in entries {
+                gone.entry(entry.commit_seq).or_insert(entry.sequence);
+            }
+        }
+    }
+
     /// Whether positions this process saw wait to be checked.
     pub(crate) fn pending(&self) -> bool {
         self.gone.lock().is_ok_and(|gone| !gone.is_empty())

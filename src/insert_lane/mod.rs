@@ -15,7 +15,7 @@ pub(crate) mod resolve;
 pub(crate) mod rows;
 pub(crate) mod wakeup;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -44,10 +44,11 @@ pub(crate) struct LaneShared<P> {
     /// Set with a poke that carries no head (a reconnect): look even if the head seems known.
     pub(crate) resync: std::sync::atomic::AtomicBool,
     pub(crate) page_size: usize,
-    /// Transactions this process committed whose groups the sequencer has not met yet: it
-    /// appends those at once and leaves other processes' groups to them (see
-    /// `commit_lane::sequencer`).
-    own_commits: Mutex<HashSet<i64>>,
+    /// Transactions this process committed whose groups the sequencer has not met yet, with
+    /// the sequences this process inserted for each (ascending): it appends those at once and
+    /// leaves other processes' groups to them, and hands their positions to this process's
+    /// commit-lane listeners before the append (see `commit_lane::sequencer`).
+    own_commits: Mutex<HashMap<i64, OwnCommit>>,
     /// This outbox's mark on its wake-ups, so that it can tell its own (echoed back by LISTEN;
     /// it has those events already) from another process's.
     pub(crate) instance: u64,
@@ -105,6 +106,9 @@ impl Rewind {
     }
 }
 
+/// The sequences a transaction of this process inserted through its `commit`, ascending.
+pub(crate) type OwnCommit = Arc<[u64]>;
+
 /// Past this many unclaimed entries (no sequencer runs here to take them) the set is emptied:
 /// it only steers who appends first, and must not grow without bound.
 const OWN_COMMITS_MAX: usize = 65_536;
@@ -125,7 +129,7 @@ impl<P> LaneShared<P> {
             poke: Notify::new(),
             resync: std::sync::atomic::AtomicBool::new(false),
             page_size,
-            own_commits: Mutex::new(HashSet::new()),
+            own_commits: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
             peer_log: wakeup::PeerLog::default(),
@@ -157,22 +161,23 @@ impl<P> LaneShared<P> {
         }
     }
 
-    /// Records a transaction this process committed.
-    pub(crate) fn note_own_commit(&self, xid: i64) {
+    /// Records a transaction this process committed, with the sequences it inserted.
+    pub(crate) fn note_own_commit(&self, xid: i64, sequences: OwnCommit) {
         if let Ok(mut own) = self.own_commits.lock() {
             if own.len() >= OWN_COMMITS_MAX {
                 own.clear();
             }
-            own.insert(xid);
+            own.insert(xid, sequences);
         }
     }
 
-    /// Whether this process committed `xid` (and had not been asked before).
-    pub(crate) fn take_own_commit(&self, xid: i64) -> bool {
+    /// Whether this process committed `xid` (and had not been asked before), with the
+    /// sequences it inserted.
+    pub(crate) fn take_own_commit(&self, xid: i64) -> Option<OwnCommit> {
         self.own_commits
             .lock()
-            .map(|mut own| own.remove(&xid))
-            .unwrap_or(false)
+            .ok()
+            .and_then(|mut own| own.remove(&xid))
     }
 
     pub(crate) fn frontier(&self) -> u64 {

@@ -82,6 +82,13 @@ where
     /// Groups are ordered by their lowest sequence: causal (a transaction that read another's
     /// committed row lands after it), not commit-timestamp order. See the crate docs.
     ///
+    /// This process's own transactions (committed through
+    /// [`OutboxTransaction::commit`](crate::OutboxTransaction::commit)) reach it at their positions before
+    /// the append that logs them commits, unless
+    /// [`OutboxConfig::early_commit_listeners`](crate::OutboxConfig::early_commit_listeners) is
+    /// off; the log gives them the same positions, and a difference ends the stream with
+    /// [`Error::ServerRewound`](crate::Error::ServerRewound).
+    ///
     /// `Start::Now` starts after the log head as this process knows it.
     pub fn listen_committed(&self, start: Start<CommitSequence>) -> CommitStream<P> {
         let generation = self.inner.generation();
@@ -96,10 +103,18 @@ where
             generation.tasks.signal(),
             after,
         );
+        let reader = if self.inner.config.early_commit_listeners {
+            reader.taking_promises()
+        } else {
+            reader
+        };
         commit_listener::stream(reader)
     }
 
     /// The commit log's head as this process knows it (`last_commit_seq`).
+    /// A [`listen_committed`](Self::listen_committed) stream may be past it by this process's
+    /// own transactions, whose positions it has before their append
+    /// ([`OutboxConfig::early_commit_listeners`](crate::OutboxConfig::early_commit_listeners)).
     pub fn commit_head(&self) -> CommitSequence {
         CommitSequence::new(self.inner.generation().commit.head())
     }
