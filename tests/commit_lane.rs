@@ -823,6 +823,16 @@ async fn ten_folded_on(
     while seen < 10 {
         seen = next_event(&mut stream).await.commit_sequence.get();
     }
+    // The listener may have them before their append (`early_commit_listeners`): the tests
+    // lose what the log holds, so it must hold all ten.
+    let logged = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, i64>("SELECT last_commit_seq FROM ordo.sequencer_state")
+            .fetch_one(pool)
+            .await
+            .is_ok_and(|head| head >= 10)
+    })
+    .await;
+    assert!(logged, "the log holds the ten");
     (outbox, stream)
 }
 
@@ -847,6 +857,7 @@ async fn a_commit_finds_the_log_went_back(
         "the listener",
         stream,
         &format!("commit log went back below position {from}"),
+        from,
         PATIENCE,
     )
     .await;
@@ -1087,8 +1098,14 @@ async fn a_promoted_history_that_gave_seen_positions_to_other_events_ends_every_
             "the process that does not fold",
             "a process whose cache holds 16 entries",
         ][index];
-        let text =
-            ends_with_rewind(which, &mut stream, &format!("position {from}"), PATIENCE).await;
+        let text = ends_with_rewind(
+            which,
+            &mut stream,
+            &format!("position {from}"),
+            from,
+            PATIENCE,
+        )
+        .await;
         if index == 2 {
             // It returned positions whose events it no longer holds: a newer history gave
             // them again, so they cannot be taken as the same.

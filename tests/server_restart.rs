@@ -102,6 +102,7 @@ async fn a_restart_that_lost_acknowledged_transactions_ends_a_reader_that_comes_
         "the reader that came back",
         &mut followed,
         &format!("position {from}"),
+        from,
         PATIENCE,
     )
     .await;
