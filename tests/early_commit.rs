@@ -142,6 +142,12 @@ async fn a_listener_has_its_own_commits_before_the_append_at_the_positions_the_l
     commit(&outbox, 4, 1).await;
     let (after, _, _) = next(&mut stream).await;
     assert_eq!(after, first + 7);
+    // The listener may have it before the log does.
+    let caught_up = eventually(PATIENCE, || async {
+        stored_head(&db.pool).await >= first + 7
+    })
+    .await;
+    assert!(caught_up, "the last append lands");
     check_log(&db.pool, &ORDO)
         .await
         .expect("the log's invariants");

@@ -18,6 +18,10 @@
 //! Who appends a plan, this sequencer or a peer it yields to, is decided in
 //! [`turns`](super::turns).
 //!
+//! Groups this process committed have known members, so their positions are known as soon as
+//! every group planned before them is: the sequencer hands them to this process's listeners
+//! as it plans them, before the append ([`promised`](super::promised)).
+//!
 //! [`CATCH_UP`]: super::sql::CATCH_UP
 //! [`RESTART`]: super::sql::RESTART
 
