@@ -229,12 +229,19 @@ where
         if let Ok(log) = self.commit.log.read() {
             log.read(self.next, LOG_BATCH, &mut entries);
         }
+        self.with_events(entries, head)
+    }
+
+    /// The items for `entries` (a run from the reader's next position) with their events from
+    /// the insert lane's cache, up to the first that is not next, is past `through`, or whose
+    /// event the cache does not hold.
+    fn with_events(&mut self, entries: Vec<LogEntry>, through: u64) -> Vec<Item<P>> {
         let mut out = Vec::with_capacity(entries.len());
         let Ok(cache) = self.lane.cache.read() else {
             return out;
         };
         for entry in entries {
-            if entry.commit_seq != self.next || entry.commit_seq > head {
+            if entry.commit_seq != self.next || entry.commit_seq > through {
                 break;
             }
             let Some(slot) = cache.get(entry.sequence) else {
@@ -256,21 +263,7 @@ where
         self.commit
             .promised
             .read(self.next, LOG_BATCH, &mut entries);
-        let mut out = Vec::with_capacity(entries.len());
-        let Ok(cache) = self.lane.cache.read() else {
-            return out;
-        };
-        for entry in entries {
-            let Some(slot) = cache.get(entry.sequence) else {
-                break;
-            };
-            let Some(event) = slot.item.into_event() else {
-                break;
-            };
-            out.push(CommitItem { entry, event });
-            self.next += 1;
-        }
-        out
+        self.with_events(entries, u64::MAX)
     }
 
     async fn read_table(&mut self, head: u64) -> Result<Vec<Item<P>>> {

@@ -44,6 +44,11 @@ impl Promised {
         }
     }
 
+    /// Whether a listener takes promises now: without one the sequencer makes none.
+    pub(crate) fn listened(&self) -> bool {
+        self.through.receiver_count() > 0
+    }
+
     /// A watch of the highest position promised.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.through.subscribe()

@@ -297,7 +297,7 @@ where
     /// ([`promised`](super::promised)): the append, this sequencer's or a peer's, gives them
     /// the same positions.
     fn promise(&mut self, plan: &[Planned]) {
-        if !self.promises {
+        if !self.promises || !self.commit.promised.listened() {
             return;
         }
         let Some(mut next) = self.chain.next else {
@@ -373,14 +373,16 @@ where
     /// continues from what the peer appended: `plan` keeps only the groups the peer did not
     /// log, to be appended on the peer's cursor.
     ///
-    /// While the append runs, the reader goes on reading (on the lane's own connection when it
-    /// reads the table), and what it reads is planned, and promised where its positions are
-    /// known ([`Self::promise`]), at once: a commit that lands during an append reaches this
-    /// process's listeners without waiting for it, and goes into the next append. The append's
-    /// entries are published as soon as it is done; a read still waiting then is dropped
-    /// (cancel safe: the reader's position moves only when slots are returned). After a
-    /// refusal the groups read meanwhile stay planned, behind the refused ones: the plan
-    /// still holds every group up to the reader's position.
+    /// While the append runs, with a listener here that takes promises, the reader goes on
+    /// reading (on the lane's own connection when it reads the table), and what it reads is
+    /// planned, and promised where its positions are known ([`Self::promise`]), at once: a
+    /// commit that lands during an append reaches the listener without waiting for it, and
+    /// goes into the next append. Without such a listener, only a batch already waiting when
+    /// the append starts is read meanwhile (a fold catching up on a backlog), or, if that read
+    /// has not come back by then, after the append's entries are published: the commit lane
+    /// never waits for a read. A read dropped with the append's refusal is cancel safe (the
+    /// reader's position moves only when slots are returned). After a refusal the groups read meanwhile stay planned,
+    /// behind the refused ones: the plan still holds every group up to the reader's position.
     async fn append_plan(
         &mut self,
         state: &mut Restart,
@@ -389,8 +391,17 @@ where
     ) -> Result<AppendPlan> {
         let covered = reader.position();
         let in_flight = std::mem::take(plan);
-        // The promised part of the plan now counts from the groups read during the append.
+        // The promised part of the plan now counts from the groups read during the append; if
+        // the append's groups were not all promised, none read meanwhile can be before it.
+        if self.chain.groups < in_flight.len() {
+            self.chain.next = None;
+        }
         self.chain.groups = self.chain.groups.saturating_sub(in_flight.len());
+        // With a listener taking promises, everything that commits during the append is read
+        // and promised at once; without one, only a batch already waiting is read meanwhile
+        // (one wake-up for the commits that land during the append, not one each).
+        let listened = self.promises && self.commit.promised.listened();
+        let mut waiting = !listened && reader.ready();
         let mut outcome = AppendPlan::default();
         let appended = {
             let pool = self.pool.clone();
@@ -400,16 +411,10 @@ where
                 tokio::select! {
                     biased;
                     appended = &mut append => break appended,
-                    batch = reader.next_batch(), if !outcome.stopped => match batch {
-                        Some(batch) => {
-                            let was_empty = plan.is_empty();
-                            self.plan_batch(batch?, state, plan);
-                            if was_empty && !plan.is_empty() {
-                                outcome.met = Some(Instant::now());
-                            }
-                        }
-                        None => outcome.stopped = true,
-                    },
+                    batch = reader.next_batch(), if !outcome.stopped && (listened || waiting) => {
+                        waiting = false;
+                        self.plan_read(batch, state, plan, &mut outcome)?;
+                    }
                 }
             }
         };
@@ -425,6 +430,12 @@ where
             self.promise_again(state, plan);
             if self.lane.peer_log.heard_within(PEERS_HEARD) {
                 self.tell_peers(state);
+            }
+            if waiting {
+                // Waiting when the append started: read now that the entries are out (the
+                // commit lane never waits for a read).
+                let batch = reader.next_batch().await;
+                self.plan_read(batch, state, plan, &mut outcome)?;
             }
             return Ok(outcome);
         }
@@ -448,6 +459,26 @@ where
         }
         outcome.met = None;
         Ok(outcome)
+    }
+
+    /// Plans a batch read while an append ran (see [`Self::append_plan`]).
+    fn plan_read(
+        &mut self,
+        batch: Option<Result<Vec<Slot<P>>>>,
+        state: &mut Restart,
+        plan: &mut Vec<Planned>,
+        outcome: &mut AppendPlan,
+    ) -> Result<()> {
+        let Some(batch) = batch else {
+            outcome.stopped = true;
+            return Ok(());
+        };
+        let was_empty = plan.is_empty();
+        self.plan_batch(batch?, state, plan);
+        if was_empty && !plan.is_empty() {
+            outcome.met = Some(Instant::now());
+        }
+        Ok(())
     }
 
     /// Takes in a peer's appends: its entries join the log cache (listeners here read them

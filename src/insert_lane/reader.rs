@@ -76,6 +76,12 @@ where
         self.next - 1
     }
 
+    /// Whether [`Self::next_batch`] has slots to return without waiting for new commits (the
+    /// frontier is past the reader's position).
+    pub(crate) fn ready(&self) -> bool {
+        self.next <= *self.frontier.borrow()
+    }
+
     /// The outbox's stop signal this reader watches.
     pub(crate) fn stop_signal(&self) -> StopSignal {
         self.stop.clone()
