@@ -310,3 +310,44 @@ async fn listeners_of_several_folding_outboxes_hear_exactly_the_log() {
         }
     }
 }
+
+/// The sequencer's append dies while it waits (its backend terminated): the sequencer restarts
+/// from the state row and appends the same groups (no longer knowing them as its own, it
+/// promises nothing again), the log gives them the positions the listener had, and nothing is
+/// reported: the listener goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequencer_that_restarts_mid_append_keeps_the_positions_its_listener_had() {
+    let db = TestDb::new().await;
+    let (outbox, mut stream, first) = warmed(&db, OutboxConfig::default()).await;
+    let holder = hold_appends(&db.pool).await;
+    commit(&outbox, 1, 2).await;
+    commit(&outbox, 2, 1).await;
+    let mut heard = Vec::new();
+    for _ in 0..3 {
+        heard.push(next(&mut stream).await);
+    }
+    // The append waiting on the lock is the sequencer's: end its connection.
+    let ended = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+             AND query LIKE '%append_commit_log%') AS t",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .is_ok_and(|terminated| terminated > 0)
+    })
+    .await;
+    assert!(ended, "the waiting append's backend is terminated");
+    holder.rollback().await.expect("let the appends through");
+    let caught_up = eventually(PATIENCE, || async {
+        stored_head(&db.pool).await >= first + 3
+    })
+    .await;
+    assert!(caught_up, "the restarted sequencer appends them");
+    assert_eq!(logged(&db.pool, first).await, heard);
+    commit(&outbox, 3, 1).await;
+    let (after, _, _) = next(&mut stream).await;
+    assert_eq!(after, first + 4, "no rewind: the listener goes on");
+    outbox.shutdown().await;
+}
