@@ -380,9 +380,10 @@ where
     /// goes into the next append. Without such a listener, only a batch already waiting when
     /// the append starts is read meanwhile (a fold catching up on a backlog), or, if that read
     /// has not come back by then, after the append's entries are published: the commit lane
-    /// never waits for a read. A read dropped with the append's refusal is cancel safe (the
-    /// reader's position moves only when slots are returned). After a refusal the groups read meanwhile stay planned,
-    /// behind the refused ones: the plan still holds every group up to the reader's position.
+    /// never waits for a read. A read still waiting when the append ends is dropped (cancel
+    /// safe: the reader's position moves only when slots are returned). After a refusal the
+    /// groups read meanwhile stay planned, behind the refused ones: the plan still holds every
+    /// group up to the reader's position.
     async fn append_plan(
         &mut self,
         state: &mut Restart,
