@@ -825,13 +825,7 @@ async fn ten_folded_on(
     }
     // The listener may have them before their append (`early_commit_listeners`): the tests
     // lose what the log holds, so it must hold all ten.
-    let logged = eventually(PATIENCE, || async {
-        sqlx::query_scalar::<_, i64>("SELECT last_commit_seq FROM ordo.sequencer_state")
-            .fetch_one(pool)
-            .await
-            .is_ok_and(|head| head >= 10)
-    })
-    .await;
+    let logged = common::invariants::log_reaches(pool, 10).await;
     assert!(logged, "the log holds the ten");
     (outbox, stream)
 }

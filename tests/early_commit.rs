@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use common::invariants::{ORDO, check_log, counts};
+use common::invariants::{ORDO, check_log, counts, log_reaches};
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{CommitStream, Outbox, OutboxConfig, Start};
@@ -95,7 +95,7 @@ async fn warmed(db: &TestDb, config: OutboxConfig) -> (Outbox<Note>, CommitStrea
     let mut stream = outbox.listen_committed(Start::Now);
     commit(&outbox, 0, 1).await;
     let (first, _, _) = next(&mut stream).await;
-    let caught_up = eventually(PATIENCE, || async { stored_head(&db.pool).await >= first }).await;
+    let caught_up = log_reaches(&db.pool, first).await;
     assert!(caught_up, "the first transaction is logged");
     (outbox, stream, first)
 }
@@ -128,10 +128,7 @@ async fn a_listener_has_its_own_commits_before_the_append_at_the_positions_the_l
     );
 
     holder.rollback().await.expect("let the appends through");
-    let caught_up = eventually(PATIENCE, || async {
-        stored_head(&db.pool).await >= first + 6
-    })
-    .await;
+    let caught_up = log_reaches(&db.pool, first + 6).await;
     assert!(caught_up, "the appends land");
     assert_eq!(
         logged(&db.pool, first).await,
@@ -143,10 +140,7 @@ async fn a_listener_has_its_own_commits_before_the_append_at_the_positions_the_l
     let (after, _, _) = next(&mut stream).await;
     assert_eq!(after, first + 7);
     // The listener may have it before the log does.
-    let caught_up = eventually(PATIENCE, || async {
-        stored_head(&db.pool).await >= first + 7
-    })
-    .await;
+    let caught_up = log_reaches(&db.pool, first + 7).await;
     assert!(caught_up, "the last append lands");
     check_log(&db.pool, &ORDO)
         .await
@@ -340,10 +334,7 @@ async fn a_sequencer_that_restarts_mid_append_keeps_the_positions_its_listener_h
     .await;
     assert!(ended, "the waiting append's backend is terminated");
     holder.rollback().await.expect("let the appends through");
-    let caught_up = eventually(PATIENCE, || async {
-        stored_head(&db.pool).await >= first + 3
-    })
-    .await;
+    let caught_up = log_reaches(&db.pool, first + 3).await;
     assert!(caught_up, "the restarted sequencer appends them");
     assert_eq!(logged(&db.pool, first).await, heard);
     commit(&outbox, 3, 1).await;

@@ -170,6 +170,10 @@ async fn publishing_through_a_transaction_pooler_keeps_both_lanes_and_a_subscrip
         seen.insert((event.event.payload.writer, event.event.payload.n));
     }
     assert_eq!(seen, expected, "the commit lane's events");
+    assert!(
+        common::invariants::log_reaches(&db.pool, total as u64).await,
+        "the log holds what the listener heard"
+    );
     common::invariants::check_log(&db.pool, &common::invariants::ORDO)
         .await
         .expect("the commit log's invariants");

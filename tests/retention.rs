@@ -647,6 +647,10 @@ async fn writes_never_fail_for_want_of_a_partition_and_retention_folds_the_overf
             .await
             .expect("count");
     assert_eq!((events, distinct), (410, 410));
+    assert!(
+        common::invariants::log_reaches(&db.pool, 410).await,
+        "the log holds what the listener heard"
+    );
     common::invariants::check_log(&db.pool, &common::invariants::ORDO)
         .await
         .expect("the commit log's invariants");

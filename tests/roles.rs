@@ -203,6 +203,10 @@ async fn a_writer_runs_the_whole_outbox_on_partitions_an_operator_made() {
         "the subscription checkpointed to {last}: {state:?}"
     );
     assert_eq!(handled.load(AtomicOrdering::SeqCst), expected);
+    assert!(
+        common::invariants::log_reaches(&roles.admin, expected).await,
+        "the log holds what the listener heard"
+    );
 
     let status = outbox.status().await.expect("a writer reads status");
     assert_eq!(status.commit_head.get(), expected);

@@ -171,3 +171,18 @@ pub async fn counts(pool: &PgPool) -> (i64, i64) {
     .await
     .expect("counts")
 }
+
+/// Waits up to 30 s for the stored log head to reach `head`. A commit-lane listener in the
+/// process that committed may have positions before their append lands
+/// (`OutboxConfig::early_commit_listeners`): a test that heard them waits for this before it
+/// reads the log. Returns whether it did.
+pub async fn log_reaches(pool: &PgPool, head: u64) -> bool {
+    let head = i64::try_from(head).unwrap_or(i64::MAX);
+    super::eventually(std::time::Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, i64>("SELECT last_commit_seq FROM ordo.sequencer_state")
+            .fetch_one(pool)
+            .await
+            .is_ok_and(|stored| stored >= head)
+    })
+    .await
+}
