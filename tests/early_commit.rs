@@ -342,3 +342,49 @@ async fn a_sequencer_that_restarts_mid_append_keeps_the_positions_its_listener_h
     assert_eq!(after, first + 4, "no rewind: the listener goes on");
     outbox.shutdown().await;
 }
+
+/// A listener that opens while the plan holds transactions committed before it (none promised,
+/// no one listening then): the positions promised to it count those transactions too, and the
+/// log gives every event the position the listener had. Then it closes, more commit unheard,
+/// and a second listener hears them all in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_opens_mid_plan_has_the_positions_the_log_gives() {
+    let db = TestDb::new().await;
+    let (outbox, stream, first) = warmed(&db, OutboxConfig::default()).await;
+    drop(stream);
+    let holder = hold_appends(&db.pool).await;
+    // Planned while no listener takes promises: the first goes into the blocked append, the
+    // second waits behind it.
+    commit(&outbox, 1, 2).await;
+    commit(&outbox, 2, 1).await;
+    let mut late = outbox.listen_committed(Start::After(ordo::CommitSequence::new(first)));
+    commit(&outbox, 3, 1).await;
+    let mut heard = Vec::new();
+    for _ in 0..4 {
+        heard.push(next(&mut late).await);
+    }
+    assert_eq!(
+        stored_head(&db.pool).await,
+        first,
+        "heard before any append"
+    );
+    drop(late);
+    commit(&outbox, 4, 2).await;
+    let mut again = outbox.listen_committed(Start::After(ordo::CommitSequence::new(first)));
+    commit(&outbox, 5, 1).await;
+    let mut all = Vec::new();
+    for _ in 0..7 {
+        all.push(next(&mut again).await);
+    }
+    assert_eq!(
+        &all[..4],
+        &heard[..],
+        "the same positions to both listeners"
+    );
+    holder.rollback().await.expect("let the appends through");
+    assert!(log_reaches(&db.pool, first + 7).await, "the appends land");
+    assert_eq!(logged(&db.pool, first).await, all);
+    commit(&outbox, 6, 1).await;
+    assert_eq!(next(&mut again).await.0, first + 8, "no rewind: it goes on");
+    outbox.shutdown().await;
+}

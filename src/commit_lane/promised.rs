@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use super::LogEntry;
 
@@ -34,6 +34,9 @@ pub(crate) struct Promised {
     entries: Mutex<BTreeMap<u64, LogEntry>>,
     /// The highest position promised: what listeners that take promises wait on.
     through: watch::Sender<u64>,
+    /// Told when a listener starts taking promises (the sequencer then reads along an append
+    /// already running).
+    arrived: Notify,
 }
 
 impl Promised {
@@ -41,17 +44,27 @@ impl Promised {
         Self {
             entries: Mutex::new(BTreeMap::new()),
             through: watch::Sender::new(head),
+            arrived: Notify::new(),
         }
     }
 
-    /// Whether a listener takes promises now: without one the sequencer makes none.
+    /// Whether a listener takes promises now: without one the sequencer reads along an
+    /// append only what was waiting when it started.
     pub(crate) fn listened(&self) -> bool {
         self.through.receiver_count() > 0
     }
 
-    /// A watch of the highest position promised.
+    /// Resolves once a listener has started taking promises (possibly before this was called:
+    /// a permit is kept).
+    pub(crate) async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// A watch of the highest position promised, for a listener that takes promises.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.through.subscribe()
+        let watch = self.through.subscribe();
+        self.arrived.notify_one();
+        watch
     }
 
     /// Promises `entries` (consecutive positions, computed by the fold). Positions at or below

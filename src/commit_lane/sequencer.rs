@@ -296,8 +296,11 @@ where
     /// group's members are known, and hands them to this process's listeners
     /// ([`promised`](super::promised)): the append, this sequencer's or a peer's, gives them
     /// the same positions.
+    ///
+    /// Promises are made whether or not a listener takes them now (one may open before the
+    /// append lands); each costs a map entry until the append settles it.
     fn promise(&mut self, plan: &[Planned]) {
-        if !self.promises || !self.commit.promised.listened() {
+        if !self.promises {
             return;
         }
         let Some(mut next) = self.chain.next else {
@@ -401,9 +404,10 @@ where
         // With a listener taking promises, everything that commits during the append is read
         // and promised at once; without one, only a batch already waiting is read meanwhile
         // (one wake-up for the commits that land during the append, not one each).
-        let listened = self.promises && self.commit.promised.listened();
+        let mut listened = self.promises && self.commit.promised.listened();
         let mut waiting = !listened && reader.ready();
         let mut outcome = AppendPlan::default();
+        let commit = Arc::clone(&self.commit);
         let appended = {
             let pool = self.pool.clone();
             let append = store::append(&pool, state.cursor, covered, &in_flight);
@@ -415,6 +419,10 @@ where
                     batch = reader.next_batch(), if !outcome.stopped && (listened || waiting) => {
                         waiting = false;
                         self.plan_read(batch, state, plan, &mut outcome)?;
+                    }
+                    // A listener opened during the append: read along from now on.
+                    _ = commit.promised.arrived(), if self.promises && !listened => {
+                        listened = commit.promised.listened();
                     }
                 }
             }
