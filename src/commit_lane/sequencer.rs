@@ -416,7 +416,10 @@ where
                 tokio::select! {
                     biased;
                     appended = &mut append => break appended,
-                    batch = reader.next_batch(), if !outcome.stopped && (listened || waiting) => {
+                    // Bounded as an append's own reads are: an append stuck behind a lock does
+                    // not let the plan (and its promises) grow with every commit meanwhile.
+                    batch = reader.next_batch(),
+                        if !outcome.stopped && (listened || waiting) && plan.len() < self.batch => {
                         waiting = false;
                         self.plan_read(batch, state, plan, &mut outcome)?;
                     }
