@@ -413,6 +413,10 @@ async fn contradictory_configuration_is_refused_naming_the_settings() {
             OutboxConfig::default().fold_interval(Duration::from_secs(5)),
             "fold_interval",
         ),
+        (
+            OutboxConfig::default().unwatched_append_spacing(Duration::from_secs(61)),
+            "unwatched_append_spacing",
+        ),
     ];
     for (config, expected) in cases {
         match Outbox::<Note>::new(db.pool.clone(), config).await {

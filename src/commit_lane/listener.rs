@@ -92,7 +92,7 @@ where
         stop: StopSignal,
         after: u64,
     ) -> Self {
-        let head = commit.head.subscribe();
+        let head = commit.follow_head();
         Self {
             lane,
             commit,

@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::config::OutboxConfig;
 use crate::insert_lane::{LaneShared, Rewind};
@@ -123,6 +123,9 @@ pub(crate) struct CommitShared {
     /// Positions the sequencer here computed for this process's own commits before their
     /// append ([`promised`]).
     pub(crate) promised: Promised,
+    /// Someone here started following the head ([`Self::follow_head`]): the sequencer looks
+    /// again whether anyone waits for its appends.
+    pub(crate) followed: Notify,
 }
 
 impl CommitShared {
@@ -132,6 +135,7 @@ impl CommitShared {
             log: RwLock::new(LogCache::new(capacity)),
             went_back: WentBack::new(rewind),
             promised: Promised::new(head),
+            followed: Notify::new(),
         }
     }
 
@@ -197,6 +201,22 @@ impl CommitShared {
     pub(crate) fn head(&self) -> u64 {
         *self.head.borrow()
     }
+
+    /// A watch of the head, for whoever waits for logged positions: while one is held, the
+    /// sequencer here appends as soon as its cadence allows rather than gathering longer
+    /// ([`Self::logged_followers`]).
+    pub(crate) fn follow_head(&self) -> watch::Receiver<u64> {
+        let head = self.head.subscribe();
+        self.followed.notify_one();
+        head
+    }
+
+    /// Whether anyone here waits for logged positions: a head follower that does not take
+    /// promises (a listener taking promises also follows the head, for the groups it has no
+    /// promise of, which the sequencer counts apart).
+    pub(crate) fn logged_followers(&self) -> bool {
+        self.head.receiver_count() > self.promised.takers()
+    }
 }
 
 /// Starts the commit lane: reads the log head, then spawns this process's sequencer, or, with
@@ -223,9 +243,7 @@ where
             Arc::clone(lane),
             Arc::clone(&commit),
             tasks.signal(),
-            config.fold_batch,
-            config.fold_interval,
-            config.early_commit_listeners,
+            config,
         );
         if config.cross_process_wakeups {
             let announcer = sequencer.announcer(config.notify_channel.clone(), tasks.signal());

@@ -54,6 +54,11 @@ impl Promised {
         self.through.receiver_count() > 0
     }
 
+    /// How many listeners take promises now.
+    pub(crate) fn takers(&self) -> usize {
+        self.through.receiver_count()
+    }
+
     /// Resolves once a listener has started taking promises (possibly before this was called:
     /// a permit is kept).
     pub(crate) async fn arrived(&self) {

@@ -42,6 +42,7 @@ mod peers;
 use super::store::{self, Appended, PeerAppends, Planned, Restart};
 use super::turns::{Step, Turns};
 use super::{CommitShared, LogEntry};
+use crate::config::OutboxConfig;
 use crate::error::Result;
 use crate::insert_lane::LaneShared;
 use crate::insert_lane::cache::{Slot, SlotItem};
@@ -81,6 +82,9 @@ pub(crate) const SESSION: &[(&str, &str)] = &[
 /// [`SESSION`] as the statements a new connection runs (a test checks they agree).
 const SET_SESSION: &str = "SET synchronous_commit = off; SET jit = off; SET enable_seqscan = off";
 
+/// How long a stopping sequencer tries to append what it planned ([`Sequencer::flush`]).
+const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -113,6 +117,9 @@ pub(crate) struct Sequencer<P> {
     promises: bool,
     /// How far the plan's positions are known ([`Self::promise`]).
     chain: Chain,
+    /// How far apart appends start while nobody waits for the log
+    /// ([`OutboxConfig::unwatched_append_spacing`](crate::OutboxConfig::unwatched_append_spacing)).
+    unwatched: Duration,
 }
 
 /// How far the plan's positions are known: its first `groups` groups are promised, and `next`
@@ -128,14 +135,14 @@ impl<P> Sequencer<P>
 where
     P: DeserializeOwned + Send + Sync + 'static,
 {
+    /// A sequencer with `config`'s fold settings (`fold_batch`, `fold_interval`,
+    /// `early_commit_listeners`, `unwatched_append_spacing`).
     pub(crate) fn new(
         pool: PgPool,
         lane: Arc<LaneShared<P>>,
         commit: Arc<CommitShared>,
         stop: StopSignal,
-        batch: usize,
-        interval: Duration,
-        promises: bool,
+        config: &OutboxConfig,
     ) -> Self {
         // Set by statements once connected, not as startup `options`: PgBouncer refuses a
         // connection whose startup packet carries them (`unsupported startup parameter`).
@@ -153,13 +160,14 @@ where
             lane,
             commit,
             stop,
-            batch,
-            interval,
+            batch: config.fold_batch,
+            interval: config.fold_interval,
             turns: Turns::default(),
             announce: None,
             yielded_at: None,
-            promises,
+            promises: config.early_commit_listeners,
             chain: Chain::default(),
+            unwatched: config.unwatched_append_spacing,
         }
     }
 
@@ -210,7 +218,16 @@ where
                 self.turns.settled();
                 reader.next_batch().await
             } else {
-                let (at, step) = self.turns.next_step(&plan, due);
+                // While nobody waits for the log, appends gather longer, up to a batch.
+                let spaced = if self.unwatched.is_zero()
+                    || plan.len() >= self.batch
+                    || self.watched(&plan)
+                {
+                    due
+                } else {
+                    cadence.unwatched(due, self.unwatched)
+                };
+                let (at, step) = self.turns.next_step(&plan, spaced);
                 if Instant::now() >= at {
                     match step {
                         Step::Append => {
@@ -222,6 +239,7 @@ where
                             cadence.peers = self.lane.peer_log.heard_within(PEERS_HEARD);
                             due = cadence.next_due(started, Instant::now(), groups, self.interval);
                             if outcome.stopped {
+                                self.flush(&state, &reader, &plan).await;
                                 return Ok(());
                             }
                             if let Some(met) = outcome.met
@@ -238,6 +256,7 @@ where
                     continue;
                 }
                 let peer_log = &self.lane.peer_log;
+                let gathering = spaced > due;
                 tokio::select! {
                     biased;
                     batch = reader.next_batch() => batch,
@@ -248,15 +267,59 @@ where
                         }
                         continue;
                     }
+                    // Someone may wait for the log now: look again when the append is due.
+                    _ = self.commit.followed.notified(), if gathering => continue,
+                    _ = self.lane.audience.changed.notified(), if gathering => continue,
                 }
             };
             let Some(batch) = batch else {
+                self.flush(&state, &reader, &plan).await;
                 return Ok(());
             };
             let was_empty = plan.is_empty();
             self.plan_batch(batch?, &mut state, &mut plan);
             if was_empty && !plan.is_empty() {
                 cadence.met(Instant::now());
+            }
+        }
+    }
+
+    /// Whether anyone may be waiting for the next append: a reader of logged positions in
+    /// this process (a subscription or relay on the commit lane, a listener without early
+    /// positions, [`Outbox::wait_for_commit`](crate::Outbox::wait_for_commit)), a listener
+    /// taking early positions while a planned group has none (another writer's, or one
+    /// published in the application's own transaction), or another process on the wake-up
+    /// channel, where relays and listeners elsewhere wait for the log (or this process cannot
+    /// tell: it has no wake-up connection, or it is down).
+    fn watched(&self, plan: &[Planned]) -> bool {
+        self.commit.logged_followers()
+            || (self.commit.promised.listened() && self.chain.groups < plan.len())
+            || self.lane.audience.anyone()
+    }
+
+    /// The outbox stops: appends what is planned, once, so that the log a stopped process
+    /// leaves covers every group it met (the next fold would append the same, later). Not
+    /// after a rewind (the plan was read from a server that went back), and given up after
+    /// [`FLUSH_PATIENCE`] (the state row locked, the server gone): nothing depends on it.
+    async fn flush(&self, state: &Restart, reader: &LaneReader<P>, plan: &[Planned]) {
+        if plan.is_empty() || self.commit.went_back.reported() {
+            return;
+        }
+        let append = store::append(&self.pool, state.cursor, reader.position(), plan);
+        match tokio::time::timeout(FLUSH_PATIENCE, append).await {
+            Ok(Ok(Appended::Done(appended))) => {
+                metrics::counter!(m::FOLD_APPENDS, "result" => "appended").increment(1);
+                metrics::counter!(m::FOLD_EVENTS).increment(appended.len() as u64);
+                metrics::counter!(m::FOLD_GROUPS).increment(plan.len() as u64);
+            }
+            Ok(Ok(Appended::Refused)) => {
+                tracing::debug!("a peer appended first; nothing to append at stop");
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "the append at stop failed; the next fold appends it");
+            }
+            Err(_) => {
+                tracing::debug!("the append at stop took too long; the next fold appends it");
             }
         }
     }

@@ -91,7 +91,7 @@ impl SubscriptionHandle {
         loop {
             // Taken again each time: the outbox starts new lanes after a rewind.
             let mut insert_head = self.heads.current.insert();
-            let mut commit_head = self.heads.current.commit().head.subscribe();
+            let mut commit_head = self.heads.current.commit().follow_head();
             let current = self.with_lag(&changes.borrow_and_update());
             if condition(&current) {
                 return (current, true);

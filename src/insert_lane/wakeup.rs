@@ -119,6 +119,9 @@ pub(crate) struct Audience {
     pub(crate) asked: Notify,
     /// Someone was heard after a silence: send what was held back.
     pub(crate) arrived: Notify,
+    /// Whether anyone may be there changed (heard after a silence, or the connection went up or
+    /// down): the sequencer looks again whether anyone waits for its appends.
+    pub(crate) changed: Notify,
 }
 
 impl Audience {
@@ -131,11 +134,13 @@ impl Audience {
         if connected {
             self.hello.notify_one();
         }
+        self.changed.notify_one();
     }
 
     fn heard(&self) {
         if self.extend(HEARD_WITHIN) {
             self.arrived.notify_one();
+            self.changed.notify_one();
         }
     }
 

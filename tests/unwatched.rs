@@ -1,0 +1,196 @@
+//! While nobody waits for the commit log (no reader of logged positions in the process, every
+//! planned group promised to its listeners, no other process on the wake-up channel), the
+//! sequencer gathers appends `unwatched_append_spacing` apart; whoever starts waiting ends the
+//! gathering at once, and a stopping outbox appends what it planned.
+//!
+//! Each test sets the spacing to 60 s, the longest allowed, so that an append it sees within
+//! its patience came from what it checks, not from the spacing running out.
+
+mod common;
+
+use std::time::Duration;
+
+use common::invariants::log_reaches;
+use common::{Note, TestDb};
+use futures::StreamExt;
+use ordo::{CommitStream, EventSequence, Outbox, OutboxConfig, Start};
+use sqlx::PgPool;
+use tokio::time::timeout;
+
+/// Well inside the spacing: what arrives within it was not the spacing running out.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// Longer than an outbox takes other processes to be there after it connects (it waits
+/// 500 ms for the answers to its greeting): from then on, alone, it gathers.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long a test looks for an append that must not come: appends come within milliseconds
+/// when someone waits.
+const QUIET: Duration = Duration::from_millis(400);
+
+fn gathering() -> OutboxConfig {
+    OutboxConfig::default().unwatched_append_spacing(Duration::from_secs(60))
+}
+
+async fn alone(pool: &PgPool) -> Outbox<Note> {
+    let outbox = Outbox::new(pool.clone(), gathering())
+        .await
+        .expect("start the outbox");
+    tokio::time::sleep(SETTLE).await;
+    outbox
+}
+
+async fn commit(outbox: &Outbox<Note>, n: u32) -> Vec<EventSequence> {
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 1, n }).expect("publish");
+    tx.commit().await.expect("commit")
+}
+
+async fn next(stream: &mut CommitStream<Note>) -> (u64, u32) {
+    let item = timeout(PATIENCE, stream.next())
+        .await
+        .expect("the listener has the event in time")
+        .expect("the stream goes on")
+        .expect("an event");
+    (item.commit_sequence.get(), item.event.payload.n)
+}
+
+async fn stored_head(pool: &PgPool) -> u64 {
+    let head: i64 = sqlx::query_scalar("SELECT last_commit_seq FROM ordo.sequencer_state")
+        .fetch_one(pool)
+        .await
+        .expect("the head");
+    u64::try_from(head).expect("positive")
+}
+
+/// The log's events in order, as stored.
+async fn logged_events(pool: &PgPool) -> Vec<(u64, u64)> {
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT commit_seq, sequence FROM ordo.commit_log ORDER BY commit_seq")
+            .fetch_all(pool)
+            .await
+            .expect("read the log");
+    rows.into_iter()
+        .map(|(position, sequence)| {
+            (
+                u64::try_from(position).expect("positive"),
+                u64::try_from(sequence).expect("positive"),
+            )
+        })
+        .collect()
+}
+
+/// Commits the first transaction (appended at once: no append came before it) and waits for
+/// the log to hold it; then commits `more`, heard by `listener` at once, which the log does not
+/// hold within [`QUIET`]. Returns the sequences of the last one committed.
+async fn gathered(
+    db: &TestDb,
+    outbox: &Outbox<Note>,
+    listener: &mut CommitStream<Note>,
+    more: u32,
+) -> Vec<EventSequence> {
+    commit(outbox, 0).await;
+    assert_eq!(next(listener).await, (1, 0));
+    assert!(
+        log_reaches(&db.pool, 1).await,
+        "the first append comes at once"
+    );
+    let mut last = Vec::new();
+    for n in 1..=more {
+        last = commit(outbox, n).await;
+        assert_eq!(next(listener).await, (u64::from(n) + 1, n));
+    }
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        stored_head(&db.pool).await,
+        1,
+        "alone, with every group promised to the listener, the sequencer gathers"
+    );
+    last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_the_log_ends_the_gathering_and_finds_the_positions_the_listener_had() {
+    let db = TestDb::new().await;
+    let outbox = alone(&db.pool).await;
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    let last = gathered(&db, &outbox, &mut listener, 3).await;
+    // Someone waits for the log: the append comes now, not when the spacing runs out.
+    let positions = outbox
+        .wait_for_commit(&last, PATIENCE)
+        .await
+        .expect("the log holds the last transaction within the patience");
+    assert_eq!(
+        positions.iter().map(|p| p.get()).collect::<Vec<_>>(),
+        vec![4]
+    );
+    let logged = logged_events(&db.pool).await;
+    assert_eq!(
+        logged
+            .iter()
+            .map(|(position, _)| *position)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_on_the_channel_ends_the_gathering() {
+    let db = TestDb::new().await;
+    let outbox = alone(&db.pool).await;
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    gathered(&db, &outbox, &mut listener, 2).await;
+    // Another process connects (it reads the log, folding nothing): its greeting on the
+    // wake-up channel is heard, and its relays or listeners would wait for the log.
+    let reader = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default().sequencer(false))
+        .await
+        .expect("start a second outbox");
+    assert!(
+        log_reaches(&db.pool, 3).await,
+        "the sequencer appends once someone else is there"
+    );
+    let mut theirs = reader.listen_committed(Start::Beginning);
+    for (position, n) in [(1, 0), (2, 1), (3, 2)] {
+        assert_eq!(next(&mut theirs).await, (position, n));
+    }
+    reader.shutdown().await;
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_the_listener_has_no_promise_of_ends_the_gathering() {
+    let db = TestDb::new().await;
+    let outbox = alone(&db.pool).await;
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    gathered(&db, &outbox, &mut listener, 2).await;
+    // Published in the application's own transaction: ordo does not see its commit, so its
+    // position is known only from the append, which the listener waits for.
+    let mut tx = db.pool.begin().await.expect("begin");
+    outbox
+        .publish_in(&mut tx, [Note { writer: 2, n: 9 }])
+        .await
+        .expect("publish in the application's transaction");
+    tx.commit().await.expect("commit");
+    assert_eq!(next(&mut listener).await, (4, 9));
+    assert!(log_reaches(&db.pool, 4).await);
+    outbox.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_outbox_appends_what_its_listener_had() {
+    let db = TestDb::new().await;
+    let outbox = alone(&db.pool).await;
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    gathered(&db, &outbox, &mut listener, 4).await;
+    outbox.shutdown().await;
+    // Nothing runs now: the log holds what the listener had, because the sequencer appended
+    // its plan as it stopped.
+    let logged = logged_events(&db.pool).await;
+    assert_eq!(
+        logged
+            .iter()
+            .map(|(position, _)| *position)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(stored_head(&db.pool).await, 5);
+}
