@@ -22,6 +22,8 @@
 //! - `no_seq`: the same with `sequencer(false)` (the commit lane off).
 //! - `bare`: `sequencer(false)` and `cross_process_wakeups(false)`: the write path alone.
 //! - `ordo_f0`, `ordo_f1`, `ordo_f2`: `ordo` with `fold_interval` 0 (the default), 1 or 2 ms.
+//! - `ordo_u0`: `ordo` with `unwatched_append_spacing(0)`: the sequencer appends as if someone
+//!   waited for the log (with nobody listening, `ordo` gathers its appends 25 ms apart).
 //!
 //! Within a sitting the variants run in order and then in reverse (A, B, C, C, B, A), so a
 //! burst of background load falls on both sides of a comparison. Each run has two phases:
@@ -80,10 +82,12 @@ enum Variant {
     Fold1,
     /// `ordo` with `fold_interval(2 ms)`.
     Fold2,
+    /// `ordo` with `unwatched_append_spacing(0)`: appends as if someone waited for the log.
+    Watched,
 }
 
 impl Variant {
-    const ALL: [Variant; 8] = [
+    const ALL: [Variant; 9] = [
         Variant::Raw,
         Variant::RawOneTrip,
         Variant::Ordo,
@@ -92,6 +96,7 @@ impl Variant {
         Variant::Fold0,
         Variant::Fold1,
         Variant::Fold2,
+        Variant::Watched,
     ];
 
     fn name(self) -> &'static str {
@@ -104,6 +109,7 @@ impl Variant {
             Variant::Fold0 => "ordo_f0",
             Variant::Fold1 => "ordo_f1",
             Variant::Fold2 => "ordo_f2",
+            Variant::Watched => "ordo_u0",
         }
     }
 
@@ -113,7 +119,7 @@ impl Variant {
             .find(|v| v.name() == name)
             .with_context(|| {
                 format!(
-                    "unknown variant {name:?} (raw, raw_1rt, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2)"
+                    "unknown variant {name:?} (raw, raw_1rt, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2, ordo_u0)"
                 )
             })
     }
@@ -128,6 +134,7 @@ impl Variant {
             Variant::Fold0 => Some(config.fold_interval(Duration::ZERO)),
             Variant::Fold1 => Some(config.fold_interval(Duration::from_millis(1))),
             Variant::Fold2 => Some(config.fold_interval(Duration::from_millis(2))),
+            Variant::Watched => Some(config.unwatched_append_spacing(Duration::ZERO)),
         }
     }
 }

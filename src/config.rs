@@ -320,8 +320,9 @@ impl OutboxConfig {
     /// another process that connects) ends the spacing at once. A process that reads the log
     /// without listening on the channel (with [`cross_process_wakeups`](Self::cross_process_wakeups)
     /// off, it polls every [`resync_interval`](Self::resync_interval)) may find it this much
-    /// further behind; so may `ordo status`. When the outbox shuts down, the sequencer appends
-    /// what it planned.
+    /// further behind; so may `ordo status`. With `cross_process_wakeups` off in this process,
+    /// it cannot hear the others and never gathers. When the outbox shuts down, the sequencer
+    /// appends what it planned.
     pub fn unwatched_append_spacing(mut self, spacing: Duration) -> Self {
         self.unwatched_append_spacing = spacing;
         self

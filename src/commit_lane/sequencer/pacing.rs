@@ -170,7 +170,7 @@ impl Cadence {
     /// to 0.94x of raw `INSERT` transactions with 25 ms (the default of
     /// [`OutboxConfig::unwatched_append_spacing`](crate::OutboxConfig::unwatched_append_spacing)),
     /// against 0.72x to 0.82x with the stream's spacing, and the sequencer's server
-    /// transactions per published one fell from 0.08 to 0.16 to about none
+    /// transactions per published one fell from 0.08 to 0.14 to about none
     /// (`docs/performance-history.md`, session 29).
     pub(super) fn unwatched(&self, due: Instant, spacing: Duration) -> Instant {
         self.last
