@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use common::invariants::{ORDO, check_log, counts, log_reaches};
+use common::invariants::{ORDO, check_log, counts, log_reaches, stored_head};
 use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{CommitStream, Outbox, OutboxConfig, Start};
@@ -69,14 +69,6 @@ async fn logged(pool: &PgPool, after: u64) -> Vec<Heard> {
         )
     })
     .collect()
-}
-
-async fn stored_head(pool: &PgPool) -> u64 {
-    let head: i64 = sqlx::query_scalar("SELECT last_commit_seq FROM ordo.sequencer_state")
-        .fetch_one(pool)
-        .await
-        .expect("the head");
-    u64::try_from(head).expect("positive")
 }
 
 /// Holds the state row's lock in a transaction of its own: every append waits for it.

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::invariants::log_reaches;
+use common::invariants::{log_reaches, stored_head};
 use common::{Note, TestDb};
 use futures::StreamExt;
 use ordo::{CommitStream, EventSequence, Outbox, OutboxConfig, Start};
@@ -53,28 +53,15 @@ async fn next(stream: &mut CommitStream<Note>) -> (u64, u32) {
     (item.commit_sequence.get(), item.event.payload.n)
 }
 
-async fn stored_head(pool: &PgPool) -> u64 {
-    let head: i64 = sqlx::query_scalar("SELECT last_commit_seq FROM ordo.sequencer_state")
-        .fetch_one(pool)
-        .await
-        .expect("the head");
-    u64::try_from(head).expect("positive")
-}
-
-/// The log's events in order, as stored.
-async fn logged_events(pool: &PgPool) -> Vec<(u64, u64)> {
-    let rows: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT commit_seq, sequence FROM ordo.commit_log ORDER BY commit_seq")
+/// The log's positions in order, as stored.
+async fn logged_positions(pool: &PgPool) -> Vec<u64> {
+    let rows: Vec<i64> =
+        sqlx::query_scalar("SELECT commit_seq FROM ordo.commit_log ORDER BY commit_seq")
             .fetch_all(pool)
             .await
             .expect("read the log");
     rows.into_iter()
-        .map(|(position, sequence)| {
-            (
-                u64::try_from(position).expect("positive"),
-                u64::try_from(sequence).expect("positive"),
-            )
-        })
+        .map(|position| u64::try_from(position).expect("positive"))
         .collect()
 }
 
@@ -107,12 +94,21 @@ async fn gathered(
     last
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_for_the_log_ends_the_gathering_and_finds_the_positions_the_listener_had() {
+/// A database with an outbox alone on it, its listener, and `more` transactions gathered
+/// ([`gathered`]); with the sequences of the last one.
+async fn gathering_alone(
+    more: u32,
+) -> (TestDb, Outbox<Note>, CommitStream<Note>, Vec<EventSequence>) {
     let db = TestDb::new().await;
     let outbox = alone(&db.pool).await;
     let mut listener = outbox.listen_committed(Start::Beginning);
-    let last = gathered(&db, &outbox, &mut listener, 3).await;
+    let last = gathered(&db, &outbox, &mut listener, more).await;
+    (db, outbox, listener, last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_the_log_ends_the_gathering_and_finds_the_positions_the_listener_had() {
+    let (db, outbox, _listener, last) = gathering_alone(3).await;
     // Someone waits for the log: the append comes now, not when the spacing runs out.
     let positions = outbox
         .wait_for_commit(&last, PATIENCE)
@@ -122,23 +118,13 @@ async fn a_wait_for_the_log_ends_the_gathering_and_finds_the_positions_the_liste
         positions.iter().map(|p| p.get()).collect::<Vec<_>>(),
         vec![4]
     );
-    let logged = logged_events(&db.pool).await;
-    assert_eq!(
-        logged
-            .iter()
-            .map(|(position, _)| *position)
-            .collect::<Vec<_>>(),
-        vec![1, 2, 3, 4]
-    );
+    assert_eq!(logged_positions(&db.pool).await, vec![1, 2, 3, 4]);
     outbox.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_process_on_the_channel_ends_the_gathering() {
-    let db = TestDb::new().await;
-    let outbox = alone(&db.pool).await;
-    let mut listener = outbox.listen_committed(Start::Beginning);
-    gathered(&db, &outbox, &mut listener, 2).await;
+    let (db, outbox, _listener, _) = gathering_alone(2).await;
     // Another process connects (it reads the log, folding nothing): its greeting on the
     // wake-up channel is heard, and its relays or listeners would wait for the log.
     let reader = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default().sequencer(false))
@@ -158,10 +144,7 @@ async fn another_process_on_the_channel_ends_the_gathering() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_the_listener_has_no_promise_of_ends_the_gathering() {
-    let db = TestDb::new().await;
-    let outbox = alone(&db.pool).await;
-    let mut listener = outbox.listen_committed(Start::Beginning);
-    gathered(&db, &outbox, &mut listener, 2).await;
+    let (db, outbox, mut listener, _) = gathering_alone(2).await;
     // Published in the application's own transaction: ordo does not see its commit, so its
     // position is known only from the append, which the listener waits for.
     let mut tx = db.pool.begin().await.expect("begin");
@@ -177,20 +160,10 @@ async fn a_group_the_listener_has_no_promise_of_ends_the_gathering() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_outbox_appends_what_its_listener_had() {
-    let db = TestDb::new().await;
-    let outbox = alone(&db.pool).await;
-    let mut listener = outbox.listen_committed(Start::Beginning);
-    gathered(&db, &outbox, &mut listener, 4).await;
+    let (db, outbox, _listener, _) = gathering_alone(4).await;
     outbox.shutdown().await;
     // Nothing runs now: the log holds what the listener had, because the sequencer appended
     // its plan as it stopped.
-    let logged = logged_events(&db.pool).await;
-    assert_eq!(
-        logged
-            .iter()
-            .map(|(position, _)| *position)
-            .collect::<Vec<_>>(),
-        vec![1, 2, 3, 4, 5]
-    );
+    assert_eq!(logged_positions(&db.pool).await, vec![1, 2, 3, 4, 5]);
     assert_eq!(stored_head(&db.pool).await, 5);
 }

@@ -172,6 +172,15 @@ pub async fn counts(pool: &PgPool) -> (i64, i64) {
     .expect("counts")
 }
 
+/// The commit log's head as stored (`last_commit_seq`).
+pub async fn stored_head(pool: &PgPool) -> u64 {
+    let head: i64 = sqlx::query_scalar("SELECT last_commit_seq FROM ordo.sequencer_state")
+        .fetch_one(pool)
+        .await
+        .expect("the head");
+    u64::try_from(head).expect("positive")
+}
+
 /// Waits up to 30 s for the stored log head to reach `head`. A commit-lane listener in the
 /// process that committed may have positions before their append lands
 /// (`OutboxConfig::early_commit_listeners`): a test that heard them waits for this before it
