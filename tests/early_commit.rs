@@ -48,6 +48,15 @@ async fn next(stream: &mut CommitStream<Note>) -> Heard {
     )
 }
 
+/// The next `n` positions the listener has.
+async fn next_n(stream: &mut CommitStream<Note>, n: usize) -> Vec<Heard> {
+    let mut heard = Vec::with_capacity(n);
+    for _ in 0..n {
+        heard.push(next(stream).await);
+    }
+    heard
+}
+
 /// The log as stored, from position `after` on.
 async fn logged(pool: &PgPool, after: u64) -> Vec<Heard> {
     sqlx::query(
@@ -101,10 +110,7 @@ async fn a_listener_has_its_own_commits_before_the_append_at_the_positions_the_l
     for (writer, events) in [(1, 1), (2, 3), (3, 2)] {
         commit(&outbox, writer, events).await;
     }
-    let mut heard = Vec::new();
-    for _ in 0..6 {
-        heard.push(next(&mut stream).await);
-    }
+    let heard = next_n(&mut stream, 6).await;
     let head = stored_head(&db.pool).await;
     assert_eq!(
         head, first,
@@ -219,10 +225,7 @@ async fn a_group_larger_than_the_commit_knew_is_reported_as_a_rewind() {
     .await;
     assert!(resumed, "the outbox starts again");
     let mut again = outbox.listen_committed(Start::After(ordo::CommitSequence::new(first)));
-    let mut heard = Vec::new();
-    for _ in 0..3 {
-        heard.push(next(&mut again).await);
-    }
+    let heard = next_n(&mut again, 3).await;
     assert_eq!(heard, logged(&db.pool, first).await);
     assert_eq!(
         heard.iter().map(|(_, _, last)| *last).collect::<Vec<_>>(),
@@ -308,10 +311,7 @@ async fn a_sequencer_that_restarts_mid_append_keeps_the_positions_its_listener_h
     let holder = hold_appends(&db.pool).await;
     commit(&outbox, 1, 2).await;
     commit(&outbox, 2, 1).await;
-    let mut heard = Vec::new();
-    for _ in 0..3 {
-        heard.push(next(&mut stream).await);
-    }
+    let heard = next_n(&mut stream, 3).await;
     // The append waiting on the lock is the sequencer's: end its connection.
     let ended = eventually(PATIENCE, || async {
         sqlx::query_scalar::<_, i64>(
@@ -351,10 +351,7 @@ async fn a_listener_that_opens_mid_plan_has_the_positions_the_log_gives() {
     commit(&outbox, 2, 1).await;
     let mut late = outbox.listen_committed(Start::After(ordo::CommitSequence::new(first)));
     commit(&outbox, 3, 1).await;
-    let mut heard = Vec::new();
-    for _ in 0..4 {
-        heard.push(next(&mut late).await);
-    }
+    let heard = next_n(&mut late, 4).await;
     assert_eq!(
         stored_head(&db.pool).await,
         first,
@@ -364,10 +361,7 @@ async fn a_listener_that_opens_mid_plan_has_the_positions_the_log_gives() {
     commit(&outbox, 4, 2).await;
     let mut again = outbox.listen_committed(Start::After(ordo::CommitSequence::new(first)));
     commit(&outbox, 5, 1).await;
-    let mut all = Vec::new();
-    for _ in 0..7 {
-        all.push(next(&mut again).await);
-    }
+    let all = next_n(&mut again, 7).await;
     assert_eq!(
         &all[..4],
         &heard[..],

@@ -3,15 +3,18 @@
 //! sequencer gathers appends `unwatched_append_spacing` apart; whoever starts waiting ends the
 //! gathering at once, and a stopping outbox appends what it planned.
 //!
-//! Each test sets the spacing to 60 s, the longest allowed, so that an append it sees within
-//! its patience came from what it checks, not from the spacing running out.
+//! The tests of what ends the gathering set the spacing to 60 s, the longest allowed, so that an
+//! append they see within their patience came from what they check, not from the spacing
+//! running out; the one under concurrent writers keeps the default, so that it gathers many
+//! times.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::invariants::{log_reaches, stored_head};
-use common::{Note, TestDb};
+use common::invariants::{ORDO, check_log, counts, log_reaches, stored_head};
+use common::{Note, TestDb, eventually};
 use futures::StreamExt;
 use ordo::{CommitStream, EventSequence, Outbox, OutboxConfig, Start};
 use sqlx::PgPool;
@@ -34,8 +37,25 @@ async fn alone(pool: &PgPool) -> Outbox<Note> {
     let outbox = Outbox::new(pool.clone(), gathering())
         .await
         .expect("start the outbox");
-    tokio::time::sleep(SETTLE).await;
+    settle(pool).await;
     outbox
+}
+
+/// Waits until the outbox's LISTEN connection is up, then [`SETTLE`]: until then it cannot tell
+/// whether anyone else is there, and appends as if someone were.
+async fn settle(pool: &PgPool) {
+    let listening = eventually(PATIENCE, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(pool)
+        .await
+        .is_ok_and(|n| n > 0)
+    })
+    .await;
+    assert!(listening, "the outbox listens on the wake-up channel");
+    tokio::time::sleep(SETTLE).await;
 }
 
 async fn commit(outbox: &Outbox<Note>, n: u32) -> Vec<EventSequence> {
@@ -53,15 +73,29 @@ async fn next(stream: &mut CommitStream<Note>) -> (u64, u32) {
     (item.commit_sequence.get(), item.event.payload.n)
 }
 
-/// The log's positions in order, as stored.
-async fn logged_positions(pool: &PgPool) -> Vec<u64> {
-    let rows: Vec<i64> =
-        sqlx::query_scalar("SELECT commit_seq FROM ordo.commit_log ORDER BY commit_seq")
+/// The log's positions and their events' sequences in order, as stored.
+async fn logged_events(pool: &PgPool) -> Vec<(u64, u64)> {
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT commit_seq, sequence FROM ordo.commit_log ORDER BY commit_seq")
             .fetch_all(pool)
             .await
             .expect("read the log");
     rows.into_iter()
-        .map(|position| u64::try_from(position).expect("positive"))
+        .map(|(position, sequence)| {
+            (
+                u64::try_from(position).expect("positive"),
+                u64::try_from(sequence).expect("positive"),
+            )
+        })
+        .collect()
+}
+
+/// The log's positions in order, as stored.
+async fn logged_positions(pool: &PgPool) -> Vec<u64> {
+    logged_events(pool)
+        .await
+        .into_iter()
+        .map(|(position, _)| position)
         .collect()
 }
 
@@ -166,4 +200,111 @@ async fn a_stopping_outbox_appends_what_its_listener_had() {
     // its plan as it stopped.
     assert_eq!(logged_positions(&db.pool).await, vec![1, 2, 3, 4, 5]);
     assert_eq!(stored_head(&db.pool).await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_wake_up_connection_ends_the_gathering() {
+    let (db, outbox, mut listener, _) = gathering_alone(2).await;
+    // Its LISTEN connection dropped, the outbox cannot tell whether anyone else is there: it
+    // appends as if someone were, and goes on once the connection is back.
+    let dropped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%') AS t",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("terminate the LISTEN connection");
+    assert_eq!(dropped, 1, "one LISTEN connection");
+    assert!(
+        log_reaches(&db.pool, 3).await,
+        "the sequencer appends once it cannot tell"
+    );
+    commit(&outbox, 3).await;
+    assert_eq!(next(&mut listener).await, (4, 3));
+    assert!(log_reaches(&db.pool, 4).await);
+    assert_eq!(logged_positions(&db.pool).await, vec![1, 2, 3, 4]);
+    outbox.shutdown().await;
+}
+
+/// Concurrent writers with rollbacks, beside one that publishes in its own transactions (whose
+/// groups the listener has no early position of), into an outbox alone at the default spacing:
+/// the listener hears exactly the log, and the log keeps its invariants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_with_rollbacks_into_a_gathering_outbox_are_logged_as_heard() {
+    let db = TestDb::new().await;
+    let outbox = Arc::new(
+        Outbox::<Note>::new(db.another_pool(6).await, OutboxConfig::default())
+            .await
+            .expect("start the outbox"),
+    );
+    settle(&db.pool).await;
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    let mut writers = Vec::new();
+    for writer in 0..3u32 {
+        let outbox = Arc::clone(&outbox);
+        writers.push(tokio::spawn(async move {
+            for n in 0..80u32 {
+                let mut tx = outbox.begin().await.expect("begin");
+                for k in 0..=(n % 3) {
+                    tx.publish(Note {
+                        writer,
+                        n: n * 10 + k,
+                    })
+                    .expect("publish");
+                }
+                if n % 7 == 3 {
+                    tx.rollback().await.expect("rollback");
+                } else {
+                    tx.commit().await.expect("commit");
+                }
+            }
+        }));
+    }
+    let outside = {
+        let outbox = Arc::clone(&outbox);
+        let pool = db.pool.clone();
+        tokio::spawn(async move {
+            for n in 0..20u32 {
+                let mut tx = pool.begin().await.expect("begin");
+                outbox
+                    .publish_in(&mut tx, [Note { writer: 9, n }])
+                    .await
+                    .expect("publish in");
+                if n % 5 == 2 {
+                    tx.rollback().await.expect("rollback");
+                } else {
+                    tx.commit().await.expect("commit");
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        })
+    };
+    for writer in writers {
+        writer.await.expect("the writer ran");
+    }
+    outside.await.expect("the outside writer ran");
+    let caught_up = eventually(PATIENCE, || async {
+        let (real, logged) = counts(&db.pool).await;
+        logged >= real
+    })
+    .await;
+    assert!(caught_up, "the log holds every event");
+    let log = logged_events(&db.pool).await;
+    let mut heard = Vec::new();
+    while heard.len() < log.len() {
+        let item = timeout(PATIENCE, listener.next())
+            .await
+            .expect("the listener has the event in time")
+            .expect("the stream goes on")
+            .expect("an event");
+        heard.push((item.commit_sequence.get(), item.event.sequence.get()));
+    }
+    assert_eq!(heard, log, "the listener heard the log");
+    check_log(&db.pool, &ORDO)
+        .await
+        .expect("the log's invariants");
+    drop(listener);
+    if let Ok(outbox) = Arc::try_unwrap(outbox) {
+        outbox.shutdown().await;
+    }
 }
