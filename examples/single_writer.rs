@@ -23,7 +23,10 @@
 //! - `bare`: `sequencer(false)` and `cross_process_wakeups(false)`: the write path alone.
 //! - `ordo_f0`, `ordo_f1`, `ordo_f2`: `ordo` with `fold_interval` 0 (the default), 1 or 2 ms.
 //! - `ordo_u0`: `ordo` with `unwatched_append_spacing(0)`: the sequencer appends as if someone
-//!   waited for the log (with nobody listening, `ordo` gathers its appends 25 ms apart).
+//!   waited for the log (with nobody listening, `ordo` gathers its appends 1 s apart).
+//! - `ordo_u<N>`, e.g. `ordo_u250`: `ordo` with `unwatched_append_spacing` of N milliseconds
+//!   (at most 60,000; `ordo_u60000` appends nothing during a run, which tells what the appends
+//!   cost the writer from what the sequencer's work in the process costs it).
 //!
 //! Within a sitting the variants run in order and then in reverse (A, B, C, C, B, A), so a
 //! burst of background load falls on both sides of a comparison. Each run has two phases:
@@ -84,6 +87,8 @@ enum Variant {
     Fold2,
     /// `ordo` with `unwatched_append_spacing(0)`: appends as if someone waited for the log.
     Watched,
+    /// `ordo` with `unwatched_append_spacing` of this many milliseconds.
+    Spaced(u64),
 }
 
 impl Variant {
@@ -99,8 +104,8 @@ impl Variant {
         Variant::Watched,
     ];
 
-    fn name(self) -> &'static str {
-        match self {
+    fn name(self) -> String {
+        let name = match self {
             Variant::Raw => "raw",
             Variant::RawOneTrip => "raw_1rt",
             Variant::Ordo => "ordo",
@@ -110,16 +115,27 @@ impl Variant {
             Variant::Fold1 => "ordo_f1",
             Variant::Fold2 => "ordo_f2",
             Variant::Watched => "ordo_u0",
-        }
+            Variant::Spaced(ms) => return format!("ordo_u{ms}"),
+        };
+        name.to_owned()
     }
 
     fn parse(name: &str) -> Result<Self> {
+        if let Some(ms) = name.strip_prefix("ordo_u").filter(|ms| *ms != "0") {
+            let ms: u64 = ms
+                .parse()
+                .with_context(|| format!("variant {name:?}: ordo_u<milliseconds>"))?;
+            if ms > 60_000 {
+                bail!("variant {name:?}: the spacing is at most 60000 ms");
+            }
+            return Ok(Variant::Spaced(ms));
+        }
         Self::ALL
             .into_iter()
             .find(|v| v.name() == name)
             .with_context(|| {
                 format!(
-                    "unknown variant {name:?} (raw, raw_1rt, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2, ordo_u0)"
+                    "unknown variant {name:?} (raw, raw_1rt, ordo, no_seq, bare, ordo_f0, ordo_f1, ordo_f2, ordo_u0, ordo_u<ms>)"
                 )
             })
     }
@@ -135,6 +151,7 @@ impl Variant {
             Variant::Fold1 => Some(config.fold_interval(Duration::from_millis(1))),
             Variant::Fold2 => Some(config.fold_interval(Duration::from_millis(2))),
             Variant::Watched => Some(config.unwatched_append_spacing(Duration::ZERO)),
+            Variant::Spaced(ms) => Some(config.unwatched_append_spacing(Duration::from_millis(ms))),
         }
     }
 }

@@ -5,8 +5,7 @@
 //!
 //! The tests of what ends the gathering set the spacing to 60 s, the longest allowed, so that an
 //! append they see within their patience came from what they check, not from the spacing
-//! running out; the one under concurrent writers keeps the default, so that it gathers many
-//! times.
+//! running out; the one under concurrent writers sets 25 ms, so that it gathers many times.
 
 mod common;
 
@@ -202,6 +201,37 @@ async fn a_stopping_outbox_appends_what_its_listener_had() {
     assert_eq!(stored_head(&db.pool).await, 5);
 }
 
+/// The groups a gathered append starts at, whatever the spacing (the sequencer's
+/// `GATHER_GROUPS`, below the default `fold_batch`).
+const GATHER_GROUPS: u32 = 256;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gathering_that_reaches_its_size_is_appended_before_the_spacing_runs_out() {
+    let (db, outbox, mut listener, _) = gathering_alone(2).await;
+    // Two gathered so far (positions 2 and 3); one short of the size, still nothing appended.
+    for n in 3..GATHER_GROUPS {
+        commit(&outbox, n).await;
+        assert_eq!(next(&mut listener).await, (u64::from(n) + 1, n));
+    }
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(stored_head(&db.pool).await, 1, "below the size, it gathers");
+    // The one that makes the size: appended now, not in 60 s.
+    commit(&outbox, GATHER_GROUPS).await;
+    let head = u64::from(GATHER_GROUPS) + 1;
+    assert!(
+        log_reaches(&db.pool, head).await,
+        "a gathering of {GATHER_GROUPS} transactions is appended at once"
+    );
+    assert_eq!(
+        logged_positions(&db.pool).await,
+        (1..=head).collect::<Vec<_>>()
+    );
+    outbox.shutdown().await;
+    check_log(&db.pool, &ORDO)
+        .await
+        .expect("the log holds every transaction once, in order");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_wake_up_connection_ends_the_gathering() {
     let (db, outbox, mut listener, _) = gathering_alone(2).await;
@@ -233,9 +263,13 @@ async fn a_lost_wake_up_connection_ends_the_gathering() {
 async fn concurrent_writers_with_rollbacks_into_a_gathering_outbox_are_logged_as_heard() {
     let db = TestDb::new().await;
     let outbox = Arc::new(
-        Outbox::<Note>::new(db.another_pool(6).await, OutboxConfig::default())
-            .await
-            .expect("start the outbox"),
+        Outbox::<Note>::new(
+            db.another_pool(6).await,
+            // Short, so that it gathers many times within the test (the default is 1 s).
+            OutboxConfig::default().unwatched_append_spacing(Duration::from_millis(25)),
+        )
+        .await
+        .expect("start the outbox"),
     );
     settle(&db.pool).await;
     let mut listener = outbox.listen_committed(Start::Beginning);

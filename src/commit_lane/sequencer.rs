@@ -84,6 +84,13 @@ const SET_SESSION: &str = "SET synchronous_commit = off; SET jit = off; SET enab
 
 /// How long a stopping sequencer tries to append what it planned ([`Sequencer::flush`]).
 const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
+/// While nobody waits for the log, an append starts once the plan holds this many groups,
+/// whatever the spacing (or `fold_batch`, if smaller). An append costs the server about 0.35 ms
+/// plus 3.6 us a group (measured here, one-event transactions; 1.3 ms at this size): gathering
+/// more saves little, and a longer append is a longer wait for the writers' commits that fall
+/// behind it (eight writers flat out, appends of up to 1,024 groups raised the commit lane's
+/// p99 from 3.6 to 5.2 ms to 4.5 to 8.3 ms).
+const GATHER_GROUPS: usize = 256;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -218,9 +225,9 @@ where
                 self.turns.settled();
                 reader.next_batch().await
             } else {
-                // While nobody waits for the log, appends gather longer, up to a batch.
+                // While nobody waits for the log, appends gather longer, up to `GATHER_GROUPS` groups.
                 let spaced = if self.unwatched.is_zero()
-                    || plan.len() >= self.batch
+                    || plan.len() >= self.batch.min(GATHER_GROUPS)
                     || self.watched(&plan)
                 {
                     due
