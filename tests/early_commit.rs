@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, counts, log_reaches, stored_head};
-use common::{Note, TestDb, eventually};
+use common::{Note, TestDb, eventually, write_with_rollbacks};
 use futures::StreamExt;
 use ordo::{CommitStream, Outbox, OutboxConfig, Start};
 use sqlx::{PgPool, Row};
@@ -255,21 +255,7 @@ async fn listeners_of_several_folding_outboxes_hear_exactly_the_log() {
             let outbox = Arc::clone(outbox);
             let writer = u32::try_from(o).expect("few") * 10 + w;
             writers.push(tokio::spawn(async move {
-                for n in 0..60u32 {
-                    let mut tx = outbox.begin().await.expect("begin");
-                    for k in 0..=(n % 3) {
-                        tx.publish(Note {
-                            writer,
-                            n: n * 10 + k,
-                        })
-                        .expect("publish");
-                    }
-                    if n % 7 == 3 {
-                        tx.rollback().await.expect("rollback");
-                    } else {
-                        tx.commit().await.expect("commit");
-                    }
-                }
+                write_with_rollbacks(&outbox, writer, 60).await;
             }));
         }
     }

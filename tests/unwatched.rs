@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log, counts, log_reaches, stored_head};
-use common::{Note, TestDb, eventually};
+use common::{Note, TestDb, eventually, write_with_rollbacks};
 use futures::StreamExt;
 use ordo::{CommitStream, EventSequence, Outbox, OutboxConfig, Start};
 use sqlx::PgPool;
@@ -277,21 +277,7 @@ async fn concurrent_writers_with_rollbacks_into_a_gathering_outbox_are_logged_as
     for writer in 0..3u32 {
         let outbox = Arc::clone(&outbox);
         writers.push(tokio::spawn(async move {
-            for n in 0..80u32 {
-                let mut tx = outbox.begin().await.expect("begin");
-                for k in 0..=(n % 3) {
-                    tx.publish(Note {
-                        writer,
-                        n: n * 10 + k,
-                    })
-                    .expect("publish");
-                }
-                if n % 7 == 3 {
-                    tx.rollback().await.expect("rollback");
-                } else {
-                    tx.commit().await.expect("commit");
-                }
-            }
+            write_with_rollbacks(&outbox, writer, 80).await;
         }));
     }
     let outside = {
@@ -341,4 +327,74 @@ async fn concurrent_writers_with_rollbacks_into_a_gathering_outbox_are_logged_as
     if let Ok(outbox) = Arc::try_unwrap(outbox) {
         outbox.shutdown().await;
     }
+}
+
+/// A process that gathers, killed: on a runtime of its own, an outbox alone commits
+/// `transactions` transactions, its listener hears each at once, the log stays at the first;
+/// then the runtime is dropped with the outbox still held (a kill, not a stop: no flush).
+/// Returns what the listener heard: (position, the event's sequence).
+fn gather_then_kill(url: String, transactions: u32) -> Vec<(u64, u64)> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("victim runtime");
+        let (heard_tx, heard_rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let pool = PgPool::connect(&url).await.expect("victim pool");
+            let outbox = alone(&pool).await;
+            let mut listener = outbox.listen_committed(Start::Beginning);
+            let mut heard = Vec::new();
+            for n in 0..transactions {
+                let sequences = commit(&outbox, n).await;
+                let (position, got) = next(&mut listener).await;
+                assert_eq!(got, n, "the listener hears the transactions in order");
+                heard.push((position, sequences[0].get()));
+            }
+            tokio::time::sleep(QUIET).await;
+            assert_eq!(stored_head(&pool).await, 1, "the victim gathers");
+            heard_tx.send(heard).expect("the test waits for it");
+            // Held until the runtime goes: its tasks are dropped where they stand.
+            std::future::pending::<()>().await;
+            drop((outbox, listener, pool));
+        });
+        let heard = heard_rx.recv().expect("the victim gathered");
+        runtime.shutdown_background();
+        heard
+    })
+    .join()
+    .expect("victim thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_while_it_gathers_loses_nothing_and_the_next_fold_logs_what_it_heard() {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let heard = tokio::task::spawn_blocking(move || gather_then_kill(url, 6))
+        .await
+        .expect("the victim ran");
+    assert_eq!(
+        heard
+            .iter()
+            .map(|(position, _)| *position)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(
+        stored_head(&db.pool).await,
+        1,
+        "killed, the victim appended nothing more"
+    );
+    // The next process folds what the killed one had planned, from the table: the same
+    // positions for the same events as its listener had.
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("start the next outbox");
+    assert!(log_reaches(&db.pool, 6).await, "the next fold logs them");
+    assert_eq!(logged_events(&db.pool).await, heard);
+    outbox.shutdown().await;
+    check_log(&db.pool, &ORDO)
+        .await
+        .expect("the log's invariants");
 }

@@ -227,6 +227,26 @@ pub struct Note {
     pub writer: u32,
     pub n: u32,
 }
+
+/// `transactions` transactions through `outbox` as `writer`: the n-th publishes `n % 3 + 1`
+/// notes (`n * 10 + k`), and every seventh (n % 7 == 3) rolls back instead of committing.
+pub async fn write_with_rollbacks(outbox: &ordo::Outbox<Note>, writer: u32, transactions: u32) {
+    for n in 0..transactions {
+        let mut tx = outbox.begin().await.expect("begin");
+        for k in 0..=(n % 3) {
+            tx.publish(Note {
+                writer,
+                n: n * 10 + k,
+            })
+            .expect("publish");
+        }
+        if n % 7 == 3 {
+            tx.rollback().await.expect("rollback");
+        } else {
+            tx.commit().await.expect("commit");
+        }
+    }
+}
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]
 pub mod brokers;
 pub mod cluster;
