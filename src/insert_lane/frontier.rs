@@ -158,11 +158,6 @@ where
     }
 
     fn ingest(&mut self, batch: CommittedBatch<P>) {
-        if let Some(xid) = batch.first().and_then(|slot| slot.commit_xid) {
-            let mut sequences: Vec<u64> = batch.iter().map(|slot| slot.sequence).collect();
-            sequences.sort_unstable();
-            self.shared.note_own_commit(xid, sequences.into());
-        }
         for slot in batch {
             self.known_head = self.known_head.max(slot.sequence);
             // This process just committed the row at this sequence, so it is the row there: a

@@ -171,6 +171,14 @@ impl<P> LaneShared<P> {
         }
     }
 
+    /// Drops what [`note_own_commit`](Self::note_own_commit) recorded of `xid`: its `COMMIT`
+    /// failed and the transaction rolled back, so no row of it will be met.
+    pub(crate) fn forget_own_commit(&self, xid: i64) {
+        if let Ok(mut own) = self.own_commits.lock() {
+            own.remove(&xid);
+        }
+    }
+
     /// Whether this process committed `xid` (and had not been asked before), with the
     /// sequences it inserted.
     pub(crate) fn take_own_commit(&self, xid: i64) -> Option<OwnCommit> {

@@ -85,6 +85,27 @@ impl<P> CommitSink<P> {
         }
     }
 
+    /// Records, before its `COMMIT` is sent, that transaction `xid` of this process inserted
+    /// `sequences` (ascending) and nothing else will: whichever way the lane then meets its
+    /// rows (this hand-off, or the table when a resync reads them first), the sequencer knows
+    /// the group's members and promises its positions. Noted after the commit, a resync that
+    /// read the rows first left the group without members, and the sequencer appended at once
+    /// for the listeners that then waited on it. Only transactions small enough to be handed
+    /// over (at most `HANDOFF_EVENTS` events), as before.
+    pub(crate) fn expect_commit(&self, xid: i64, sequences: &[EventSequence]) {
+        if sequences.is_empty() || sequences.len() > crate::write::insert::HANDOFF_EVENTS {
+            return;
+        }
+        let sequences: Vec<u64> = sequences.iter().map(|sequence| sequence.get()).collect();
+        self.lane.note_own_commit(xid, sequences.into());
+    }
+
+    /// The `COMMIT` of `xid` failed and the transaction rolled back: undoes
+    /// [`expect_commit`](Self::expect_commit).
+    pub(crate) fn commit_failed(&self, xid: i64) {
+        self.lane.forget_own_commit(xid);
+    }
+
     /// Points the lane at sequences up to `last`, written by a transaction whose outcome this
     /// process does not see (in doubt, or the caller's own), so that it reads them soon if they
     /// commit.

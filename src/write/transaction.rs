@@ -204,6 +204,8 @@ where
             .last()
             .copied()
             .unwrap_or(EventSequence::BEGIN);
+        // `written.sequences` is ascending.
+        self.sink.expect_commit(written.xid, &written.sequences);
         if let Err(error) = self.tx.commit().await {
             settle(&self.sink, written.xid, last, error, self.buffer.ids()).await?;
             // Committed after all: go on as on the normal path. The lane keeps one copy per
@@ -256,6 +258,7 @@ async fn settle<P>(
     // The server answered: COMMIT failed (a deferred constraint, a serialization failure) and
     // the transaction rolled back.
     if let sqlx::Error::Database(_) = error {
+        sink.commit_failed(xid);
         return Err(error.into());
     }
     match in_doubt::resolve(&sink.pool, xid, event_ids).await {
@@ -263,9 +266,13 @@ async fn settle<P>(
             tracing::info!(xid, %error, "the answer to COMMIT was lost, but the transaction committed");
             Ok(())
         }
-        CommitStatus::Aborted => Err(error.into()),
+        CommitStatus::Aborted => {
+            sink.commit_failed(xid);
+            Err(error.into())
+        }
         _ => {
-            // If it did commit, the lane will find the rows: point it at them.
+            // If it did commit, the lane will find the rows: point it at them. What
+            // `expect_commit` noted stays: exact if it committed, never met if not.
             sink.hint_written(last);
             Err(Error::CommitInDoubt {
                 xid,
