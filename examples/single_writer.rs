@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Options: `--seconds N` (each run, default 3), `--sittings N` (default 2), `--rate N` (the
-//! paced phase's transactions per second, default 500), `--variants a,b` (default every one).
+//! paced phase's transactions per second, default 500), `--variants a,b` (default every one),
+//! `--interleave MS` (the flat-out phase only, every variant's writer ready at once, taking
+//! turns in slices of MS milliseconds: see below).
 //!
 //! Variants, each run on a fresh database (`ordo_load_<random>`, migrated, dropped at the end)
 //! with a pool of 10 connections, sqlx's defaults otherwise:
@@ -42,6 +44,20 @@
 //!    ordo's `commit()` sends the `INSERT` too), and from before its `COMMIT` alone.
 //!
 //! The first half second of each phase is warm-up and is not recorded.
+//!
+//! **Interleaved** (`--interleave MS`): a background load that comes and goes (a neighbour's
+//! build, the host's other guests) moves a 3-second run's rate by more than the difference
+//! being measured, even with the runs ordered A, B, B, A. In this mode every variant gets its
+//! fresh database and its writer first, and each is warmed up; then the writers take turns flat
+//! out, one slice of MS milliseconds each, in order and then in reverse (A, B, B, A, A, B, …),
+//! until each has written for `--seconds` in all. A variant's rate is its transactions over the
+//! time of its own slices, so a burst of load falls on every variant alike. Printed per variant:
+//! the rate against the first variant's, the spread of that ratio over each A, B, B, A round
+//! (min, p10, median, p90, max), and the transaction's p50 and p99. The same variant may be
+//! named twice (`--variants raw,raw`): the ratio of raw to itself says how much of a difference
+//! the machine's noise alone makes. The writers that are not taking their turn are idle, but an
+//! outbox's own tasks keep running (its gathered append, due at most
+//! `unwatched_append_spacing` after its last commit, may fall in another variant's slice).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -161,6 +177,7 @@ struct Settings {
     sittings: usize,
     rate: u32,
     variants: Vec<Variant>,
+    interleave: Option<Duration>,
 }
 
 fn settings() -> Result<Settings> {
@@ -169,6 +186,7 @@ fn settings() -> Result<Settings> {
         sittings: 2,
         rate: 500,
         variants: Variant::ALL[..4].to_vec(),
+        interleave: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -183,7 +201,18 @@ fn settings() -> Result<Settings> {
                     .map(Variant::parse)
                     .collect::<Result<_>>()?;
             }
-            other => bail!("unknown option {other:?} (--seconds, --sittings, --rate, --variants)"),
+            "--interleave" => {
+                let ms: u64 = value()?
+                    .parse()
+                    .context("--interleave takes milliseconds")?;
+                if !(1..=10_000).contains(&ms) {
+                    bail!("--interleave must be 1 to 10,000 milliseconds");
+                }
+                s.interleave = Some(Duration::from_millis(ms));
+            }
+            other => bail!(
+                "unknown option {other:?} (--seconds, --sittings, --rate, --variants, --interleave)"
+            ),
         }
     }
     if s.seconds.is_nan()
@@ -482,6 +511,120 @@ async fn run(variant: Variant, settings: &Settings) -> Result<Run> {
     })
 }
 
+/// One variant's share of an interleaved sitting.
+struct Turns {
+    variant: Variant,
+    writer: Writer,
+    pool: PgPool,
+    db: Scratch,
+    tx: Histogram<u64>,
+    count: u64,
+    time: Duration,
+    /// Transactions and time in the current round (A, B, B, A).
+    round: (u64, Duration),
+    /// Each finished round's rate.
+    rates: Vec<f64>,
+}
+
+/// The interleaved flat-out phase of one sitting (see the module's docs).
+async fn interleaved(settings: &Settings, slice: Duration) -> Result<()> {
+    let mut turns = Vec::with_capacity(settings.variants.len());
+    for &variant in &settings.variants {
+        let db = Scratch::create(&scratch::server_url()).await?;
+        let pool = db.pool(POOL).await?;
+        let writer = Writer::start(variant, pool.clone()).await?;
+        turns.push(Turns {
+            variant,
+            writer,
+            pool,
+            db,
+            tx: histogram()?,
+            count: 0,
+            time: Duration::ZERO,
+            round: (0, Duration::ZERO),
+            rates: Vec::new(),
+        });
+    }
+    let mut n = 0u64;
+    for turn in &turns {
+        let warm = Instant::now() + WARM_UP;
+        while Instant::now() < warm {
+            turn.writer.transaction(n).await?;
+            n += 1;
+        }
+    }
+    let each = Duration::from_secs_f64(settings.seconds);
+    let forward: Vec<usize> = (0..turns.len()).collect();
+    let backward: Vec<usize> = forward.iter().rev().copied().collect();
+    while turns.iter().any(|turn| turn.time < each) {
+        for &i in forward.iter().chain(&backward) {
+            let turn = &mut turns[i];
+            let started = Instant::now();
+            let until = started + slice;
+            while Instant::now() < until {
+                let t = Instant::now();
+                turn.writer.transaction(n).await?;
+                turn.tx.record(nanos(t.elapsed()))?;
+                n += 1;
+                turn.round.0 += 1;
+            }
+            turn.round.1 += started.elapsed();
+        }
+        for turn in &mut turns {
+            let (count, time) = std::mem::take(&mut turn.round);
+            turn.count += count;
+            turn.time += time;
+            turn.rates.push(count as f64 / time.as_secs_f64());
+        }
+    }
+    let rate = |turn: &Turns| turn.count as f64 / turn.time.as_secs_f64();
+    let base = rate(&turns[0]);
+    let base_p50 = turns[0].tx.value_at_quantile(0.5) as f64;
+    for (i, turn) in turns.iter().enumerate() {
+        let mut ratios: Vec<f64> = turn
+            .rates
+            .iter()
+            .zip(&turns[0].rates)
+            .map(|(rate, base)| rate / base)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+        let spread = if i == 0 {
+            String::from("(the baseline)")
+        } else {
+            format!(
+                "rounds: min {:.2}x p10 {:.2}x median {:.2}x p90 {:.2}x max {:.2}x",
+                at(0.0),
+                at(0.1),
+                at(0.5),
+                at(0.9),
+                at(1.0)
+            )
+        };
+        println!(
+            "  {:<7} {:>7.0} tx/s {:>5.2}x of {} | {} rounds of {} ms slices, {} | tx p50 {:.3} ms ({:+.0} us) p99 {:.3}",
+            turn.variant.name(),
+            rate(turn),
+            rate(turn) / base,
+            turns[0].variant.name(),
+            turn.rates.len(),
+            slice.as_millis(),
+            spread,
+            ms(turn.tx.value_at_quantile(0.5)),
+            (turn.tx.value_at_quantile(0.5) as f64 - base_p50) / 1e3,
+            ms(turn.tx.value_at_quantile(0.99)),
+        );
+    }
+    for turn in turns {
+        if let Writer::Ordo(outbox) = turn.writer {
+            outbox.shutdown().await;
+        }
+        turn.pool.close().await;
+        turn.db.drop_db().await?;
+    }
+    Ok(())
+}
+
 fn print(run: &Run, raw: Option<&Run>) {
     let ratio = raw.map_or(String::from("-"), |raw| {
         format!("{:.2}x", run.tps / raw.tps)
@@ -529,6 +672,11 @@ async fn main() -> Result<()> {
         back.reverse();
         order.extend(back);
         println!("sitting {sitting} (load {} at its start):", load());
+        if let Some(slice) = settings.interleave {
+            interleaved(&settings, slice).await?;
+            println!("  (load {} at its end)", load());
+            continue;
+        }
         let mut raw_runs: Vec<Run> = Vec::new();
         let mut runs = Vec::new();
         for variant in order {
