@@ -306,8 +306,10 @@ impl OutboxConfig {
     }
 
     /// How far apart this sequencer's appends start while nobody waits for the log. Default
-    /// 1 s; zero turns it off. At most 60 s. An append starts sooner once 256 transactions
-    /// (or [`fold_batch`](Self::fold_batch), if fewer) have gathered.
+    /// 1 s; zero turns it off. At most 60 s. An append starts sooner once
+    /// [`fold_batch`](Self::fold_batch) transactions have gathered, or 256 (if fewer) while a
+    /// [`listen_committed`](crate::Outbox::listen_committed) stream takes early positions: a
+    /// long append takes the machine just when those listeners' next transactions come.
     ///
     /// Nobody waits when no subscription, relay or `wait_for_*` call in this process reads the
     /// commit lane, every group the sequencer has planned is this process's own (so its

@@ -201,10 +201,11 @@ async fn a_stopping_outbox_appends_what_its_listener_had() {
     assert_eq!(stored_head(&db.pool).await, 5);
 }
 
-/// The groups a gathered append starts at, whatever the spacing (the sequencer's
-/// `GATHER_GROUPS`, below the default `fold_batch`).
+/// The groups a gathered append starts at while a listener takes early positions, whatever the
+/// spacing (the sequencer's `GATHER_GROUPS`, below the default `fold_batch`).
 const GATHER_GROUPS: u32 = 256;
 
+/// With a listener taking early positions (the gathering's own listener here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gathering_that_reaches_its_size_is_appended_before_the_spacing_runs_out() {
     let (db, outbox, mut listener, _) = gathering_alone(2).await;
@@ -221,6 +222,51 @@ async fn a_gathering_that_reaches_its_size_is_appended_before_the_spacing_runs_o
     assert!(
         log_reaches(&db.pool, head).await,
         "a gathering of {GATHER_GROUPS} transactions is appended at once"
+    );
+    assert_eq!(
+        logged_positions(&db.pool).await,
+        (1..=head).collect::<Vec<_>>()
+    );
+    outbox.shutdown().await;
+    check_log(&db.pool, &ORDO)
+        .await
+        .expect("the log holds every transaction once, in order");
+}
+
+/// With no listener taking early positions, nobody's clock runs through an append: the
+/// gathering grows past `GATHER_GROUPS`, up to `fold_batch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_early_listener_a_gathering_grows_to_fold_batch() {
+    let db = TestDb::new().await;
+    let batch = GATHER_GROUPS + 44;
+    let outbox = Outbox::<Note>::new(
+        db.another_pool(4).await,
+        gathering().fold_batch(batch as usize),
+    )
+    .await
+    .expect("start the outbox");
+    settle(&db.pool).await;
+    commit(&outbox, 0).await;
+    assert!(
+        log_reaches(&db.pool, 1).await,
+        "the first append comes at once"
+    );
+    // Positions 2 to `batch`: one short of `fold_batch`, past `GATHER_GROUPS`.
+    for n in 1..batch {
+        commit(&outbox, n).await;
+    }
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        stored_head(&db.pool).await,
+        1,
+        "with nobody listening early, {} gathered transactions are not appended yet",
+        batch - 1
+    );
+    commit(&outbox, batch).await;
+    let head = u64::from(batch) + 1;
+    assert!(
+        log_reaches(&db.pool, head).await,
+        "a gathering of fold_batch ({batch}) transactions is appended at once"
     );
     assert_eq!(
         logged_positions(&db.pool).await,

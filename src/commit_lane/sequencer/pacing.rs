@@ -173,7 +173,8 @@ impl Cadence {
     /// 1.28 ms with 25 ms and 0.78 to 1.06 ms, as with the commit lane off, with 1 s (the default
     /// of
     /// [`OutboxConfig::unwatched_append_spacing`](crate::OutboxConfig::unwatched_append_spacing))
-    /// and at most `GATHER_GROUPS` groups an append (session 30, `docs/performance-history.md`).
+    /// and at most `GATHER_GROUPS` groups an append (session 30, `docs/performance-history.md`;
+    /// the cap holds while a listener takes early positions, see `Sequencer::gather_size`).
     pub(super) fn unwatched(&self, due: Instant, spacing: Duration) -> Instant {
         self.last
             .map_or(due, |(started, _)| due.max(started + spacing))
