@@ -217,11 +217,17 @@ async fn a_gathering_that_reaches_its_size_is_appended_before_the_spacing_runs_o
     tokio::time::sleep(QUIET).await;
     assert_eq!(stored_head(&db.pool).await, 1, "below the size, it gathers");
     // The one that makes the size: appended now, not in 60 s.
-    commit(&outbox, GATHER_GROUPS).await;
-    let head = u64::from(GATHER_GROUPS) + 1;
+    commit_the_size(&db, outbox, GATHER_GROUPS).await;
+}
+
+/// Commits transaction `size` (positions 1 to `size` gathered before it) and checks that the
+/// gathering is appended at once, whole, and that the log keeps its invariants.
+async fn commit_the_size(db: &TestDb, outbox: Outbox<Note>, size: u32) {
+    commit(&outbox, size).await;
+    let head = u64::from(size) + 1;
     assert!(
         log_reaches(&db.pool, head).await,
-        "a gathering of {GATHER_GROUPS} transactions is appended at once"
+        "a gathering of {size} transactions is appended at once"
     );
     assert_eq!(
         logged_positions(&db.pool).await,
@@ -262,20 +268,8 @@ async fn with_no_early_listener_a_gathering_grows_to_fold_batch() {
         "with nobody listening early, {} gathered transactions are not appended yet",
         batch - 1
     );
-    commit(&outbox, batch).await;
-    let head = u64::from(batch) + 1;
-    assert!(
-        log_reaches(&db.pool, head).await,
-        "a gathering of fold_batch ({batch}) transactions is appended at once"
-    );
-    assert_eq!(
-        logged_positions(&db.pool).await,
-        (1..=head).collect::<Vec<_>>()
-    );
-    outbox.shutdown().await;
-    check_log(&db.pool, &ORDO)
-        .await
-        .expect("the log holds every transaction once, in order");
+    // The one that makes `fold_batch`.
+    commit_the_size(&db, outbox, batch).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
