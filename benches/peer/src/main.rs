@@ -37,9 +37,21 @@
 //!   `Outbox` with `CommitLane::Enabled`, which folds in every process that runs it). Variants
 //!   `ordo` and `obix_commit`.
 //!
+//! - `turns`: `single`'s measurements with every variant's database, writer and listeners
+//!   ready at once, the variants taking turns in slices of `--slice` milliseconds (default
+//!   100), in order and then in reverse (A, B, C, C, B, A, A, …): first flat out until each
+//!   has written for `--seconds`, then paced at `--rate` (one clock; each tick's transaction is
+//!   the current variant's) until each has `--seconds` of ticks. A variant's rate is its
+//!   transactions over its own slices; the first tenth of each paced slice is not recorded (a
+//!   writer idle through the others' slices starts cold). On a machine whose load comes and
+//!   goes, a burst falls
+//!   on every variant alike, where `single`'s runs, one after another, each get their own
+//!   (`examples/single_writer --interleave` does the same for ordo's variants alone). Listeners
+//!   of the variants not taking their turn are idle, but each library's own tasks keep running.
+//!
 //! The first half second of every phase is warm-up and is not recorded. Options: `--phases
-//! single,lag`, `--seconds N` (3), `--sittings N` (2), `--rate N` (500), `--writers N` (8),
-//! `--folders 1,3`, `--lag-rate N` (unset: flat out).
+//! single,lag,turns`, `--seconds N` (3), `--sittings N` (2), `--rate N` (500), `--writers N`
+//! (8), `--folders 1,3`, `--lag-rate N` (unset: flat out), `--slice MS` (100).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,6 +127,8 @@ struct Settings {
     /// The lag phase's offered load, in transactions per second across all writers; `None`
     /// runs them flat out.
     lag_rate: Option<u32>,
+    /// The `turns` phase's slice.
+    slice: Duration,
 }
 
 fn settings() -> Result<Settings> {
@@ -126,6 +140,7 @@ fn settings() -> Result<Settings> {
         writers: 8,
         folders: vec![1, 3],
         lag_rate: None,
+        slice: Duration::from_millis(100),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -143,17 +158,24 @@ fn settings() -> Result<Settings> {
                     .map(|f| f.parse().context("--folders"))
                     .collect::<Result<_>>()?;
             }
+            "--slice" => {
+                let ms: u64 = value()?.parse().context("--slice takes milliseconds")?;
+                if !(1..=10_000).contains(&ms) {
+                    bail!("--slice must be 1 to 10,000 milliseconds");
+                }
+                s.slice = Duration::from_millis(ms);
+            }
             other => bail!(
-                "unknown option {other:?} (--phases, --seconds, --sittings, --rate, --writers, --folders, --lag-rate)"
+                "unknown option {other:?} (--phases, --seconds, --sittings, --rate, --writers, --folders, --lag-rate, --slice)"
             ),
         }
     }
     if let Some(phase) = s
         .phases
         .iter()
-        .find(|p| !["single", "lag"].contains(&p.as_str()))
+        .find(|p| !["single", "lag", "turns"].contains(&p.as_str()))
     {
-        bail!("unknown phase {phase:?} (single, lag)");
+        bail!("unknown phase {phase:?} (single, lag, turns)");
     }
     if s.seconds.is_nan() || s.seconds <= 0.5 {
         bail!("--seconds must exceed 0.5");
@@ -372,7 +394,7 @@ fn listener(
     total: Option<u64>,
     heard: Arc<AtomicU64>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<HashMap<u64, Instant>>> {
+) -> Listening {
     tokio::spawn(async move {
         let mut seen = HashMap::new();
         loop {
@@ -546,6 +568,155 @@ async fn single_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<(
     Ok(())
 }
 
+/// One variant of a `turns` sitting: its writer, its listeners and what it measured.
+struct Turn {
+    variant: Variant,
+    writer: Writer,
+    db: Db,
+    tx: Histogram<u64>,
+    count: u64,
+    time: Duration,
+    /// Paced: when each of its transactions was about to commit, by number (after warm-up).
+    starts: HashMap<u64, Instant>,
+    /// Paced: before its `INSERT` to `commit()` returning (raw's floor).
+    floor: Histogram<u64>,
+    /// Its insert-lane listener and, where it runs one, its commit-lane listener.
+    listeners: Vec<(Arc<AtomicU64>, Listening)>,
+}
+
+/// A [`listener`]'s task: when each order reached it, by number.
+type Listening = tokio::task::JoinHandle<Result<HashMap<u64, Instant>>>;
+
+/// The slices of one round: every variant in order, then in reverse.
+fn round(k: usize) -> Vec<usize> {
+    (0..k).chain((0..k).rev()).collect()
+}
+
+/// The `turns` phase (see the module's docs).
+async fn turns_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()> {
+    let first = 1u64 << 40;
+    let (stop_tx, stopped) = tokio::sync::watch::channel(false);
+    let mut turns = Vec::new();
+    let mut n = 0u64;
+    for variant in Variant::ALL {
+        let db = Db::create(Arc::clone(obix_sql)).await?;
+        let writer = Writer::start(variant, &db).await?;
+        let warm = Instant::now() + WARM_UP;
+        while Instant::now() < warm {
+            writer.transaction(n).await?;
+            n += 1;
+        }
+        let mut listeners = Vec::new();
+        for commit in [false, true] {
+            if commit && !variant.commit_lane() {
+                continue;
+            }
+            if let Some(numbers) = writer.listen(commit)? {
+                let heard = Arc::new(AtomicU64::new(0));
+                let task = listener(numbers, first, None, Arc::clone(&heard), stopped.clone());
+                listeners.push((heard, task));
+            }
+        }
+        turns.push(Turn {
+            variant,
+            writer,
+            db,
+            tx: histogram()?,
+            count: 0,
+            time: Duration::ZERO,
+            starts: HashMap::new(),
+            floor: histogram()?,
+            listeners,
+        });
+    }
+    // Let the streams start before the clock does.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let each = Duration::from_secs_f64(settings.seconds);
+    let order = round(turns.len());
+    // Flat out.
+    while turns.iter().any(|turn| turn.time < each) {
+        for &i in &order {
+            let turn = &mut turns[i];
+            let started = Instant::now();
+            let until = started + settings.slice;
+            while Instant::now() < until {
+                let t = Instant::now();
+                turn.writer.transaction(n).await?;
+                turn.tx.record(nanos(t.elapsed()))?;
+                n += 1;
+                turn.count += 1;
+            }
+            turn.time += started.elapsed();
+        }
+    }
+    // Paced: one clock, each tick's transaction the current slice's variant's.
+    let per_slice =
+        ((f64::from(settings.rate) * settings.slice.as_secs_f64()).round() as u64).max(1);
+    let total = (f64::from(settings.rate) * settings.seconds) as u64;
+    let warm = (f64::from(settings.rate) * WARM_UP.as_secs_f64()) as u64;
+    // A writer idle through the other variants' slices starts its own cold (its connection's
+    // backend, the caches): the first tenth of each slice is not recorded.
+    let slice_warm = per_slice / 10;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(settings.rate)));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut paced = vec![0u64; turns.len()];
+    let mut number = first;
+    while paced.iter().any(|&done| done < total + warm) {
+        for &i in &order {
+            let turn = &mut turns[i];
+            for k in 0..per_slice {
+                tick.tick().await;
+                let (before, _) = turn.writer.transaction(number).await?;
+                if paced[i] >= warm && k >= slice_warm {
+                    turn.starts.insert(number, before);
+                    turn.floor.record(nanos(before.elapsed()))?;
+                }
+                paced[i] += 1;
+                number += 1;
+            }
+        }
+    }
+    // Every listener has every paced event of its variant, then all stop.
+    let deadline = Instant::now() + PATIENCE;
+    for (turn, &sent) in turns.iter().zip(&paced) {
+        for (heard, _) in &turn.listeners {
+            while heard.load(Ordering::Relaxed) < sent {
+                if Instant::now() > deadline {
+                    bail!(
+                        "{}: a listener heard {} of {sent} paced events within {PATIENCE:?}",
+                        turn.variant.name(),
+                        heard.load(Ordering::Relaxed)
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let mut runs = Vec::new();
+    for turn in turns {
+        let mut heard = Vec::new();
+        for (_, task) in turn.listeners {
+            heard.push(latencies(&turn.starts, &task.await??)?);
+        }
+        turn.writer.shutdown().await;
+        turn.db.drop().await?;
+        let mut heard = heard.into_iter();
+        runs.push(Single {
+            variant: turn.variant,
+            tps: turn.count as f64 / turn.time.as_secs_f64(),
+            tx: turn.tx,
+            inserted: heard.next().unwrap_or(turn.floor),
+            committed: heard.next(),
+        });
+    }
+    let raw = runs.iter().find(|run| run.variant == Variant::Raw);
+    for run in &runs {
+        print_single(run, raw.filter(|_| run.variant != Variant::Raw));
+    }
+    Ok(())
+}
+
 /// `writers` writers through one outbox, flat out or together at `--lag-rate` (each paced at its
 /// share, their ticks staggered), `folders` outboxes folding in all; the commit-lane latency a
 /// listener in the writers' process sees.
@@ -682,6 +853,14 @@ async fn main() -> Result<()> {
                 load()
             );
             single_sitting(&settings, &obix_sql).await?;
+        }
+        if settings.phases.iter().any(|p| p == "turns") {
+            println!(
+                "sitting {sitting}, one writer, the variants in turns of {} ms (load {} at its start):",
+                settings.slice.as_millis(),
+                load()
+            );
+            turns_sitting(&settings, &obix_sql).await?;
         }
         if settings.phases.iter().any(|p| p == "lag") {
             println!(
