@@ -418,6 +418,29 @@ fn listener(
     })
 }
 
+/// `writer`'s listeners in its process, from now on: the insert lane's and, where `variant`
+/// runs it, the commit lane's, each with the count of what it heard (see [`listener`]).
+fn listeners(
+    writer: &Writer,
+    variant: Variant,
+    first: u64,
+    total: Option<u64>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<(Arc<AtomicU64>, Listening)>> {
+    let mut listening = Vec::new();
+    for commit in [false, true] {
+        if commit && !variant.commit_lane() {
+            continue;
+        }
+        if let Some(numbers) = writer.listen(commit)? {
+            let heard = Arc::new(AtomicU64::new(0));
+            let task = listener(numbers, first, total, Arc::clone(&heard), stop.clone());
+            listening.push((heard, task));
+        }
+    }
+    Ok(listening)
+}
+
 /// Each recorded start's latency to when the listener had it.
 fn latencies(
     starts: &HashMap<u64, Instant>,
@@ -468,22 +491,7 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
     let total = (f64::from(settings.rate) * settings.seconds) as u64;
     let warm = (f64::from(settings.rate) * WARM_UP.as_secs_f64()) as u64;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::new();
-    for commit in [false, true] {
-        if commit && !variant.commit_lane() {
-            continue;
-        }
-        if let Some(numbers) = writer.listen(commit)? {
-            let heard = Arc::new(AtomicU64::new(0));
-            tasks.push(listener(
-                numbers,
-                first,
-                Some(total),
-                heard,
-                stopped.clone(),
-            ));
-        }
-    }
+    let tasks = listeners(&writer, variant, first, Some(total), &stopped)?;
     // Let the streams start before the clock does.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(settings.rate)));
@@ -499,7 +507,7 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
         }
     }
     let mut heard = Vec::new();
-    for task in tasks {
+    for (_, task) in tasks {
         let seen = tokio::time::timeout(PATIENCE, task)
             .await
             .context("a listener did not receive every event in time")???;
@@ -606,17 +614,7 @@ async fn turns_sitting(settings: &Settings, obix_sql: &Arc<String>) -> Result<()
             writer.transaction(n).await?;
             n += 1;
         }
-        let mut listeners = Vec::new();
-        for commit in [false, true] {
-            if commit && !variant.commit_lane() {
-                continue;
-            }
-            if let Some(numbers) = writer.listen(commit)? {
-                let heard = Arc::new(AtomicU64::new(0));
-                let task = listener(numbers, first, None, Arc::clone(&heard), stopped.clone());
-                listeners.push((heard, task));
-            }
-        }
+        let listeners = listeners(&writer, variant, first, None, &stopped)?;
         turns.push(Turn {
             variant,
             writer,
