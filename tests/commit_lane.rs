@@ -413,11 +413,7 @@ async fn sequencers_killed_at_random_points_leave_the_invariants_true() {
         let url = db.url.clone();
         let lifetime = Duration::from_millis(rand::rng().random_range(5..120));
         std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("victim runtime");
+            let runtime = common::victim_runtime();
             runtime.block_on(async {
                 let pool = PgPool::connect(&url).await.expect("victim pool");
                 let config = OutboxConfig::default().fold_batch(1 + (round as usize % 5));

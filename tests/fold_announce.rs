@@ -241,11 +241,7 @@ async fn a_follower_takes_over_from_a_leader_killed_mid_stream() {
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     let url = db.url.clone();
     let leader = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("the leader's runtime");
+        let runtime = common::victim_runtime();
         runtime.block_on(async {
             let outbox = leader_at(&url).await;
             led.send(()).expect("tell the test");

@@ -52,11 +52,7 @@ async fn handler_failures_and_retries_apply_each_event_once_on_the_commit_lane()
 /// every task is dropped wherever it is, connections close mid-statement. A killed process.
 fn run_and_kill(url: String, ordering: Ordering, lifetime: Duration) {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("victim runtime");
+        let runtime = common::victim_runtime();
         runtime.block_on(async {
             let pool = PgPool::connect(&url).await.expect("victim pool");
             let outbox = Outbox::<Note>::new(pool, OutboxConfig::default().sequencer(false))

@@ -375,11 +375,7 @@ async fn concurrent_writers_with_rollbacks_into_a_gathering_outbox_are_logged_as
 /// Returns what the listener heard: (position, the event's sequence).
 fn gather_then_kill(url: String, transactions: u32) -> Vec<(u64, u64)> {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("victim runtime");
+        let runtime = common::victim_runtime();
         let (heard_tx, heard_rx) = std::sync::mpsc::channel();
         runtime.spawn(async move {
             let pool = PgPool::connect(&url).await.expect("victim pool");

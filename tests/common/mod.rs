@@ -200,6 +200,16 @@ where
     }
 }
 
+/// A runtime of one worker for a victim: what a test kills by dropping it (every task it
+/// spawned dies wherever it is, its connections close mid-statement), as a process would be.
+pub fn victim_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("victim runtime")
+}
+
 /// Runs `work` on a runtime of its own, in a thread, until it returns, then drops the runtime:
 /// every task it spawned dies wherever it is and its connections close mid-statement. A
 /// killed process (its leases are left to expire).
@@ -209,11 +219,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("victim runtime");
+        let runtime = victim_runtime();
         runtime.block_on(work());
         runtime.shutdown_background();
     })
