@@ -434,3 +434,54 @@ async fn a_process_killed_while_it_gathers_loses_nothing_and_the_next_fold_logs_
         .await
         .expect("the log's invariants");
 }
+
+/// The same kill with no listener, the gathering past `GATHER_GROUPS` (up to `fold_batch`
+/// while nobody listens early): the next process logs every transaction the killed one
+/// committed, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_with_a_gathering_past_gather_groups_loses_nothing() {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let transactions = GATHER_GROUPS + 44;
+    tokio::task::spawn_blocking(move || {
+        let runtime = common::victim_runtime();
+        let (gathered_tx, gathered_rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let pool = PgPool::connect(&url).await.expect("victim pool");
+            let outbox = alone(&pool).await;
+            for n in 0..transactions {
+                commit(&outbox, n).await;
+            }
+            tokio::time::sleep(QUIET).await;
+            gathered_tx
+                .send(stored_head(&pool).await)
+                .expect("the test waits for it");
+            // Held until the runtime goes: a kill, not a stop.
+            std::future::pending::<()>().await;
+            drop((outbox, pool));
+        });
+        let head = gathered_rx.recv().expect("the victim gathered");
+        runtime.shutdown_background();
+        assert_eq!(head, 1, "the victim gathers past GATHER_GROUPS");
+    })
+    .await
+    .expect("the victim ran");
+    assert_eq!(
+        stored_head(&db.pool).await,
+        1,
+        "killed, the victim appended nothing more"
+    );
+    let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("start the next outbox");
+    let head = u64::from(transactions);
+    assert!(log_reaches(&db.pool, head).await, "the next fold logs them");
+    assert_eq!(
+        logged_positions(&db.pool).await,
+        (1..=head).collect::<Vec<_>>()
+    );
+    outbox.shutdown().await;
+    check_log(&db.pool, &ORDO)
+        .await
+        .expect("the log's invariants");
+}
