@@ -264,25 +264,30 @@ impl sqlx::Encode<'_, sqlx::Postgres> for Position {
     }
 }
 
-/// A server history of the commit lane: the PostgreSQL timeline a stretch of it was appended
-/// on, and the first position of that stretch (`ordo.commit_histories`). Every promotion of a
-/// standby, and every point-in-time restore, starts a new timeline. After a failover that
-/// lost the last transactions (an asynchronous standby that had not received them), the
-/// positions those events had are given to new events on the newer history: `(history,
-/// position)` names an event where the position alone does not. A relay sends it beside each
-/// commit-lane position ([`Message::history`](crate::relay::Message::history), the headers
-/// `Ordo-History` and `Ordo-History-Start`); a watermark inbox uses it to tell new events
-/// from duplicates ([`InboxMessage::history`](crate::inbox::InboxMessage::history)).
+/// A server history of the commit lane: a stretch of the log in which no position was given
+/// twice, named by an id, with the first position of that stretch (`ordo.commit_histories`).
+/// A new history begins wherever positions can be handed out again: at every promotion of a
+/// standby (the first append on a new PostgreSQL timeline), and at every rewind an outbox
+/// detects (a restore from a dump, a storage snapshot rolled back, commits lost with
+/// `synchronous_commit = off`: the log went back and its positions go to new events). Ids are
+/// taken from the server clock and always grow, so a history begun after a restore is newer
+/// than every one the restore took away. `(history, position)` names an event where the
+/// position alone does not. A relay sends it beside each commit-lane position
+/// ([`Message::history`](crate::relay::Message::history), the headers `Ordo-History` and
+/// `Ordo-History-Start`); a watermark inbox uses it to tell new events from duplicates
+/// ([`InboxMessage::history`](crate::inbox::InboxMessage::history)).
 ///
 /// ```
-/// let history = ordo::ServerHistory { timeline: 2, first_position: 151 };
+/// let history = ordo::ServerHistory { id: 1_796_647_812_188_840, first_position: 151 };
 /// assert!(history.first_position <= 160);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ServerHistory {
-    /// The PostgreSQL timeline (1 on a server never promoted).
-    pub timeline: u32,
-    /// The first commit position appended on it (1 for the history the log began on, or
+    /// The history's id: larger is newer. The log's first history has the PostgreSQL timeline
+    /// it began on (1 on a server never promoted); later ones have ids from the server clock
+    /// (microseconds since 1970), above every earlier id.
+    pub id: u64,
+    /// The first commit position of the history (1 for the history the log began on, or
     /// was on when ordo's schema gained histories).
     pub first_position: u64,
 }

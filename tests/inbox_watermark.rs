@@ -240,16 +240,16 @@ async fn a_consumer_joining_late_starts_from_a_set_watermark() {
     assert_eq!(marks(&db).await, [("a".to_owned(), 1001)]);
 }
 
-/// `source`'s message at `position` of server history `timeline`, which began at `start`; its
+/// `source`'s message at `position` of server history `history`, which began at `start`; its
 /// id names the history, as a new event at a reused position has a new id.
-fn on_history(source: &str, position: u64, timeline: u32, start: u64) -> InboxMessage {
+fn on_history(source: &str, position: u64, history: u64, start: u64) -> InboxMessage {
     InboxMessage::new(
-        format!("{source}-h{timeline}-{position}"),
+        format!("{source}-h{history}-{position}"),
         format!("{{\"n\":{position}}}"),
     )
     .with_source(source, position)
     .with_history(ordo::ServerHistory {
-        timeline,
+        id: history,
         first_position: start,
     })
 }

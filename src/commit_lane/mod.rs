@@ -7,6 +7,7 @@
 //! the insert lane's cache), or the log joined to the events by pages when further behind.
 
 pub(crate) mod listener;
+pub(crate) mod new_history;
 pub(crate) mod promised;
 pub(crate) mod sequencer;
 pub(crate) mod sql;
@@ -187,7 +188,7 @@ impl CommitShared {
         self.went_back
             .note_server(server.started, self.head(), &self.log);
         self.went_back
-            .note_history(server.history, self.head(), &self.log)
+            .note_history(server.history, server.timeline, self.head(), &self.log)
     }
 
     /// Remembers what readers here read from the table, so that the log cache holds the

@@ -32,11 +32,11 @@ SELECT s.last_commit_seq,
        s.logged_through_sequence,
        coalesce((SELECT array_agg(xid ORDER BY xid) FROM logged), '{}') AS xids,
        coalesce((SELECT array_agg(top ORDER BY xid) FROM logged), '{}') AS maxes,
-       h.history, h.from_commit_seq AS history_from,
+       h.history, h.from_commit_seq AS history_from, h.timeline AS history_timeline,
        (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM s
 LEFT JOIN LATERAL (
-    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+    SELECT history, from_commit_seq, timeline FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
 ) AS h ON TRUE
 "#;
 
@@ -50,11 +50,12 @@ WITH s AS MATERIALIZED (
     FROM ordo.sequencer_state WHERE singleton LIMIT 1
 )
 SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from,
+       h.timeline AS history_timeline,
        (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started,
        l.commit_seq, l.sequence, l.group_last, e.commit_xid
 FROM s
 LEFT JOIN LATERAL (
-    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+    SELECT history, from_commit_seq, timeline FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
 ) AS h ON TRUE
 LEFT JOIN LATERAL (
     SELECT r.commit_seq, r.sequence, r.group_last
@@ -106,18 +107,19 @@ pub(crate) const HEAD: &str =
 /// The log head, how far it covers the insert lane, and the newest server history, for the
 /// head watcher (and at start).
 ///
-/// The newest history (`ordo.commit_histories`, the PostgreSQL timeline of the first append
-/// after a promotion, and its position) is how a process learns that the log was appended on
-/// a promoted server: one that began at or below a position this process saw gave those
-/// positions again, whether or not this process ever read the lower head in between
+/// The newest history (`ordo.commit_histories`: begun by the first append after a promotion,
+/// or by a process that detected a rewind) is how a process learns that positions were given
+/// again: one that began at or below a position this process saw gave those positions again,
+/// whether or not this process ever read the lower head in between
 /// ([`CommitShared::note_history`](super::CommitShared::note_history)).
 pub(crate) const HEAD_AND_CURSOR: &str = r#"
 SELECT s.last_commit_seq, s.logged_through_sequence, h.history, h.from_commit_seq AS history_from,
+       h.timeline AS history_timeline,
        (extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM (SELECT last_commit_seq, logged_through_sequence
       FROM ordo.sequencer_state WHERE singleton LIMIT 1) AS s
 LEFT JOIN LATERAL (
-    SELECT history, from_commit_seq FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
+    SELECT history, from_commit_seq, timeline FROM ordo.commit_histories ORDER BY history DESC LIMIT 1
 ) AS h ON TRUE
 "#;
 
@@ -193,4 +195,16 @@ FROM ordo.commit_chunks AS c
 CROSS JOIN LATERAL unnest(c.sequences) WITH ORDINALITY AS u(sequence, ord)
 WHERE c.max_sequence >= (SELECT min(s) FROM unnest($1::bigint[]) AS s)
   AND u.sequence = ANY ($1::bigint[])
+"#;
+
+/// After a rewind: the new server history ([`new_history`](super::new_history)), from
+/// `ordo.begin_history(known, first_position, lost_through)`, with when the last event the log
+/// kept below it was recorded (NULL: none, or retention dropped it): what was written after
+/// that may be lost.
+pub(crate) const BEGIN_HISTORY: &str = r#"
+SELECT b.history, b.from_commit_seq, b.began,
+       (SELECT e.recorded_at
+        FROM ordo.commit_log_range(b.from_commit_seq - 2, b.from_commit_seq - 1) AS l
+        JOIN ordo.events AS e ON e.sequence = l.sequence) AS kept_until
+FROM ordo.begin_history($1, $2, $3) AS b
 "#;

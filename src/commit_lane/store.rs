@@ -198,35 +198,36 @@ pub(crate) async fn head_and_cursor(pool: &PgPool) -> Result<HeadRead> {
 /// [`WentBack`](super::went_back::WentBack)).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ServerRead {
-    /// The newest server history the log was appended on.
+    /// The newest server history of the log.
     pub(crate) history: Option<ServerHistory>,
+    /// The PostgreSQL timeline that history was begun on.
+    pub(crate) timeline: Option<u32>,
     /// When the server last started (`pg_postmaster_start_time()`, in microseconds since the
     /// epoch): a change is a restart, after which appends and, with `synchronous_commit` off,
     /// transactions the crash lost may be gone on the same history.
     pub(crate) started: Option<i64>,
 }
 
-/// The server's history and start from a row with `history`, `history_from` and
-/// `server_started`.
+/// The server's history and start from a row with `history`, `history_from`,
+/// `history_timeline` and `server_started`.
 fn server(row: &PgRow) -> Result<ServerRead> {
+    let timeline: Option<i32> = row.try_get("history_timeline")?;
     Ok(ServerRead {
         history: history(row)?,
+        timeline: timeline.and_then(|timeline| u32::try_from(timeline).ok()),
         started: row.try_get("server_started")?,
     })
 }
 
 /// The newest server history from a row with `history` and `history_from` (NULL: none yet).
 fn history(row: &PgRow) -> Result<Option<ServerHistory>> {
-    let timeline: Option<i32> = row.try_get("history")?;
+    let id: Option<i64> = row.try_get("history")?;
     let from: Option<i64> = row.try_get("history_from")?;
-    Ok(match (timeline, from) {
-        (Some(timeline), Some(from)) => u32::try_from(timeline)
+    Ok(match (id, from) {
+        (Some(id), Some(from)) => u64::try_from(id)
             .ok()
             .zip(u64::try_from(from).ok())
-            .map(|(timeline, first_position)| ServerHistory {
-                timeline,
-                first_position,
-            }),
+            .map(|(id, first_position)| ServerHistory { id, first_position }),
         _ => None,
     })
 }

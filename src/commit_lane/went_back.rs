@@ -50,8 +50,16 @@ pub(crate) struct WentBack {
     /// The head seen that the last went-back warning was about: one warning per fall, however
     /// often the lower head is read again.
     warned_below: AtomicU64,
-    /// The newest server history (timeline) this process has read; 0 before the first read.
+    /// The PostgreSQL timeline of the newest server history this process has read; 0 before
+    /// the first read.
     timeline: AtomicU64,
+    /// The id of the newest server history this process has read; 0 before the first read.
+    history: AtomicU64,
+    /// The lowest position above a head the log was seen to go back to, or where a newer
+    /// history began below what this process saw (`u64::MAX`: none): where positions may have
+    /// been given again, should that be a rewind. (The checks after a server restart, which
+    /// look at every cached position, saw no fall, and move nothing here.)
+    lowest_fall: AtomicU64,
     /// When the server last started, as this process last read it (see
     /// [`note_server`](Self::note_server)); 0 before the first read.
     started: AtomicI64,
@@ -75,8 +83,8 @@ impl Unchecked {
     /// What is reported when the server is on history `now`, newer than the one known.
     fn rewind(&self, now: u64) -> String {
         format!(
-            "the commit log went back below position {} on a newer server history (timeline \
-             {now}, a promoted standby), and this process returned positions up to {} without \
+            "the commit log went back below position {} on a newer server history ({now}: a \
+             promoted standby, or a rewind), and this process returned positions up to {} without \
              holding which events {} of them were (its log cache is smaller than the loss): it \
              cannot check that they are not given to other events",
             self.from, self.through, self.count
@@ -91,6 +99,8 @@ impl WentBack {
             gone: Mutex::new(BTreeMap::new()),
             warned_below: AtomicU64::new(0),
             timeline: AtomicU64::new(0),
+            history: AtomicU64::new(0),
+            lowest_fall: AtomicU64::new(u64::MAX),
             started: AtomicI64::new(0),
             read_through: AtomicU64::new(0),
             unchecked: Mutex::new(None),
@@ -102,39 +112,59 @@ impl WentBack {
         self.read_through.fetch_max(through, Ordering::Relaxed);
     }
 
-    /// Takes in the newest server history a read found, with `seen` the highest head this
-    /// process had seen. A history newer than the last one read that began at or below `seen`
-    /// gave positions this process saw again: they are remembered as for a head that went back
-    /// to just below it. Returns whether positions wait for [`check`](Self::check).
+    /// Takes in the newest server history a read found (begun on PostgreSQL timeline
+    /// `timeline`), with `seen` the highest head this process had seen. A history newer than
+    /// the last one read that began at or below `seen` gave positions this process saw again
+    /// (a promotion, or a rewind another process detected): they are remembered as for a head
+    /// that went back to just below it. Returns whether positions wait for
+    /// [`check`](Self::check).
     pub(crate) fn note_history(
         &self,
         history: Option<ServerHistory>,
+        timeline: Option<u32>,
         seen: u64,
         log: &RwLock<LogCache>,
     ) -> bool {
+        let known_timeline = self.timeline.load(Ordering::Relaxed);
+        if let Some(timeline) = timeline {
+            self.timeline
+                .fetch_max(u64::from(timeline), Ordering::Relaxed);
+        }
         let Some(history) = history else {
             return self.pending();
         };
-        let timeline = u64::from(history.timeline);
-        let known = self.timeline.fetch_max(timeline, Ordering::Relaxed);
-        if known != 0 && timeline > known && history.first_position <= seen {
+        let known = self.history.fetch_max(history.id, Ordering::Relaxed);
+        if known != 0 && history.id > known && history.first_position <= seen {
             tracing::warn!(
-                timeline,
+                history = history.id,
                 from = history.first_position,
                 seen,
-                "the commit log is appended on a newer server history (a promoted standby) that \
-                 began at or below a position this process saw; checking that those positions \
-                 hold the same events"
+                "the commit log is appended on a newer server history (a promoted standby, or a \
+                 rewind another process detected) that began at or below a position this \
+                 process saw; checking that those positions hold the same events"
             );
+            self.lowest_fall
+                .fetch_min(history.first_position, Ordering::Relaxed);
             self.fell_from(
                 history.first_position.saturating_sub(1),
                 seen,
                 log,
-                known,
-                Some(timeline),
+                known_timeline,
+                Some(history.id),
             );
         }
         self.pending()
+    }
+
+    /// The id of the newest server history this process has read (0: none yet).
+    pub(crate) fn known_history(&self) -> u64 {
+        self.history.load(Ordering::Relaxed)
+    }
+
+    /// The lowest position above a head the log was seen to go back to, if it was: where a
+    /// rewind found later may have begun giving positions again.
+    pub(crate) fn lowest_fall(&self) -> Option<u64> {
+        Some(self.lowest_fall.load(Ordering::Relaxed)).filter(|&from| from != u64::MAX)
     }
 
     /// Takes in when the server last started, with `seen` the highest head this process had
@@ -171,12 +201,13 @@ impl WentBack {
 
     /// The log's head is `head`, below `seen`: remembers the events this process saw above it.
     pub(crate) fn fell(&self, head: u64, seen: u64, log: &RwLock<LogCache>) {
+        self.lowest_fall.fetch_min(head + 1, Ordering::Relaxed);
         let timeline = self.timeline.load(Ordering::Relaxed);
         self.fell_from(head, seen, log, timeline, None);
     }
 
-    /// [`fell`](Self::fell), with `timeline` the server history this process knew before, and
-    /// `promoted` the newer history known to have given the positions again, if one is.
+    /// [`fell`](Self::fell), with `timeline` the PostgreSQL timeline this process knew before,
+    /// and `promoted` the newer history known to have given the positions again, if one is.
     fn fell_from(
         &self,
         head: u64,
@@ -204,7 +235,7 @@ impl WentBack {
                 timeline,
             };
             if let Some(newer) = promoted {
-                self.report(unchecked.rewind(newer));
+                self.report_from(unchecked.rewind(newer), unchecked.from);
                 return;
             }
             if let Ok(mut slot) = self.unchecked.lock() {
@@ -280,7 +311,7 @@ impl WentBack {
         } = unchecked;
         let now = u64::try_from(now).unwrap_or(0);
         if now > timeline {
-            self.report(unchecked.rewind(now));
+            self.report_from(unchecked.rewind(now), unchecked.from);
         } else {
             tracing::warn!(
                 from,
@@ -327,18 +358,24 @@ impl WentBack {
                 // crash or failover takes back (they lose its top).
                 None if lowest.is_some_and(|lowest| position < lowest) => self.settle(position),
                 Some(now) => {
-                    self.report(format!(
-                        "the commit log went back and position {position} was appended again \
+                    self.report_from(
+                        format!(
+                            "the commit log went back and position {position} was appended again \
                          to the event of sequence {now}, where this process had seen sequence \
                          {seen}"
-                    ));
+                        ),
+                        u64::try_from(position).unwrap_or(0),
+                    );
                     return Ok(());
                 }
                 None if !stored => {
-                    self.report(format!(
-                        "the commit log went back below position {position}, and the event of \
+                    self.report_from(
+                        format!(
+                            "the commit log went back below position {position}, and the event of \
                          sequence {seen} this process saw there is gone from the database"
-                    ));
+                        ),
+                        u64::try_from(position).unwrap_or(0),
+                    );
                     return Ok(());
                 }
                 None => {}
@@ -375,11 +412,14 @@ impl WentBack {
                 && seen != entry.sequence
             {
                 drop(gone);
-                self.report(format!(
-                    "the commit log went back and position {} was appended again to the event \
+                self.report_from(
+                    format!(
+                        "the commit log went back and position {} was appended again to the event \
                      of sequence {}, where this process had seen sequence {seen}",
-                    entry.commit_seq, entry.sequence
-                ));
+                        entry.commit_seq, entry.sequence
+                    ),
+                    entry.commit_seq,
+                );
                 return;
             }
         }
@@ -389,6 +429,13 @@ impl WentBack {
                  position was given to another event"
             );
         }
+    }
+
+    /// Reports a rewind the commit lane found, positions from `from` up given to other events:
+    /// the outbox's lanes stop, and the new history it begins starts there.
+    fn report_from(&self, what: String, from: u64) {
+        self.rewind.given_again_from(from);
+        self.report(what);
     }
 
     /// Reports a rewind the commit lane found: the outbox's lanes stop.

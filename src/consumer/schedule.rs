@@ -147,7 +147,7 @@ impl<P> Schedule<P> {
     pub(crate) fn admit(
         &mut self,
         item: Item<P>,
-        keys_of: impl FnOnce(&Envelope<P>) -> Option<Keys>,
+        keys_of: impl FnOnce(&std::sync::Arc<Envelope<P>>) -> Option<Keys>,
         weight: usize,
     ) {
         let position = item.position.get();

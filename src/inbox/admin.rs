@@ -140,9 +140,12 @@ pub struct Watermark {
     pub consumer: String,
     /// The sending ordo.
     pub source: String,
+    /// The sender's route the mark follows (`Ordo-Route`, see
+    /// [`InboxMessage::route`](super::InboxMessage::route)); empty for a source with one route.
+    pub route: String,
     /// The highest position handled (0: none yet).
     pub position: u64,
-    /// The position failing now, if any (always `position` + 1).
+    /// The position failing now, if any (the next one of the source's route).
     pub failing_position: Option<i64>,
     /// Its failed attempts.
     pub attempts: u32,
@@ -156,16 +159,17 @@ pub struct Watermark {
     pub gap: Option<WatermarkGap>,
     /// The sender's server history of the message that set the mark (`Ordo-History`), if
     /// it sends one.
-    pub history: Option<u32>,
+    pub history: Option<u64>,
     /// The last rewind seen: the sender gave positions this consumer had handled again, on a
-    /// newer server history (a failover that lost its last transactions).
+    /// newer server history (its database went back: a failover that lost its last
+    /// transactions, a restore, a crash).
     pub rewind: Option<WatermarkRewind>,
 }
 
 /// Positions a watermark consumer had handled that the sender gave again on a newer server
-/// history: the events it had there were lost at a failover (they are not in the sender's
-/// database any more), and the new events at those positions were taken as new. See
-/// [`Watermark::rewind`] and `docs/inbox.md`, "Failovers upstream".
+/// history: the events it had there were lost when the sender's database went back (they are
+/// not in it any more), and the new events at those positions were taken as new. See
+/// [`Watermark::rewind`] and `docs/inbox.md`, "Rewinds upstream".
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct WatermarkRewind {
@@ -174,7 +178,7 @@ pub struct WatermarkRewind {
     /// The mark when the rewind was seen: the last position given again.
     pub through: u64,
     /// The history those positions had (`None`: not known).
-    pub lost_history: Option<u32>,
+    pub lost_history: Option<u64>,
     /// When the consumer saw it.
     pub at: DateTime<Utc>,
 }
@@ -188,7 +192,8 @@ pub struct WatermarkRewind {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct WatermarkGap {
-    /// The position the consumer waits for (the mark + 1).
+    /// The position the consumer waits for (the refused message's previous one on its route,
+    /// or with none, the mark + 1).
     pub expected: u64,
     /// The highest position refused meanwhile.
     pub received: u64,
@@ -210,6 +215,7 @@ pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Ve
         Ok(Watermark {
             consumer: row.try_get("consumer")?,
             source: row.try_get("source")?,
+            route: row.try_get("route")?,
             position: u64::try_from(row.try_get::<i64, _>("position")?).unwrap_or(0),
             failing_position: row.try_get("failing_position")?,
             attempts: count(row.try_get("attempts")?),
@@ -217,8 +223,8 @@ pub async fn list_watermarks(pool: &PgPool, consumer: Option<&str>) -> Result<Ve
             updated_at: row.try_get("updated_at")?,
             gap: read_gap(row)?,
             history: row
-                .try_get::<Option<i32>, _>("history")?
-                .and_then(|history| u32::try_from(history).ok()),
+                .try_get::<Option<i64>, _>("history")?
+                .and_then(|history| u64::try_from(history).ok()),
             rewind: read_rewind(row)?,
         })
     };
@@ -234,12 +240,12 @@ fn read_rewind(row: &PgRow) -> Result<Option<WatermarkRewind>, sqlx::Error> {
     let at: Option<DateTime<Utc>> = row.try_get("rewound_at")?;
     let from: Option<i64> = row.try_get("rewound_from")?;
     let through: Option<i64> = row.try_get("rewound_through")?;
-    let lost_history: Option<i32> = row.try_get("rewound_history")?;
+    let lost_history: Option<i64> = row.try_get("rewound_history")?;
     Ok(match (at, from, through) {
         (Some(at), Some(from), Some(through)) => Some(WatermarkRewind {
             from: u64::try_from(from).unwrap_or(0),
             through: u64::try_from(through).unwrap_or(0),
-            lost_history: lost_history.and_then(|history| u32::try_from(history).ok()),
+            lost_history: lost_history.and_then(|history| u64::try_from(history).ok()),
             at,
         }),
         _ => None,
@@ -249,10 +255,13 @@ fn read_rewind(row: &PgRow) -> Result<Option<WatermarkRewind>, sqlx::Error> {
 /// A mark's gap columns, if it waits on one.
 fn read_gap(row: &PgRow) -> Result<Option<WatermarkGap>, sqlx::Error> {
     let position: i64 = row.try_get("position")?;
+    let expected: Option<i64> = row.try_get("gap_expected")?;
     let received: Option<i64> = row.try_get("gap_position")?;
     let since: Option<DateTime<Utc>> = row.try_get("gap_since")?;
     Ok(received.zip(since).map(|(received, since)| WatermarkGap {
-        expected: u64::try_from(position).unwrap_or(0) + 1,
+        expected: expected
+            .and_then(|expected| u64::try_from(expected).ok())
+            .unwrap_or_else(|| u64::try_from(position).unwrap_or(0) + 1),
         received: u64::try_from(received).unwrap_or(0),
         since,
     }))
@@ -276,10 +285,12 @@ async fn refuse_unknown_consumer(pool: &PgPool, consumer: Option<&str>) -> Resul
     })
 }
 
-/// Sets `consumer`'s mark for `source` to `position`: the next message it handles from there
-/// is `position + 1`. For a consumer that joins a source whose history it does not need (the
-/// mark of a new source starts at 0), or to handle a range again. Moving it back makes the
-/// messages above run again when they are redelivered.
+/// Sets `consumer`'s mark for `source` (its one route: messages that name none) to
+/// `position`: the next message it handles from there is the one after `position`. For a
+/// consumer that joins a source whose history it does not need (the mark of a new source
+/// starts at 0), or to handle a range again. Moving it back makes the messages above run
+/// again when they are redelivered. A source whose messages name routes has a mark per route:
+/// [`set_route_watermark`].
 ///
 /// # Errors
 /// [`Error::Database`] if the upsert fails (it waits while a receiver of that source is in
@@ -290,10 +301,33 @@ pub async fn set_watermark(
     source: &str,
     position: u64,
 ) -> Result<()> {
+    set_route_watermark(pool, consumer, source, "", position).await
+}
+
+/// [`set_watermark`] for the mark of `source`'s route `route` (`Ordo-Route`, as
+/// [`list_watermarks`] shows it; `""`: the source's one route).
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// // The consumer "billing" takes orders-db's subject orders.placed from position 500 on.
+/// ordo::inbox::set_route_watermark(&pool, "billing", "orders-db", "orders.placed", 499).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`set_watermark`].
+pub async fn set_route_watermark(
+    pool: &PgPool,
+    consumer: &str,
+    source: &str,
+    route: &str,
+    position: u64,
+) -> Result<()> {
     sqlx::query(sql::SET_MARK)
         .bind(consumer)
         .bind(source)
         .bind(position_column(position))
+        .bind(route)
         .execute(pool)
         .await?;
     Ok(())

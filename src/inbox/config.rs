@@ -49,6 +49,9 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The longest consumer name, message id and source accepted (bytes).
 pub(crate) const MAX_NAME: usize = 200;
 
+/// The most bytes of a route (`InboxMessage::route`): it is part of a watermark's key.
+pub(crate) const MAX_ROUTE: usize = 1000;
+
 impl InboxConfig {
     /// A consumer named `consumer` (its key in `ordo.inbox`: two consumers with different
     /// names each handle every message once), with the defaults.

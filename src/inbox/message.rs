@@ -2,7 +2,7 @@
 
 use serde::de::DeserializeOwned;
 
-use super::config::MAX_NAME;
+use super::config::{MAX_NAME, MAX_ROUTE};
 use crate::envelope::Headers;
 use crate::error::{Error, Result};
 
@@ -32,13 +32,23 @@ pub struct InboxMessage {
     /// The message's dense position at `source` (watermark mode): 1, 2, 3, …
     pub position: Option<u64>,
     /// The sender's server history the position belongs to (`Ordo-History` and
-    /// `Ordo-History-Start`: the PostgreSQL timeline an ordo relay's commit position was
-    /// appended on, and where it began). A watermark inbox that sees a newer history begin at
-    /// or below its mark knows the sender lost the events it had there (a failover to a
-    /// standby that lacked them) and gave the positions to new events: it reports the rewind
+    /// `Ordo-History-Start`: the id of the stretch of an ordo's commit log the position is in,
+    /// and where it began). A watermark inbox that sees a newer history begin at or below its
+    /// mark knows the sender lost the events it had there (a failover to a standby that lacked
+    /// them, a restore, a crash) and gave the positions to new events: it reports the rewind
     /// and takes them instead of dropping them as duplicates. `None`: a sender that sends
     /// none, whose positions are taken as one history.
     pub history: Option<crate::ServerHistory>,
+    /// The sender's route the message took (`Ordo-Route`: the destination an ordo relay sent
+    /// it to, such as a subject): a watermark inbox keeps one mark per source and route, each
+    /// route a chain of its own. `None`: the source's one route.
+    pub route: Option<String>,
+    /// The position of the message sent before this one on its route (`Ordo-Previous`; `0`:
+    /// none before it). With it, a watermark inbox takes a position after positions the sender
+    /// never sent on this route (events of other types, other routes, skipped by an operator)
+    /// and still refuses one whose predecessor was sent and has not arrived. `None`: a sender
+    /// whose positions on the route are dense (1, 2, 3, …).
+    pub previous: Option<u64>,
 }
 
 impl InboxMessage {
@@ -51,6 +61,8 @@ impl InboxMessage {
             source: None,
             position: None,
             history: None,
+            route: None,
+            previous: None,
         }
     }
 
@@ -70,6 +82,30 @@ impl InboxMessage {
     /// Sets the server history of the position ([`history`](Self::history)).
     pub fn with_history(mut self, history: crate::ServerHistory) -> Self {
         self.history = Some(history);
+        self
+    }
+
+    /// Sets the route the message took at its source ([`route`](Self::route)).
+    pub fn with_route(mut self, route: impl Into<String>) -> Self {
+        self.route = Some(route.into());
+        self
+    }
+
+    /// Sets the position of the message sent before it on its route
+    /// ([`previous`](Self::previous)).
+    ///
+    /// ```
+    /// use ordo::inbox::InboxMessage;
+    ///
+    /// // Position 12 of "orders-db", whose route sent position 9 before it (10 and 11 went
+    /// // elsewhere, or were never sent): a mark at 9 takes it.
+    /// let message = InboxMessage::new("e-12", "{}")
+    ///     .with_source("orders-db", 12)
+    ///     .with_previous(9);
+    /// assert_eq!(message.previous, Some(9));
+    /// ```
+    pub fn with_previous(mut self, previous: u64) -> Self {
+        self.previous = Some(previous);
         self
     }
 
@@ -100,10 +136,24 @@ impl InboxMessage {
         {
             return refuse("the source must be 1 to 200 bytes");
         }
+        if let Some(route) = &self.route
+            && (route.is_empty() || route.len() > MAX_ROUTE)
+        {
+            return refuse("the route must be 1 to 1000 bytes");
+        }
+        if let (Some(previous), Some(position)) = (self.previous, self.position)
+            && previous >= position
+        {
+            return refuse("the previous position on the route must be below the position");
+        }
         // PostgreSQL's text cannot hold NUL; refused now rather than when a failure is stored.
         let nul = |text: &str| text.contains('\0');
-        if nul(&self.id) || nul(&self.payload) || self.source.as_deref().is_some_and(nul) {
-            return refuse("the id, payload and source must not contain NUL characters");
+        if nul(&self.id)
+            || nul(&self.payload)
+            || self.source.as_deref().is_some_and(nul)
+            || self.route.as_deref().is_some_and(nul)
+        {
+            return refuse("the id, payload, source and route must not contain NUL characters");
         }
         if self.position.is_some_and(|p| p == 0 || p > i64::MAX as u64) {
             return refuse("a position is 1 or more (dense, from 1), at most i64::MAX");
@@ -143,11 +193,12 @@ pub enum Receipt {
         /// The last error.
         error: String,
     },
-    /// Watermark mode: the message's position is past the next expected one, so an earlier
-    /// message is missing. Nothing was done. Do not acknowledge: have the transport redeliver
-    /// (and the sender fill the gap) so that it arrives in order.
+    /// Watermark mode: an earlier message of the source's route is missing (the message's
+    /// [`previous`](InboxMessage::previous) position, or with none, the next dense one). Nothing
+    /// was done. Do not acknowledge: have the transport redeliver (and the sender fill the
+    /// gap) so that it arrives in order.
     Gap {
-        /// The position the inbox expects next for the message's source.
+        /// The position that must arrive first.
         expected: u64,
     },
 }

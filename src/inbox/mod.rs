@@ -84,7 +84,7 @@ use tokio::sync::OnceCell;
 
 pub use admin::{
     FailedMessage, Watermark, WatermarkGap, WatermarkRewind, list_failed, list_watermarks, replay,
-    replay_all, set_watermark,
+    replay_all, set_route_watermark, set_watermark,
 };
 pub use config::{InboxConfig, InboxMode, MAX_RETENTION};
 pub use handler::InboxHandler;

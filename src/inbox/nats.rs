@@ -352,6 +352,8 @@ impl Transport for NatsInbox {
             lane: header(wire::LANE),
             history: header(wire::HISTORY),
             history_start: header(wire::HISTORY_START),
+            route: header(wire::ROUTE),
+            previous: header(wire::PREVIOUS),
         })
     }
 

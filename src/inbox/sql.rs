@@ -130,16 +130,24 @@ WHERE status = 'failed'
   AND ($2::text IS NULL OR consumer = $2)
 "#;
 
-/// Watermark mode: the source's mark, locked for the handler's transaction; `NOWAIT`, so that a
-/// receiver never waits behind another (SQLSTATE 55P03 is [`Receipt::Busy`](super::Receipt)).
+/// Watermark mode: the mark of the source's route (`$3`, `''` for none), locked for the
+/// handler's transaction; `NOWAIT`, so that a receiver never waits behind another (SQLSTATE
+/// 55P03 is [`Receipt::Busy`](super::Receipt)).
 pub(crate) const MARK: &str = r#"
 SELECT position, history, rewound_through
-FROM ordo.inbox_watermarks WHERE consumer = $1 AND source = $2 FOR UPDATE NOWAIT
+FROM ordo.inbox_watermarks WHERE consumer = $1 AND source = $2 AND route = $3 FOR UPDATE NOWAIT
 "#;
 
-/// A source seen for the first time, committed on its own before any handler runs.
+/// A source's route seen for the first time, committed on its own before any handler runs.
+/// A route starts where the source's route-less mark stands, if it has one: a sender that
+/// began naming routes (an upgrade) sent everything up to there without one, and this
+/// consumer handled it.
 pub(crate) const CREATE_MARK: &str = r#"
-INSERT INTO ordo.inbox_watermarks (consumer, source) VALUES ($1, $2) ON CONFLICT DO NOTHING
+INSERT INTO ordo.inbox_watermarks (consumer, source, route, position, history)
+SELECT $1, $2, $3, coalesce(w.position, 0), w.history
+FROM (SELECT 1) AS one
+LEFT JOIN ordo.inbox_watermarks AS w ON w.consumer = $1 AND w.source = $2 AND w.route = ''
+ON CONFLICT DO NOTHING
 "#;
 
 /// In the handler's transaction, before the handler runs (the row is locked by [`MARK`]).
@@ -147,9 +155,9 @@ INSERT INTO ordo.inbox_watermarks (consumer, source) VALUES ($1, $2) ON CONFLICT
 pub(crate) const ADVANCE: &str = r#"
 UPDATE ordo.inbox_watermarks
 SET position = $3, history = coalesce($4, history), failing_position = NULL, attempts = 0,
-    last_error = NULL, gap_position = NULL, gap_since = NULL, gap_warned_at = NULL,
+    last_error = NULL, gap_position = NULL, gap_expected = NULL, gap_since = NULL, gap_warned_at = NULL,
     updated_at = now()
-WHERE consumer = $1 AND source = $2
+WHERE consumer = $1 AND source = $2 AND route = $5
 "#;
 
 /// A newer server history `$6` that began at or below the mark: the positions `$3..=$4` of
@@ -161,25 +169,28 @@ pub(crate) const NOTE_REWIND: &str = r#"
 UPDATE ordo.inbox_watermarks
 SET rewound_at = now(), rewound_from = $3, rewound_through = $4, rewound_history = $5,
     position = $3 - 1, history = $6, failing_position = NULL, attempts = 0, last_error = NULL,
-    gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
-WHERE consumer = $1 AND source = $2
+    gap_position = NULL, gap_expected = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
+WHERE consumer = $1 AND source = $2 AND route = $7
 RETURNING true
 "#;
 
 /// A message from beyond the next position, refused as a gap, in the transaction holding the
-/// mark's row (locked by [`MARK`]): the highest position refused and since when the inbox
-/// waits. `warn`: this receiver logs the wait (its first refusal, then at most once a minute
+/// mark's row (locked by [`MARK`]): the highest position refused, the lowest one waited for
+/// (`$5`, a refused message's previous position: several may be refused in a row, each
+/// waiting on the one before it) and since when the inbox waits. `warn`: this receiver logs the wait (its first refusal, then at most once a minute
 /// across every receiver). A refusal that changes nothing (a redelivery of a position already
 /// refused, within the minute) writes nothing: a transport redelivering a window of early
 /// messages every second costs no write each.
 pub(crate) const NOTE_GAP: &str = r#"
 UPDATE ordo.inbox_watermarks AS w
 SET gap_position = GREATEST(w.gap_position, $3),
+    gap_expected = LEAST(w.gap_expected, $5),
     gap_since = coalesce(w.gap_since, now()),
     gap_warned_at = CASE WHEN w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute'
                          THEN now() ELSE w.gap_warned_at END
-WHERE consumer = $1 AND source = $2
-  AND (w.gap_since IS NULL OR w.gap_position < $3 OR w.gap_warned_at IS NULL
+WHERE consumer = $1 AND source = $2 AND route = $4
+  AND (w.gap_since IS NULL OR w.gap_position < $3 OR w.gap_expected > $5
+       OR w.gap_warned_at IS NULL
        OR w.gap_warned_at <= now() - interval '1 minute')
 RETURNING gap_since, gap_warned_at = now() AS warn
 "#;
@@ -191,7 +202,7 @@ pub(crate) const MARK_FAILED: &str = r#"
 UPDATE ordo.inbox_watermarks
 SET attempts = CASE WHEN failing_position = $3 THEN attempts + 1 ELSE 1 END,
     failing_position = $3, last_error = $4, updated_at = now()
-WHERE consumer = $1 AND source = $2 AND position < $3
+WHERE consumer = $1 AND source = $2 AND route = $5 AND position < $3
 RETURNING attempts
 "#;
 
@@ -201,8 +212,8 @@ pub(crate) const DEAD_LETTER: &str = r#"
 WITH moved AS (
     UPDATE ordo.inbox_watermarks
     SET position = $3, failing_position = NULL, attempts = 0, last_error = NULL,
-        gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
-    WHERE consumer = $1 AND source = $2 AND position < $3
+        gap_position = NULL, gap_expected = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
+    WHERE consumer = $1 AND source = $2 AND route = $9 AND position < $3
     RETURNING consumer
 )
 INSERT INTO ordo.inbox AS i
@@ -217,20 +228,20 @@ RETURNING 1
 
 /// `$1` NULL: every consumer.
 pub(crate) const LIST_MARKS: &str = r#"
-SELECT consumer, source, position, failing_position, attempts, last_error, updated_at,
-       gap_position, gap_since, history, rewound_at, rewound_from, rewound_through,
+SELECT consumer, source, route, position, failing_position, attempts, last_error, updated_at,
+       gap_position, gap_expected, gap_since, history, rewound_at, rewound_from, rewound_through,
        rewound_history
 FROM ordo.inbox_watermarks
 WHERE $1::text IS NULL OR consumer = $1
-ORDER BY consumer, source
+ORDER BY consumer, source, route
 "#;
 
-/// Sets a mark (the position before the first message to handle).
+/// Sets a mark (the position before the first message to handle) of route `$4`.
 pub(crate) const SET_MARK: &str = r#"
-INSERT INTO ordo.inbox_watermarks (consumer, source, position) VALUES ($1, $2, $3)
-ON CONFLICT (consumer, source) DO UPDATE
+INSERT INTO ordo.inbox_watermarks (consumer, source, position, route) VALUES ($1, $2, $3, $4)
+ON CONFLICT (consumer, source, route) DO UPDATE
 SET position = EXCLUDED.position, failing_position = NULL, attempts = 0, last_error = NULL,
-    gap_position = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
+    gap_position = NULL, gap_expected = NULL, gap_since = NULL, gap_warned_at = NULL, updated_at = now()
 "#;
 
 /// Whether `consumer` has any row in the inbox, in either mode.
@@ -277,23 +288,23 @@ pub(crate) const HOT_PATH: &[HotStatement] = &[
         "text, float8, bigint",
         "'c', 1000, 10000",
     ),
-    hot("inbox: watermark", MARK, "text, text", "'c', 's'"),
+    hot("inbox: watermark", MARK, "text, text, text", "'c', 's', ''"),
     hot(
         "inbox: advance watermark",
         ADVANCE,
-        "text, text, bigint, integer",
-        "'c', 's', 1, 1",
+        "text, text, bigint, bigint, text",
+        "'c', 's', 1, 1, ''",
     ),
     hot(
         "inbox: watermark failure",
         MARK_FAILED,
-        "text, text, bigint, text",
-        "'c', 's', 1, 'error'",
+        "text, text, bigint, text, text",
+        "'c', 's', 1, 'error', ''",
     ),
     hot(
         "inbox: watermark gap",
         NOTE_GAP,
-        "text, text, bigint",
-        "'c', 's', 5",
+        "text, text, bigint, text, bigint",
+        "'c', 's', 5, '', 4",
     ),
 ];

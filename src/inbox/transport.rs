@@ -178,6 +178,10 @@ pub(crate) struct Parts<'a> {
     pub history: Option<&'a str>,
     /// `Ordo-History-Start`.
     pub history_start: Option<&'a str>,
+    /// `Ordo-Route`.
+    pub route: Option<&'a str>,
+    /// `Ordo-Previous`.
+    pub previous: Option<&'a str>,
 }
 
 impl Parts<'_> {
@@ -227,14 +231,10 @@ impl Parts<'_> {
         };
         let history = match (self.history, self.history_start) {
             (None, None) => None,
-            (Some(timeline), Some(start)) => {
-                let timeline = u32::try_from(number("Ordo-History", timeline)?)
-                    .map_err(|_| "Ordo-History is above 2^32".to_owned())?;
+            (Some(id), Some(start)) => {
+                let id = number("Ordo-History", id)?;
                 let first_position = number("Ordo-History-Start", start)?;
-                Some(crate::ServerHistory {
-                    timeline,
-                    first_position,
-                })
+                Some(crate::ServerHistory { id, first_position })
             }
             _ => {
                 return Err(
@@ -242,12 +242,22 @@ impl Parts<'_> {
                 );
             }
         };
+        let previous = match self.previous {
+            None => None,
+            Some(text) => Some(number("Ordo-Previous", text)?),
+        };
         if let (Some(source), Some(position)) = (self.source, position)
             && lane != Some(Ordering::Insert)
         {
             message = message.with_source(source, position);
             if let Some(history) = history {
                 message = message.with_history(history);
+            }
+            if let Some(route) = self.route {
+                message = message.with_route(route);
+            }
+            if let Some(previous) = previous {
+                message = message.with_previous(previous);
             }
         }
         Ok(message)
@@ -342,17 +352,21 @@ mod tests {
             source: Some("orders-db"),
             position: Some("42"),
             lane: Some("commit"),
-            history: Some("2"),
+            history: Some("1796647812188840"),
             history_start: Some("40"),
+            route: Some("orders.placed"),
+            previous: Some("39"),
         };
         let message = parts.message("Nats-Msg-Id").expect("a message");
         assert_eq!(
             message.history,
             Some(crate::ServerHistory {
-                timeline: 2,
+                id: 1_796_647_812_188_840,
                 first_position: 40
             })
         );
+        assert_eq!(message.route.as_deref(), Some("orders.placed"));
+        assert_eq!(message.previous, Some(39));
         assert_eq!(message.id, "e-1");
         assert_eq!(message.payload, r#"{"n":1}"#);
         assert_eq!(message.source.as_deref(), Some("orders-db"));

@@ -1,11 +1,12 @@
 //! Watermark mode: one row per (consumer, source) in `ordo.inbox_watermarks`, for messages that
 //! carry a dense position (another ordo's commit lane, relayed).
 //!
-//! One attempt: `BEGIN`; the source's mark is locked `FOR UPDATE NOWAIT` (locked by another
-//! receiver: [`Receipt::Busy`] at once); position ≤ mark: [`Receipt::Duplicate`]; position >
-//! mark + 1: [`Receipt::Gap`] (refused; nothing is held back for later, so the transport
-//! must redeliver in order); position = mark + 1: the mark moves to it, the handler runs, and
-//! both commit together. A failed attempt is recorded on the mark's row after the rollback,
+//! One attempt: `BEGIN`; the mark of the message's source and route is locked `FOR UPDATE
+//! NOWAIT` (locked by another receiver: [`Receipt::Busy`] at once); position ≤ mark:
+//! [`Receipt::Duplicate`]; a message whose predecessor on its route is not handled yet (its
+//! `previous` above the mark; with no `previous`, a position past mark + 1): [`Receipt::Gap`]
+//! (refused; nothing is held back for later, so the transport must redeliver in order);
+//! otherwise the mark moves to it, the handler runs, and both commit together. A failed attempt is recorded on the mark's row after the rollback,
 //! through another pooled connection (the handler's is free again by then); at the maximum the
 //! message is copied to `ordo.inbox` as `failed` and the mark moves past it, so the source is
 //! not stuck behind it: a replay of it then runs out of order.
@@ -34,6 +35,13 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 // the second step to another server connection, which has no such statement (`26000`). Inside
 // one it keeps the same server connection, so every statement here runs inside a transaction.
 
+/// Where a message belongs in watermark mode: its source, route (`""` for none) and position.
+struct Place<'a> {
+    source: &'a str,
+    route: &'a str,
+    position: u64,
+}
+
 /// Receives `message` in watermark mode (see the module docs).
 pub(crate) async fn receive<H: InboxHandler>(
     pool: &PgPool,
@@ -42,94 +50,127 @@ pub(crate) async fn receive<H: InboxHandler>(
     message: &InboxMessage,
     handler: &H,
 ) -> Result<Receipt> {
-    let (Some(source), Some(position)) = (message.source.as_deref(), message.position) else {
-        return Err(Error::InvalidInboxMessage {
-            consumer: config.consumer.clone(),
-            id: message.id.clone(),
-            reason:
-                "watermark mode needs the message's source and position (InboxMessage::with_source)"
-                    .to_owned(),
-        });
-    };
-    if let Some(history) = message.history
-        && !(1..=position).contains(&history.first_position)
-    {
-        return Err(Error::InvalidInboxMessage {
-            consumer: config.consumer.clone(),
-            id: message.id.clone(),
-            reason: format!(
-                "its server history begins at position {}, which is not between 1 and its \
-                 position {position}",
-                history.first_position
-            ),
-        });
-    }
+    let place = place_of(config, message)?;
     let consumer = config.consumer.as_str();
-    let Some((mut tx, mut mark)) = begin_at_mark(pool, statements, consumer, source).await? else {
+    let Some((mut tx, mut mark)) = begin_at_mark(pool, statements, consumer, &place).await? else {
         return Ok(Receipt::Busy);
     };
     match (message.history, mark.history) {
         // A newer history that began at or below the mark: the sender gave those positions
-        // again (it lost their events at a failover). The mark goes back below them.
+        // again (it lost their events: a failover, a restore, a crash). The mark goes back
+        // below them.
         (Some(history), Some(older))
-            if history.timeline > older && history.first_position <= mark.position =>
+            if history.id > older && history.first_position <= mark.position =>
         {
-            mark = note_rewind(tx, consumer, source, mark, history).await?;
-            tx = match begin_at_mark(pool, statements, consumer, source).await? {
+            mark = note_rewind(tx, consumer, &place, mark, history).await?;
+            tx = match begin_at_mark(pool, statements, consumer, &place).await? {
                 Some((tx, again)) if again == mark => tx,
                 // Another receiver moved it meanwhile: this message is for another attempt.
                 _ => return Ok(Receipt::Busy),
             };
         }
-        // An older history above the mark: an event the sender lost at a failover, from
-        // positions a newer history has given again.
-        (Some(history), Some(newer)) if history.timeline < newer && position > mark.position => {
+        // An older history above the mark: an event the sender lost, from positions a newer
+        // history has given again.
+        (Some(history), Some(newer)) if history.id < newer && place.position > mark.position => {
             tx.rollback().await?;
             tracing::warn!(
                 consumer = %printable(consumer),
-                source = %printable(source),
-                position,
-                history = history.timeline,
+                source = %printable(place.source),
+                route = %printable(place.route),
+                position = place.position,
+                history = history.id,
                 mark_history = newer,
                 id = %printable(&message.id),
                 "inbox: a message from a server history the sender has left, above the mark: \
-                 its event was lost at a failover and its position belongs to a newer event; \
-                 dropped as a duplicate"
+                 its event was lost when the sender's database went back, and its position \
+                 belongs to a newer event; dropped as a duplicate"
             );
             return Ok(Receipt::Duplicate);
         }
         _ => {}
     }
-    // Inside a rewound range, positions the newer history gave to events this inbox already
-    // handled may never come: a broker that deduplicates by message id (JetStream) drops
-    // them. There, the next position that comes is taken; above the range, none is skipped.
+    if place.position <= mark.position {
+        tx.rollback().await?;
+        return Ok(Receipt::Duplicate);
+    }
+    if let Some(expected) = missing_before(message, &mark) {
+        note_gap(tx, consumer, &place, expected).await?;
+        return Ok(Receipt::Gap { expected });
+    }
+    sqlx::query(sql::ADVANCE)
+        .persistent(statements.persistent())
+        .bind(consumer)
+        .bind(place.source)
+        .bind(position_column(place.position))
+        .bind(message.history.map(|history| history_column(history.id)))
+        .bind(place.route)
+        .execute(&mut *tx)
+        .await?;
+    handle(pool, config, message, &place, tx, handler).await
+}
+
+/// The message's source, route and position, or why watermark mode cannot take it.
+fn place_of<'a>(config: &InboxConfig, message: &'a InboxMessage) -> Result<Place<'a>> {
+    let refuse = |reason: String| Error::InvalidInboxMessage {
+        consumer: config.consumer.clone(),
+        id: message.id.clone(),
+        reason,
+    };
+    let (Some(source), Some(position)) = (message.source.as_deref(), message.position) else {
+        return Err(refuse(
+            "watermark mode needs the message's source and position (InboxMessage::with_source)"
+                .to_owned(),
+        ));
+    };
+    if let Some(history) = message.history
+        && !(1..=position).contains(&history.first_position)
+    {
+        return Err(refuse(format!(
+            "its server history begins at position {}, which is not between 1 and its \
+             position {position}",
+            history.first_position
+        )));
+    }
+    Ok(Place {
+        source,
+        route: message.route.as_deref().unwrap_or(""),
+        position,
+    })
+}
+
+/// The position that must arrive before `message` (above the mark), if one must: the
+/// message's previous position on its route when it names one (nothing of the route lies
+/// between it and the message, so a mark at or above it lets the message in), else the next
+/// dense position. Inside a rewound range, positions the newer history gave to events this
+/// inbox already handled may never come (a broker that deduplicates by message id, JetStream,
+/// drops them): there, the next position that comes is taken.
+fn missing_before(message: &InboxMessage, mark: &Mark) -> Option<u64> {
+    let position = message.position.unwrap_or(0);
     let in_rewound_range = mark
         .rewound_through
         .is_some_and(|through| position <= through)
         && message
             .history
-            .is_some_and(|history| Some(history.timeline) == mark.history);
-    let mark = mark.position;
-    if position <= mark {
-        tx.rollback().await?;
-        return Ok(Receipt::Duplicate);
+            .is_some_and(|history| Some(history.id) == mark.history);
+    if in_rewound_range {
+        return None;
     }
-    if position > mark + 1 && !in_rewound_range {
-        note_gap(tx, consumer, source, mark + 1, position).await?;
-        return Ok(Receipt::Gap { expected: mark + 1 });
+    match message.previous {
+        Some(previous) => (previous > mark.position).then_some(previous),
+        None => (position > mark.position + 1).then_some(mark.position + 1),
     }
-    sqlx::query(sql::ADVANCE)
-        .persistent(statements.persistent())
-        .bind(consumer)
-        .bind(source)
-        .bind(position_column(position))
-        .bind(
-            message
-                .history
-                .map(|history| timeline_column(history.timeline)),
-        )
-        .execute(&mut *tx)
-        .await?;
+}
+
+/// Runs the handler in `tx`, which holds the mark moved to the message: committed together,
+/// or the failure recorded.
+async fn handle<H: InboxHandler>(
+    pool: &PgPool,
+    config: &InboxConfig,
+    message: &InboxMessage,
+    place: &Place<'_>,
+    mut tx: Transaction<'static, Postgres>,
+    handler: &H,
+) -> Result<Receipt> {
     let handled = AssertUnwindSafe(handler.handle(&mut tx, message))
         .catch_unwind()
         .await;
@@ -141,15 +182,22 @@ pub(crate) async fn receive<H: InboxHandler>(
             Err(error) => {
                 let error = Error::from(error);
                 let error = format!("the handler's transaction did not commit: {error}");
-                return record_failure(pool, config, message, source, position, error).await;
+                return record_failure(pool, config, message, place, error).await;
             }
         },
         Ok(Err(error)) => crate::error::failure_text(&*error),
         Err(_) => "the handler panicked".to_owned(),
     };
     let _ = tx.rollback().await;
-    tracing::warn!(consumer, source, position, %error, "inbox handler failed");
-    record_failure(pool, config, message, source, position, error).await
+    tracing::warn!(
+        consumer = %printable(&config.consumer),
+        source = %printable(place.source),
+        route = %printable(place.route),
+        position = place.position,
+        error = %printable(&error),
+        "inbox handler failed"
+    );
+    record_failure(pool, config, message, place, error).await
 }
 
 /// Records a rewind on the mark's row (locked in `tx`) and commits: the positions from where
@@ -158,7 +206,7 @@ pub(crate) async fn receive<H: InboxHandler>(
 async fn note_rewind(
     mut tx: Transaction<'static, Postgres>,
     consumer: &str,
-    source: &str,
+    place: &Place<'_>,
     mark: Mark,
     newer: ServerHistory,
 ) -> Result<Mark> {
@@ -166,11 +214,12 @@ async fn note_rewind(
     sqlx::query(sql::NOTE_REWIND)
         .persistent(false)
         .bind(consumer)
-        .bind(source)
+        .bind(place.source)
         .bind(position_column(from))
         .bind(position_column(mark.position))
-        .bind(mark.history.map(timeline_column))
-        .bind(timeline_column(newer.timeline))
+        .bind(mark.history.map(history_column))
+        .bind(history_column(newer.id))
+        .bind(place.route)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -178,27 +227,29 @@ async fn note_rewind(
     metrics::counter!(
         INBOX_REWOUND_POSITIONS,
         "consumer" => consumer.to_owned(),
-        "source" => printable(source).to_string()
+        "source" => printable(place.source).to_string()
     )
     .increment(positions);
     tracing::error!(
         consumer = %printable(consumer),
-        source = %printable(source),
+        source = %printable(place.source),
+        route = %printable(place.route),
         lost_from = from,
         lost_through = mark.position,
         lost_history = mark.history,
-        history = newer.timeline,
+        history = newer.id,
         "inbox: the sender's positions went back: positions {from} to {} of its server history \
-         {} are not in its database any more (lost at a failover to a standby that had not \
-         received them); this inbox handled them before. History {} gives these positions to \
-         new events, which are taken as new. ordo inbox watermarks shows the rewind",
+         {} are not in its database any more (lost when its database went back: a failover to \
+         a standby that had not received them, a restore, a crash); this inbox handled them \
+         before. History {} gives these positions to new events, which are taken as new. ordo \
+         inbox watermarks shows the rewind",
         mark.position,
         mark.history.unwrap_or(0),
-        newer.timeline
+        newer.id
     );
     Ok(Mark {
         position: from - 1,
-        history: Some(newer.timeline),
+        history: Some(newer.id),
         rewound_through: Some(mark.position),
     })
 }
@@ -208,13 +259,13 @@ async fn note_rewind(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Mark {
     position: u64,
-    history: Option<u32>,
+    history: Option<u64>,
     rewound_through: Option<u64>,
 }
 
-/// A timeline as the table stores it (`INTEGER`).
-fn timeline_column(timeline: u32) -> i32 {
-    i32::try_from(timeline).unwrap_or(i32::MAX)
+/// A history id as the table stores it (`BIGINT`).
+fn history_column(history: u64) -> i64 {
+    i64::try_from(history).unwrap_or(i64::MAX)
 }
 
 /// Records on the mark's row (locked in `tx`) that `position` was refused as a gap, and logs
@@ -224,24 +275,26 @@ fn timeline_column(timeline: u32) -> i32 {
 async fn note_gap(
     mut tx: Transaction<'static, Postgres>,
     consumer: &str,
-    source: &str,
+    place: &Place<'_>,
     expected: u64,
-    position: u64,
 ) -> Result<()> {
     let noted: Option<(chrono::DateTime<chrono::Utc>, bool)> = sqlx::query_as(sql::NOTE_GAP)
         .persistent(false)
         .bind(consumer)
-        .bind(source)
-        .bind(position_column(position))
+        .bind(place.source)
+        .bind(position_column(place.position))
+        .bind(place.route)
+        .bind(position_column(expected))
         .fetch_optional(&mut *tx)
         .await?;
     tx.commit().await?;
     if let Some((since, true)) = noted {
         tracing::warn!(
             consumer = %printable(consumer),
-            source = %printable(source),
+            source = %printable(place.source),
+            route = %printable(place.route),
             expected,
-            received = position,
+            received = place.position,
             since = %since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             "inbox waits on a gap: position {expected} from this source has not arrived, later \
              ones are refused (Gap) until it does; if it never will (the sender skipped it), \
@@ -251,16 +304,17 @@ async fn note_gap(
     Ok(())
 }
 
-/// A transaction holding `source`'s mark locked, and the mark; `None` when another receiver
-/// holds it. A source seen for the first time gets its row (mark 0) first.
+/// A transaction holding the mark of the place's source and route locked, and the mark;
+/// `None` when another receiver holds it. A route seen for the first time gets its row
+/// (mark 0) first.
 async fn begin_at_mark(
     pool: &PgPool,
     statements: Statements,
     consumer: &str,
-    source: &str,
+    place: &Place<'_>,
 ) -> Result<Option<(Transaction<'static, Postgres>, Mark)>> {
     let mut tx = pool.begin().await?;
-    match lock_mark(&mut tx, statements, consumer, source).await? {
+    match lock_mark(&mut tx, statements, consumer, place).await? {
         Locked::Mark(mark) => return Ok(Some((tx, mark))),
         Locked::Busy => return Ok(None),
         Locked::Missing => tx.rollback().await?,
@@ -273,12 +327,13 @@ async fn begin_at_mark(
     sqlx::query(sql::CREATE_MARK)
         .persistent(false)
         .bind(consumer)
-        .bind(source)
+        .bind(place.source)
+        .bind(place.route)
         .execute(&mut *create)
         .await?;
     create.commit().await?;
     let mut tx = pool.begin().await?;
-    match lock_mark(&mut tx, statements, consumer, source).await? {
+    match lock_mark(&mut tx, statements, consumer, place).await? {
         Locked::Mark(mark) => Ok(Some((tx, mark))),
         // Deleted by hand meanwhile, or locked by a receiver that got there first.
         Locked::Busy | Locked::Missing => Ok(None),
@@ -296,18 +351,19 @@ async fn lock_mark(
     tx: &mut Transaction<'static, Postgres>,
     statements: Statements,
     consumer: &str,
-    source: &str,
+    place: &Place<'_>,
 ) -> Result<Locked> {
-    let locked = sqlx::query_as::<_, (i64, Option<i32>, Option<i64>)>(sql::MARK)
+    let locked = sqlx::query_as::<_, (i64, Option<i64>, Option<i64>)>(sql::MARK)
         .persistent(statements.persistent())
         .bind(consumer)
-        .bind(source)
+        .bind(place.source)
+        .bind(place.route)
         .fetch_optional(&mut **tx)
         .await;
     match locked {
         Ok(Some((position, history, rewound_through))) => Ok(Locked::Mark(Mark {
             position: u64::try_from(position).unwrap_or(0),
-            history: history.and_then(|history| u32::try_from(history).ok()),
+            history: history.and_then(|history| u64::try_from(history).ok()),
             rewound_through: rewound_through.and_then(|through| u64::try_from(through).ok()),
         })),
         Ok(None) => Ok(Locked::Missing),
@@ -323,15 +379,16 @@ fn lock_not_available(error: &sqlx::Error) -> bool {
         .is_some_and(|code| code == LOCK_NOT_AVAILABLE)
 }
 
-/// The failed attempt at mark + 1; at the maximum, the dead letter and the mark moved past it.
+/// The failed attempt at the message's position (the next one of its route); at the maximum,
+/// the dead letter and the mark moved past it.
 async fn record_failure(
     pool: &PgPool,
     config: &InboxConfig,
     message: &InboxMessage,
-    source: &str,
-    position: u64,
+    place: &Place<'_>,
     error: String,
 ) -> Result<Receipt> {
+    let (source, position) = (place.source, place.position);
     let consumer = config.consumer.as_str();
     let mut failed = pool.begin().await?;
     let attempts: Option<i32> = sqlx::query_scalar(sql::MARK_FAILED)
@@ -340,6 +397,7 @@ async fn record_failure(
         .bind(source)
         .bind(position_column(position))
         .bind(&error)
+        .bind(place.route)
         .fetch_optional(&mut *failed)
         .await?;
     failed.commit().await?;
@@ -362,6 +420,7 @@ async fn record_failure(
         .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
         .bind(&message.payload)
         .bind(sqlx::types::Json(&message.headers))
+        .bind(place.route)
         .fetch_optional(&mut *dead)
         .await?;
     dead.commit().await?;

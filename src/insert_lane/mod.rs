@@ -72,13 +72,41 @@ pub(crate) struct LaneShared<P> {
 /// error, and the outbox starts new lanes (or stops, per `OutboxConfig::on_rewind`).
 ///
 /// [`Error::ServerRewound`]: crate::Error::ServerRewound
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Rewind {
     what: std::sync::OnceLock<String>,
     reported: Notify,
+    /// The lowest commit position known to have been given to another event (`u64::MAX`: not
+    /// known): where the history begun after the rewind starts.
+    given_again_from: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Rewind {
+    fn default() -> Self {
+        Self {
+            what: std::sync::OnceLock::new(),
+            reported: Notify::new(),
+            given_again_from: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl Rewind {
+    /// Notes that commit position `from` (and those after it) went to another event.
+    pub(crate) fn given_again_from(&self, from: u64) {
+        self.given_again_from
+            .fetch_min(from, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The lowest commit position known to have gone to another event, if one is.
+    pub(crate) fn first_given_again(&self) -> Option<u64> {
+        Some(
+            self.given_again_from
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .filter(|&from| from != u64::MAX)
+    }
+
     /// Reports a rewind (the first report wins); the outbox's watchdog stops these lanes.
     pub(crate) fn report(&self, what: String) {
         if self.what.set(what).is_ok() {

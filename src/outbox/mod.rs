@@ -622,19 +622,43 @@ where
         }
     );
     // Its listeners end with the error; the runners' reads end, and they claim again.
-    inner.generation().tasks.stop(SHUTDOWN_GRACE).await;
+    let ended = inner.generation();
+    ended.tasks.stop(SHUTDOWN_GRACE).await;
     if !resume {
+        // Other processes may go on: the positions given again still get a history of their own.
+        let _ = commit_lane::new_history::begin_after_rewind(&inner.direct, &ended.commit, rewind)
+            .await;
         inner.stop().await;
         return false;
     }
     drop(inner);
     let mut backoff = REWIND_RETRY_FIRST;
+    let mut history_begun = false;
     loop {
         let Some(inner) = outbox.upgrade() else {
             return false;
         };
         if *closed.borrow() {
             return false;
+        }
+        // Before the new lanes append anything: what they append at positions given again
+        // must belong to the new history.
+        if !history_begun {
+            match commit_lane::new_history::begin_after_rewind(&inner.direct, &ended.commit, rewind)
+                .await
+            {
+                Ok(_) => history_begun = true,
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?backoff, "ordo outbox: beginning a new server history after the rewind failed; trying again");
+                    drop(inner);
+                    tokio::select! {
+                        _ = closed.wait_for(|closed| *closed) => return false,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(REWIND_RETRY_MAX);
+                    continue;
+                }
+            }
         }
         match Generation::start(&inner.direct, &inner.config, inner.statements).await {
             Ok(next) => {

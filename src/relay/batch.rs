@@ -74,7 +74,8 @@ impl<K: Sink> RelayRunner<K> {
                     crate::position::Ordering::Commit => work.histories.of(position),
                     crate::position::Ordering::Insert => None,
                 };
-                super::message_of(item, &entry.keys, &self.config, history)
+                let link = work.chains.link_of(position);
+                super::message_of(item, &entry.keys, &self.config, history, link)
                     .map_err(SendError::permanent)
             }
         };

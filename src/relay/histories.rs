@@ -1,10 +1,11 @@
-//! Which server history (PostgreSQL timeline) each commit position was appended on, for the
-//! `Ordo-History` a relay sends beside a commit-lane position (`ordo.commit_histories`,
-//! migration `20261208000100_commit_histories.sql`).
+//! Which server history each commit position belongs to, for the `Ordo-History` a relay sends
+//! beside a commit-lane position (`ordo.commit_histories`, migrations
+//! `20261208000100_commit_histories.sql` and `20261210000100_histories_and_chains.sql`).
 //!
-//! The table gains a row only at the first append after a promotion, in the transaction of
-//! that append's chunk, so the rows read in one snapshot with the log head cover every
-//! position up to that head. A relay reloads the table when it is about to send a position
+//! The table gains a row at the first append after a promotion, in the transaction of that
+//! append's chunk, and when an outbox that detected a rewind begins a history (before its new
+//! lanes append, and before its relays claim again), so the rows read in one snapshot with the
+//! log head cover every position up to that head. A relay reloads the table when it is about to send a position
 //! above what its last load covered (under load, about once per append it relays); each
 //! claim starts with nothing loaded.
 
@@ -20,7 +21,7 @@ pub(crate) const HISTORIES: &str = "SELECT h.history, h.from_commit_seq, \
 
 #[derive(Debug, Default)]
 pub(crate) struct Histories {
-    rows: Vec<(i32, i64)>,
+    rows: Vec<(i64, i64)>,
     /// The highest position known to be covered by `rows`.
     covered: u64,
 }
@@ -31,7 +32,7 @@ impl Histories {
         if position <= self.covered {
             return Ok(());
         }
-        let rows: Vec<(i32, i64, i64)> = sqlx::query_as(HISTORIES).fetch_all(pool).await?;
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(HISTORIES).fetch_all(pool).await?;
         let head = rows
             .first()
             .map_or(0, |row| u64::try_from(row.2).unwrap_or(0));
@@ -51,13 +52,13 @@ impl Histories {
         if position > self.covered {
             return None;
         }
-        let (timeline, from) = self
+        let (id, from) = self
             .rows
             .iter()
             .filter(|(_, from)| u64::try_from(*from).is_ok_and(|from| from <= position))
             .max_by_key(|(history, _)| *history)?;
         Some(ServerHistory {
-            timeline: u32::try_from(*timeline).ok()?,
+            id: u64::try_from(*id).ok()?,
             first_position: u64::try_from(*from).ok()?,
         })
     }
@@ -73,12 +74,7 @@ mod tests {
             rows: vec![(1, 1), (3, 41), (2, 90)],
             covered: 200,
         };
-        let on = |timeline, first_position| {
-            Some(ServerHistory {
-                timeline,
-                first_position,
-            })
-        };
+        let on = |id, first_position| Some(ServerHistory { id, first_position });
         assert_eq!(histories.of(1), on(1, 1));
         assert_eq!(histories.of(40), on(1, 1));
         assert_eq!(histories.of(41), on(3, 41));

@@ -33,6 +33,15 @@ pub struct Message {
     pub history: Option<ServerHistory>,
     /// The sending database's name ([`RelayConfig::source`](super::RelayConfig::source)).
     pub source: Option<String>,
+    /// The route the relay sends it on ([`Sink::router`](super::Sink::router), as it travels:
+    /// printable ASCII of at most 200 bytes, else `~` and a hash); `None` for a relay with
+    /// one route. Sent as `Ordo-Route`.
+    pub route: Option<String>,
+    /// The position of the message the relay sent before it on its route (`0`: none before
+    /// it, or not known after an operator moved the relay back): a receiver of the route
+    /// takes this message once it holds that one. Sent as `Ordo-Previous`; `None` from a
+    /// message built by hand.
+    pub previous: Option<u64>,
     /// Its type (`ordo.events.event_type`); `None` is untyped.
     pub event_type: Option<String>,
     /// The ordering key: events of one key are delivered in order. Sinks that partition (a
@@ -65,6 +74,8 @@ impl Message {
             lane: Ordering::Commit,
             history: None,
             source: None,
+            route: None,
+            previous: None,
             event_type: None,
             key: None,
             payload: payload.into(),
@@ -76,6 +87,14 @@ impl Message {
     /// The same message from server history `history` (see [`history`](Self::history)).
     pub fn with_history(mut self, history: Option<ServerHistory>) -> Self {
         self.history = history;
+        self
+    }
+
+    /// The same message on `route` (`None`: the relay's one route), after `previous` on it
+    /// (see [`previous`](Self::previous)).
+    pub fn with_chain(mut self, route: Option<&str>, previous: u64) -> Self {
+        self.route = route.map(str::to_owned);
+        self.previous = Some(previous);
         self
     }
 

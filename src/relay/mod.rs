@@ -38,6 +38,7 @@
 
 pub(crate) mod attempts;
 mod batch;
+pub(crate) mod chain;
 mod config;
 mod flight;
 pub(crate) mod histories;
@@ -63,7 +64,7 @@ pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use sink::fitted_timeout;
-pub use sink::{Outcomes, SendError, Sink, SinkTiming};
+pub use sink::{Outcomes, Router, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;
 
 /// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that

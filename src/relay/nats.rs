@@ -17,7 +17,9 @@
 //!
 //! `Nats-Msg-Id` (the event id), `Ordo-Position` and `Ordo-Lane` (the event's position on the
 //! relay's lane: `commit`, dense, or `insert`), on the commit lane `Ordo-History` and
-//! `Ordo-History-Start` ([`Message::history`](super::Message::history)), and when present `Ordo-Source`
+//! `Ordo-History-Start` ([`Message::history`](super::Message::history)), `Ordo-Route` (the
+//! subject) and `Ordo-Previous` ([`Message::previous`](super::Message::previous)), and when
+//! present `Ordo-Source`
 //! ([`RelayConfig::source`](super::RelayConfig::source)), `Ordo-Event-Type`, `Ordo-Key`,
 //! `traceparent` and `Ordo-Headers` (the stored header map as JSON). An
 //! [`ordo::inbox::NatsInbox`](crate::inbox::NatsInbox) reads them back. The body is always the
@@ -289,6 +291,11 @@ impl NatsSink {
 }
 
 impl Sink for NatsSink {
+    /// The subject.
+    fn router(&self) -> Option<crate::relay::Router> {
+        Some(Arc::clone(&self.subject))
+    }
+
     async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if std::mem::replace(&mut self.dirty, true) {
             self.connection = None;

@@ -5,7 +5,9 @@
 //! `timestamp` = when it was recorded, and the headers `ordo-sequence`, `ordo-position` and
 //! `ordo-lane` (the relay's lane and the event's position on it), on the commit lane
 //! `ordo-history` and `ordo-history-start` (the position's server history,
-//! [`Message::history`](super::Message::history)), and when present
+//! [`Message::history`](super::Message::history)), `ordo-route` and `ordo-previous` (the
+//! message's route chain: [`Message::route`](super::Message::route),
+//! [`Message::previous`](super::Message::previous)), and when present
 //! `ordo-source` ([`RelayConfig::source`](super::RelayConfig::source)), `ordo-key`,
 //! `traceparent` and `ordo-headers` (the stored header map as JSON). Publishes
 //! are pipelined on one confirm-mode channel: up to
@@ -197,6 +199,16 @@ impl RabbitSink {
 }
 
 impl Sink for RabbitSink {
+    /// `exchange/routing-key`, with `%` and `/` in the exchange written `%25` and `%2F`.
+    fn router(&self) -> Option<crate::relay::Router> {
+        let route = Arc::clone(&self.route);
+        Some(Arc::new(move |message: &Message| {
+            let (exchange, key) = route(message);
+            let exchange = exchange.replace('%', "%25").replace('/', "%2F");
+            format!("{exchange}/{key}")
+        }))
+    }
+
     async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         if std::mem::replace(&mut self.dirty, true) {
             self.connection = None;

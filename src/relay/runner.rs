@@ -32,6 +32,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::batch::{Recording, Written};
+use super::chain::Chains;
 use super::config::{OnParked, RelayConfig};
 use super::flight::{Carrier, Landed, fly};
 use super::histories::Histories;
@@ -96,6 +97,8 @@ pub(crate) struct RelayRunner<K> {
     /// past an event must not commit before the one recording that event's failure).
     pub(crate) last_write: Option<tokio::sync::oneshot::Receiver<()>>,
     pub(crate) keys: Keyer,
+    /// The sink's routes, for the chains ([`Sink::router`] of the first sink).
+    pub(crate) router: Option<super::Router>,
 }
 
 pub(super) struct Work {
@@ -118,6 +121,8 @@ pub(super) struct Work {
     pub(super) histories: Histories,
     /// The highest position admitted so far.
     pub(super) admitted: u64,
+    /// Each event's place in its route's chain (`chain.rs`).
+    pub(super) chains: Chains,
 }
 
 impl<K: Sink> Executor for RelayRunner<K> {
@@ -144,6 +149,20 @@ impl<K: Sink> RelayRunner<K> {
         let known = match self.core.progress_above(watermark).await {
             Ok(known) => known,
             Err(flow) => return flow,
+        };
+        let chains = Chains::load(
+            &self.core.pool,
+            &self.config.name,
+            watermark.get(),
+            self.router.clone(),
+        )
+        .await;
+        let chains = match chains {
+            Ok(chains) => chains,
+            Err(error) => {
+                tracing::warn!(relay = %self.config.name, %error, "reading the relay's route chains failed; trying again");
+                return self.core.pause(ERROR_BACKOFF).await;
+            }
         };
         let source = Source::new(
             &self.lane,
@@ -172,6 +191,7 @@ impl<K: Sink> RelayRunner<K> {
             shown: Shown::spawn(&self.core.pool, &self.config.name, self.core.owner),
             histories: Histories::default(),
             admitted: watermark.get(),
+            chains,
         };
         let flow = self.relay_loop(&mut work, &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their
@@ -286,20 +306,36 @@ impl<K: Sink> RelayRunner<K> {
         work.admitted = work.admitted.max(position);
         let weight = item.event.as_deref().map_or(0, weight_of);
         let poisoned = &mut work.poisoned;
-        let name = &self.config.name;
-        let keys_of = |event: &Envelope<RawPayload>| match super::guarded("key", || keys(event)) {
-            Ok(Ok(keys)) => Some(keys),
-            Ok(Err(why)) => {
-                tracing::warn!(
-                    relay = %name, sequence = event.sequence.get(), error = %super::quoted(&why),
-                    "the payload does not decode as the relay's payload type, so its keys cannot be known: it is sent as stored, after every event before it and before every event after it"
-                );
-                None
-            }
-            Err(error) => {
-                poisoned.insert(position, error);
-                Some(Keys::none())
-            }
+        let chains = &mut work.chains;
+        let config = &self.config;
+        let keys_of = |event: &Arc<Envelope<RawPayload>>| {
+            let keys = match super::guarded("key", || keys(event)) {
+                Ok(Ok(keys)) => Some(keys),
+                Ok(Err(why)) => {
+                    tracing::warn!(
+                        relay = %config.name, sequence = event.sequence.get(), error = %super::quoted(&why),
+                        "the payload does not decode as the relay's payload type, so its keys cannot be known: it is sent as stored, after every event before it and before every event after it"
+                    );
+                    None
+                }
+                Err(error) => {
+                    poisoned.insert(position, error);
+                    Some(Keys::none())
+                }
+            };
+            // Linked in lane order, as read: every event that will be sent, whatever its fate.
+            let message = chains.routed().then(|| {
+                let none = Keys::none();
+                super::start::message_of_event(
+                    event,
+                    position,
+                    keys.as_ref().unwrap_or(&none),
+                    config,
+                    None,
+                )
+            });
+            chains.link(position, message.as_ref());
+            keys
         };
         work.schedule.admit(item, keys_of, weight);
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Message;
@@ -329,7 +330,28 @@ pub trait Sink: Send + 'static {
         let fitted = self.fit_to_deadline(timing.batch_deadline);
         async move { fitted }
     }
+
+    /// The route each message takes through this sink: the destination it is sent to, as a
+    /// receiver that reads one destination sees it (the built-in sinks: the NATS subject; the
+    /// RabbitMQ exchange and routing key, `exchange/key` with a `/` in the exchange written
+    /// `%2F`; the webhook URL without its user, password and query, and a hash of the query
+    /// when it has one). Called once when the relay starts; the function must give the same
+    /// route for the same message every time, and never block.
+    ///
+    /// The relay links every message to the one it sent before it on the same route
+    /// ([`Message::route`], [`Message::previous`]; `docs/relays.md`, "Route chains"), so a
+    /// receiver of one route takes a position after positions sent elsewhere or never sent,
+    /// and still sees a lost one. `None` (the default): every message of the relay takes one
+    /// route. A relay with several sinks uses the first sink's router: give them the same
+    /// routing.
+    fn router(&self) -> Option<Router> {
+        None
+    }
 }
+
+/// Names the route a message takes through a sink: the destination it is sent to (a subject,
+/// an exchange and routing key, a URL). See [`Sink::router`].
+pub type Router = Arc<dyn Fn(&Message) -> String + Send + Sync>;
 
 /// What a relay tells its sinks about its timing when it starts ([`Sink::prepare`]), derived
 /// from its [`RelayConfig`](super::RelayConfig).

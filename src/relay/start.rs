@@ -7,6 +7,7 @@ use std::any::Any;
 
 use serde::de::DeserializeOwned;
 
+use super::chain::Link;
 use super::config::RelayConfig;
 use super::flight::Carrier;
 use super::runner::{KeyFn, Keyer, LanesNow, RelayRunner};
@@ -38,6 +39,7 @@ where
     for sink in &mut sinks {
         sink.prepare(&timing).await?;
     }
+    let router = sinks.first().and_then(Sink::router);
     // The row, the lease and the shutdown are the consumer core's, as a subscription's.
     let registration = Registration {
         name: config.name.clone(),
@@ -76,6 +78,7 @@ where
             writes: futures::stream::FuturesUnordered::new(),
             last_write: None,
             keys,
+            router,
         })
     })
     .await
@@ -118,12 +121,13 @@ where
 }
 
 /// The message for `item`: its payload's stored text, unchanged, its first key as the
-/// message's key, its origin as `config` states it.
+/// message's key, its origin as `config` states it, its place in its route's chain.
 pub(crate) fn message_of(
     item: &Item<RawPayload>,
     keys: &Keys,
     config: &RelayConfig,
     history: Option<crate::position::ServerHistory>,
+    link: Option<&Link>,
 ) -> std::result::Result<Message, String> {
     let event: &Arc<Envelope<RawPayload>> = match &item.event {
         Ok(event) => event,
@@ -134,19 +138,47 @@ pub(crate) fn message_of(
             ));
         }
     };
+    let mut message = message_of_event(event, item.position.get(), keys, config, history);
+    if let Some(link) = link {
+        message.route = link.route.as_deref().map(str::to_owned);
+        message.previous = Some(link.previous);
+    }
+    Ok(message)
+}
+
+/// The message for `event` at `position`, without its chain (see [`message_of`]). The payload
+/// is not copied: the message's bytes are the stored text the event holds.
+pub(crate) fn message_of_event(
+    event: &Arc<Envelope<RawPayload>>,
+    position: u64,
+    keys: &Keys,
+    config: &RelayConfig,
+    history: Option<crate::position::ServerHistory>,
+) -> Message {
     // Built whole, not from `Message::new`, whose fresh id and clock reading would be
     // replaced at once (a relay builds one message per event).
-    Ok(Message {
+    Message {
         id: event.id,
         sequence: event.sequence,
-        position: item.position.get(),
+        position,
         lane: config.ordering,
         history,
         source: config.source.clone(),
+        route: None,
+        previous: None,
         event_type: event.event_type.clone(),
         key: keys.iter().next().map(str::to_owned),
-        payload: bytes::Bytes::copy_from_slice(event.payload.get().as_bytes()),
+        payload: bytes::Bytes::from_owner(StoredText(Arc::clone(event))),
         headers: event.headers.clone(),
         recorded_at: event.recorded_at,
-    })
+    }
+}
+
+/// An event's stored payload text as the bytes of its message, shared with the event.
+struct StoredText(Arc<Envelope<RawPayload>>);
+
+impl AsRef<[u8]> for StoredText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.payload.get().as_bytes()
+    }
 }

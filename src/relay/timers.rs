@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 use super::Sink;
 use super::runner::{RelayRunner, Work};
-use crate::consumer::{ERROR_BACKOFF, Flow, RunStatus, progress};
+use crate::consumer::{ERROR_BACKOFF, Flow, RunStatus};
 use crate::position::Position;
 
 impl<K: Sink> RelayRunner<K> {
@@ -31,17 +31,20 @@ impl<K: Sink> RelayRunner<K> {
         let to = Position::new(c.ordering, work.schedule.lanes.watermark());
         // Before the statement is sent: the lease it extends runs from no earlier.
         let asked = Instant::now();
-        let flushed = progress::flush(
+        let routes = work.chains.passed(to.get());
+        let flushed = super::chain::flush(
             &self.core.pool,
             &c.name,
             self.core.owner,
             work.schedule.stored,
             to,
             c.lease,
+            routes,
         )
         .await;
         match flushed {
             Ok(Some(RunStatus::Active)) => {
+                work.chains.stored();
                 self.core.tenure.granted(asked, c.lease);
                 work.schedule.flushed(to, asked, c.renew_every());
                 None

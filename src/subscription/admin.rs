@@ -41,6 +41,10 @@ const COMMIT_HEAD: &str = "SELECT last_commit_seq FROM ordo.sequencer_state LIMI
 const RESET: &str = r#"
 WITH forgotten AS (
     DELETE FROM ordo.subscription_progress WHERE subscription = $1
+), unrouted AS (
+    -- A relay's route chains start over from what lies at or below the new position; a
+    -- route last sent to above it is not known there (its next message says 0 came before).
+    DELETE FROM ordo.relay_routes WHERE relay = $1 AND position > $2
 )
 UPDATE ordo.subscriptions
 SET position = $2, attempts = 0, last_error = NULL,

@@ -33,7 +33,8 @@
 //! | `ordo_relay_sink_down` | gauge | `relay` | 1 while the relay's owner finds its sink down (an outage), else 0 |
 //! | `ordo_server_rewound` | gauge | | 1 while this process's outbox is stopped because the database went back below what its lanes had passed ([`Error::ServerRewound`](crate::Error::ServerRewound)): until its lanes start again from what the server holds, or for good under [`OnRewind::Stop`](crate::OnRewind::Stop) |
 //! | `ordo_server_rewinds_total` | counter | | times this process's outbox found the database gone back in time under it (each logged at ERROR with what showed it) |
-//! | `ordo_inbox_rewound_positions_total` | counter | `consumer`, `source` | positions a watermark inbox had handled that the sender gave again on a newer server history (its events there lost at a failover; logged at ERROR with the positions, shown by `ordo inbox watermarks`) |
+//! | `ordo_server_rewound_positions_total` | counter | | commit positions whose events the database no longer holds, counted when this process began the newer server history that gives them to new events (logged at ERROR with the positions and since when) |
+//! | `ordo_inbox_rewound_positions_total` | counter | `consumer`, `source` | positions a watermark inbox had handled that the sender gave again on a newer server history (its events there lost at a failover, a restore or a crash; logged at ERROR with the positions, shown by `ordo inbox watermarks`) |
 //! | `ordo_wakeups_total` | counter | `result` = `sent` or `held` (no other process listened: see `OutboxConfig::cross_process_wakeups`) | cross-process wake-ups this process's commits called for |
 //! | `ordo_inbox_receipts_total` | counter | `consumer`, `receipt` = `handled`, `duplicate`, `busy`, `retry`, `failed`, `gap`, or `rejected` (a broker adapter rejected for good a message the inbox cannot store) | messages an inbox consumer received, by what it answered ([`Receipt`](crate::inbox::Receipt)) |
 
@@ -100,6 +101,9 @@ pub const SERVER_REWOUND: &str = "ordo_server_rewound";
 
 /// The metric `ordo_server_rewinds_total` (see the table above).
 pub const SERVER_REWINDS: &str = "ordo_server_rewinds_total";
+
+/// The metric `ordo_server_rewound_positions_total` (see the table above).
+pub const SERVER_REWOUND_POSITIONS: &str = "ordo_server_rewound_positions_total";
 
 /// The metric `ordo_inbox_rewound_positions_total` (see the table above).
 pub const INBOX_REWOUND_POSITIONS: &str = "ordo_inbox_rewound_positions_total";
@@ -258,6 +262,11 @@ pub fn describe() {
         SERVER_REWINDS,
         Unit::Count,
         "Times this process's outbox found the database gone back in time under it."
+    );
+    describe_counter!(
+        SERVER_REWOUND_POSITIONS,
+        Unit::Count,
+        "Commit positions whose events the database lost, given to new events in a history this process began."
     );
     describe_counter!(
         INBOX_REWOUND_POSITIONS,

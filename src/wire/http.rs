@@ -8,7 +8,7 @@ pub(crate) const SEQUENCE: &str = "Ordo-Sequence";
 pub(crate) const POSITION: &str = "Ordo-Position";
 /// The lane the position is in (`insert` or `commit`).
 pub(crate) const LANE: &str = "Ordo-Lane";
-/// On the commit lane, the server history the position belongs to (a PostgreSQL timeline).
+/// On the commit lane, the server history the position belongs to (its id).
 pub(crate) const HISTORY: &str = "Ordo-History";
 /// The first position of that history.
 pub(crate) const HISTORY_START: &str = "Ordo-History-Start";
@@ -20,5 +20,9 @@ pub(crate) const SIGNATURE: &str = "Ordo-Signature";
 pub(crate) const EVENT_TYPE: &str = "Ordo-Event-Type";
 /// The event's first key, where the relay has a key function.
 pub(crate) const KEY: &str = "Ordo-Key";
+/// The route the relay sent it on (`relay::Message::route`), where the sink has several.
+pub(crate) const ROUTE: &str = "Ordo-Route";
+/// The position the relay sent before it on its route (`relay::Message::previous`).
+pub(crate) const PREVIOUS: &str = "Ordo-Previous";
 /// The relay's source name.
 pub(crate) const SOURCE: &str = "Ordo-Source";

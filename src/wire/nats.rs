@@ -6,10 +6,14 @@ pub(crate) const MSG_ID: &str = "Nats-Msg-Id";
 pub(crate) const POSITION: &str = "Ordo-Position";
 /// The lane the position is in (`insert` or `commit`).
 pub(crate) const LANE: &str = "Ordo-Lane";
-/// On the commit lane, the server history the position belongs to (a PostgreSQL timeline).
+/// On the commit lane, the server history the position belongs to (its id).
 pub(crate) const HISTORY: &str = "Ordo-History";
 /// The first position of that history.
 pub(crate) const HISTORY_START: &str = "Ordo-History-Start";
+/// The route the relay sent it on (`relay::Message::route`), where the sink has several.
+pub(crate) const ROUTE: &str = "Ordo-Route";
+/// The position the relay sent before it on its route (`relay::Message::previous`).
+pub(crate) const PREVIOUS: &str = "Ordo-Previous";
 /// The relay's source name (the inbox's watermark is per source).
 pub(crate) const SOURCE: &str = "Ordo-Source";
 /// The event's type, where it has one.

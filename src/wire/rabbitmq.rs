@@ -6,10 +6,14 @@ pub(crate) const SEQUENCE: &str = "ordo-sequence";
 pub(crate) const POSITION: &str = "ordo-position";
 /// The lane the position is in (`insert` or `commit`).
 pub(crate) const LANE: &str = "ordo-lane";
-/// On the commit lane, the server history the position belongs to (a long long integer).
+/// On the commit lane, the server history the position belongs to (its id, a long long integer).
 pub(crate) const HISTORY: &str = "ordo-history";
 /// The first position of that history.
 pub(crate) const HISTORY_START: &str = "ordo-history-start";
+/// The route the relay sent it on (`relay::Message::route`), where the sink has several.
+pub(crate) const ROUTE: &str = "ordo-route";
+/// The position the relay sent before it on its route (a long long integer).
+pub(crate) const PREVIOUS: &str = "ordo-previous";
 /// The relay's source name (the inbox's watermark is per source).
 pub(crate) const SOURCE: &str = "ordo-source";
 /// The event's first key, where the relay has a key function.

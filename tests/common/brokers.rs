@@ -122,6 +122,23 @@ impl TestStream {
             .expect("the stream's ack");
     }
 
+    /// Deletes the stream's message at `sequence`, as a broker that lost it would.
+    pub async fn delete_message(&self, sequence: u64) {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the test stream");
+        let deleted = stream
+            .delete_message(sequence)
+            .await
+            .expect("delete a stream message");
+        assert!(
+            deleted,
+            "message {sequence} of the stream was there to delete"
+        );
+    }
+
     /// The info of the stream's consumer `durable`, once it exists.
     pub async fn consumer_info(&self, durable: &str) -> Option<jetstream::consumer::Info> {
         let stream = self

@@ -132,6 +132,54 @@ impl Cluster {
         self.ctl(&["start"]);
     }
 
+    /// A storage snapshot of the data directory, as a volume snapshot would take it: the
+    /// server is stopped at once (what it had not flushed is in its WAL, as after a crash),
+    /// the directory copied beside it, and the server started again.
+    pub fn snapshot(&self) -> PathBuf {
+        self.stop_immediate();
+        let copy = PathBuf::from(format!("{}.snapshot", self.data_dir().to_string_lossy()));
+        let _ = std::fs::remove_dir_all(&copy);
+        assert!(
+            run(
+                "cp",
+                &[
+                    "-a",
+                    &self.data_dir().to_string_lossy(),
+                    &copy.to_string_lossy()
+                ]
+            ),
+            "copy the data directory of {}",
+            self.name
+        );
+        self.start();
+        copy
+    }
+
+    /// Rolls the data directory back to `snapshot` (made by [`snapshot`](Self::snapshot)):
+    /// the server stops at once, its directory is replaced by the copy, and it starts again,
+    /// recovering to the moment of the snapshot on the same timeline.
+    pub fn roll_back_to(&self, snapshot: &std::path::Path) {
+        self.stop_immediate();
+        let data = self.data_dir();
+        for entry in std::fs::read_dir(&data).expect("the data directory") {
+            let path = entry.expect("an entry").path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.expect("empty the data directory");
+        }
+        let from = format!("{}/.", snapshot.to_string_lossy());
+        assert!(
+            run("cp", &["-a", &from, &data.to_string_lossy()]),
+            "copy the snapshot back into {}",
+            self.name
+        );
+        let _ = std::fs::remove_dir_all(snapshot);
+        self.start();
+    }
+
     /// SIGKILL to the postmaster and every process it started, at once: the machine is gone.
     pub fn kill(&self) {
         let pid_file = self.data_dir().join("postmaster.pid");

@@ -7,7 +7,7 @@
 //! ordo inbox replay --all [--consumer C]         every failed message (of C)
 //! ordo inbox watermarks [--consumer C] [--json]  watermark mode: how far each source is handled,
 //!                                                and a gap it waits on
-//! ordo inbox set-watermark CONSUMER SOURCE POSITION [--create]
+//! ordo inbox set-watermark CONSUMER SOURCE POSITION [--route R] [--create]
 //!                                                move a mark (past a position that never comes)
 //! ```
 
@@ -74,6 +74,10 @@ enum InboxAction {
         /// The last position to count as handled.
         #[arg(value_parser = crate::parse::parse_position)]
         position: u64,
+        /// The source's route whose mark to move (the ROUTE of `ordo inbox watermarks`); by
+        /// default the source's one route (`-`).
+        #[arg(long)]
+        route: Option<String>,
         /// Create the mark if the consumer has none for SOURCE yet (a consumer joining a
         /// source whose history it does not need); without it, an unknown pair is refused.
         #[arg(long)]
@@ -121,14 +125,20 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
             consumer,
             source,
             position,
+            route,
             create,
         } => {
-            set_watermark(&pool, &consumer, &source, position, create).await?;
+            let route = route.unwrap_or_default();
+            set_watermark(&pool, &consumer, (&source, &route), position, create).await?;
+            let on = if route.is_empty() {
+                String::new()
+            } else {
+                format!(" route {:?}", printable(&route))
+            };
             eprintln!(
-                "ordo: the mark of consumer {:?} for source {:?} is {position}; it handles {} next",
+                "ordo: the mark of consumer {:?} for source {:?}{on} is {position}; it handles what follows it on the route next",
                 printable(&consumer),
                 printable(&source),
-                position.saturating_add(1)
             );
         }
     }
@@ -140,7 +150,7 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
 async fn set_watermark(
     pool: &PgPool,
     consumer: &str,
-    source: &str,
+    (source, route): (&str, &str),
     position: u64,
     create: bool,
 ) -> CliResult {
@@ -150,22 +160,33 @@ async fn set_watermark(
             Err(ordo::Error::UnknownConsumer { .. }) => Vec::new(),
             Err(error) => return Err(error.into()),
         };
-        if !marks.iter().any(|mark| mark.source == source) {
+        if !marks
+            .iter()
+            .any(|mark| mark.source == source && mark.route == route)
+        {
             let known: Vec<String> = marks
                 .iter()
-                .map(|mark| format!("{:?}", printable(&mark.source)))
+                .map(|mark| match mark.route.as_str() {
+                    "" => format!("{:?}", printable(&mark.source)),
+                    route => format!("{:?} route {:?}", printable(&mark.source), printable(route)),
+                })
                 .collect();
             let known = if known.is_empty() {
                 "it has no mark of any source".to_owned()
             } else {
                 format!("its sources: {}", known.join(", "))
             };
+            let which = if route.is_empty() {
+                format!("source {source:?}")
+            } else {
+                format!("source {source:?} route {route:?}")
+            };
             return Err(format!(
-                "consumer {consumer:?} has no mark for source {source:?} ({known}); pass --create to make one"
+                "consumer {consumer:?} has no mark for {which} ({known}); pass --create to make one"
             )
             .into());
         }
     }
-    inbox::set_watermark(pool, consumer, source, position).await?;
+    inbox::set_route_watermark(pool, consumer, source, route, position).await?;
     Ok(())
 }

@@ -72,6 +72,7 @@ impl Transport for RabbitInbox {
             header(wire::HEADERS),
         );
         let (history, history_start) = (header(wire::HISTORY), header(wire::HISTORY_START));
+        let (route, previous) = (header(wire::ROUTE), header(wire::PREVIOUS));
         read(Parts {
             id: delivery
                 .properties
@@ -85,6 +86,8 @@ impl Transport for RabbitInbox {
             lane: lane.as_deref(),
             history: history.as_deref(),
             history_start: history_start.as_deref(),
+            route: route.as_deref(),
+            previous: previous.as_deref(),
         })
     }
 

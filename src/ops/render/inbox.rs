@@ -27,13 +27,14 @@ pub fn inbox_failed_table(failed: &[FailedMessage]) -> String {
 }
 
 /// Watermark consumers' marks as `ordo inbox watermarks` prints them: one line per (consumer,
-/// source), safe for a terminal; a mark waiting on a gap says which position, since when, and
+/// source, route; `-` for a source's one route), safe for a terminal; a mark waiting on a gap says which position, since when, and
 /// what ends it.
 pub fn watermarks_table(marks: &[Watermark]) -> String {
     let mut out = String::new();
     let columns = [
         Column("CONSUMER", 24, Left),
         Column("SOURCE", 24, Left),
+        Column("ROUTE", 24, Left),
         Column("POSITION", 12, Right),
         Column("ATTEMPTS", 8, Right),
     ];
@@ -46,7 +47,7 @@ pub fn watermarks_table(marks: &[Watermark]) -> String {
                 gap.received
             ),
             (None, Some(rewind)) if mark.last_error.is_none() => format!(
-                "rewound at {}: positions {} to {} were given again by the sender (lost at a failover upstream)",
+                "rewound at {}: positions {} to {} were given again by the sender (its database went back: a failover, a restore, a crash)",
                 rewind.at.format("%Y-%m-%d %H:%M:%S UTC"),
                 rewind.from,
                 rewind.through
@@ -56,6 +57,11 @@ pub fn watermarks_table(marks: &[Watermark]) -> String {
         let cells = [
             printable(&mark.consumer).into_owned(),
             printable(&mark.source).into_owned(),
+            if mark.route.is_empty() {
+                "-".to_owned()
+            } else {
+                printable(&mark.route).into_owned()
+            },
             mark.position.to_string(),
             mark.attempts.to_string(),
         ];

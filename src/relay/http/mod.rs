@@ -11,7 +11,8 @@
 //! | `Ordo-Event-Type` | the event type (absent when untyped) |
 //! | `Ordo-Sequence` | the event's insert-lane sequence |
 //! | `Ordo-Position`, `Ordo-Lane` | the event's position on the relay's lane (`commit`: dense, 1, 2, 3, …; `insert`) |
-//! | `Ordo-History`, `Ordo-History-Start` | on the commit lane, the position's server history: the PostgreSQL timeline and its first position ([`Message::history`](crate::relay::Message::history)) |
+//! | `Ordo-History`, `Ordo-History-Start` | on the commit lane, the position's server history: its id and first position ([`Message::history`](crate::relay::Message::history)) |
+//! | `Ordo-Route`, `Ordo-Previous` | the message's route (the URL, without credentials or query) and the position sent before it there ([`Message::route`](crate::relay::Message::route), [`Message::previous`](crate::relay::Message::previous)) |
 //! | `Ordo-Source` | the sending database's name ([`RelayConfig::source`](crate::relay::RelayConfig::source); absent when not set) |
 //! | `Ordo-Key` | the ordering key (absent without one) |
 //! | `Ordo-Timestamp` | when this request was signed, Unix seconds |
@@ -234,6 +235,15 @@ impl WebhookSink {
 }
 
 impl Sink for WebhookSink {
+    /// The URL without its user, password and query, and with a query, `?` and a hash of it:
+    /// one route per URL, with no secret in it.
+    fn router(&self) -> Option<crate::relay::Router> {
+        let route = Arc::clone(&self.route);
+        Some(Arc::new(move |message: &Message| {
+            route_of_url(&route(message))
+        }))
+    }
+
     async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
         let this = &*self;
         let mut answers = futures::stream::iter(by_key(batch))
@@ -272,6 +282,33 @@ impl Sink for WebhookSink {
             self.timeout = timeout;
         }
         Ok(())
+    }
+}
+
+/// A webhook URL as a route: without its user, password, query and fragment, and with a
+/// query, `?` and a hash of it (two URLs that differ by their query are two routes).
+fn route_of_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, Some(query.split('#').next().unwrap_or(""))),
+        None => (url.split('#').next().unwrap_or(url), None),
+    };
+    let shown = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(end);
+            let host = authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, host)| host);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_owned(),
+    };
+    match query {
+        Some(query) => format!(
+            "{shown}?{:016x}",
+            crate::relay::chain::fnv1a(query.as_bytes())
+        ),
+        None => shown,
     }
 }
 

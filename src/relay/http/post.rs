@@ -52,14 +52,19 @@ impl WebhookSink {
             .header(wire::SIGNATURE, signature);
         if let Some(history) = message.history {
             request = request
-                .header(wire::HISTORY, history.timeline.to_string())
+                .header(wire::HISTORY, history.id.to_string())
                 .header(wire::HISTORY_START, history.first_position.to_string());
         }
+        if let Some(previous) = message.previous {
+            request = request.header(wire::PREVIOUS, previous.to_string());
+        }
         // Optional headers whose text a header cannot carry are left out rather than failing.
+        // (A route a relay computed is always printable: `relay::chain::route_name`.)
         let optional = [
             (wire::EVENT_TYPE, message.event_type.as_deref()),
             (wire::KEY, message.key.as_deref()),
             (wire::SOURCE, message.source.as_deref()),
+            (wire::ROUTE, message.route.as_deref()),
             (crate::wire::TRACEPARENT, message.traceparent()),
         ];
         for (name, value) in optional {

@@ -20,3 +20,23 @@ fn messages_without_a_key_are_each_their_own_group() {
         .collect();
     assert_eq!(by_key(&batch), vec![vec![0], vec![1, 3], vec![2]]);
 }
+
+#[test]
+fn a_url_route_keeps_no_credentials_or_query_and_tells_queries_apart() {
+    use super::route_of_url;
+    assert_eq!(
+        route_of_url("https://user:secret@hooks.example/in/7"),
+        "https://hooks.example/in/7"
+    );
+    let a = route_of_url("https://hooks.example/in?token=abc");
+    let b = route_of_url("https://hooks.example/in?token=abd");
+    assert!(
+        a.starts_with("https://hooks.example/in?") && !a.contains("abc"),
+        "{a}"
+    );
+    assert_ne!(a, b);
+    assert_eq!(
+        route_of_url("https://hooks.example/in#x"),
+        "https://hooks.example/in"
+    );
+}

@@ -17,6 +17,8 @@ mod names {
     pub(super) const HISTORY: HeaderName = HeaderName::from_static(wire::HISTORY);
     pub(super) const HISTORY_START: HeaderName = HeaderName::from_static(wire::HISTORY_START);
     pub(super) const SOURCE: HeaderName = HeaderName::from_static(wire::SOURCE);
+    pub(super) const ROUTE: HeaderName = HeaderName::from_static(wire::ROUTE);
+    pub(super) const PREVIOUS: HeaderName = HeaderName::from_static(wire::PREVIOUS);
     pub(super) const EVENT_TYPE: HeaderName = HeaderName::from_static(wire::EVENT_TYPE);
     pub(super) const KEY: HeaderName = HeaderName::from_static(wire::KEY);
     pub(super) const TRACEPARENT: HeaderName = HeaderName::from_static(crate::wire::TRACEPARENT);
@@ -40,13 +42,17 @@ pub(super) fn headers(message: &Message, detail: bool) -> Result<HeaderMap, Send
     headers.insert(names::POSITION, message.position.to_string());
     headers.insert(names::LANE, message.lane.as_str());
     if let Some(history) = message.history {
-        headers.insert(names::HISTORY, history.timeline.to_string());
+        headers.insert(names::HISTORY, history.id.to_string());
         headers.insert(names::HISTORY_START, history.first_position.to_string());
+    }
+    if let Some(previous) = message.previous {
+        headers.insert(names::PREVIOUS, previous.to_string());
     }
     // Text the event's writer chose (plain SQL can put a line break in it): checked, since the
     // client panics on a header value it cannot carry.
     let chosen = [
         (names::SOURCE, message.source.as_deref()),
+        (names::ROUTE, message.route.as_deref()),
         (names::EVENT_TYPE, message.event_type.as_deref()),
         (names::KEY, message.key.as_deref()),
         (names::TRACEPARENT, message.traceparent()),

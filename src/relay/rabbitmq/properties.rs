@@ -19,7 +19,7 @@ pub(super) fn properties(message: &Message) -> BasicProperties {
     if let Some(history) = message.history {
         headers.insert(
             wire::HISTORY.into(),
-            AMQPValue::LongLongInt(i64::from(history.timeline)),
+            AMQPValue::LongLongInt(i64::try_from(history.id).unwrap_or(i64::MAX)),
         );
         let start = i64::try_from(history.first_position).unwrap_or(i64::MAX);
         headers.insert(wire::HISTORY_START.into(), AMQPValue::LongLongInt(start));
@@ -29,6 +29,16 @@ pub(super) fn properties(message: &Message) -> BasicProperties {
             wire::SOURCE.into(),
             AMQPValue::LongString(source.as_str().into()),
         );
+    }
+    if let Some(route) = &message.route {
+        headers.insert(
+            wire::ROUTE.into(),
+            AMQPValue::LongString(route.as_str().into()),
+        );
+    }
+    if let Some(previous) = message.previous {
+        let previous = i64::try_from(previous).unwrap_or(i64::MAX);
+        headers.insert(wire::PREVIOUS.into(), AMQPValue::LongLongInt(previous));
     }
     if let Some(key) = &message.key {
         headers.insert(wire::KEY.into(), AMQPValue::LongString(key.as_str().into()));

@@ -148,8 +148,11 @@ where
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
     fn admit(&self, work: &mut Work<P>, item: Item<P>) {
         let subscriber = &self.subscriber;
-        work.schedule
-            .admit(item, |event: &Envelope<P>| Some(subscriber.keys(event)), 0);
+        work.schedule.admit(
+            item,
+            |event: &Arc<Envelope<P>>| Some(subscriber.keys(event)),
+            0,
+        );
     }
 
     /// Starts every event that may run, up to `concurrency` at once. An event whose payload
