@@ -398,7 +398,8 @@ where
     /// ```
     ///
     /// # Errors
-    /// [`Error::Database`] if the server cannot be asked: ask again later.
+    /// [`Error::Database`] if the server cannot be asked: ask again later. With no
+    /// `event_ids`, also if `xid` is not a transaction id of this server yet ("in the future").
     pub async fn commit_status(&self, xid: i64, event_ids: &[Uuid]) -> Result<CommitStatus> {
         in_doubt::status(&self.inner.direct, xid, event_ids).await
     }
