@@ -229,21 +229,26 @@ pub enum Error {
     /// may or may not be stored. **Do not retry blindly**: a retry after a commit that did take
     /// effect publishes every event twice.
     ///
-    /// What to do: ask [`Outbox::commit_status`](crate::Outbox::commit_status)`(xid)`, later or
-    /// with a backoff, until it answers
+    /// What to do: ask [`Outbox::commit_status`](crate::Outbox::commit_status)`(xid,
+    /// &event_ids)`, with both fields of this error, later or with a backoff, until it answers
     /// - [`Committed`](crate::CommitStatus::Committed): done; the events are stored and every
     ///   listener gets them once. Do not retry.
-    /// - [`Aborted`](crate::CommitStatus::Aborted): nothing was stored; run the whole
-    ///   transaction again. Republish the same `event_ids` with
+    /// - [`Aborted`](crate::CommitStatus::Aborted): nothing was stored (it rolled back, or a
+    ///   failover to a standby that never received it took it out of the server's history);
+    ///   run the whole transaction again. Republish the same `event_ids` with
     ///   [`publish_with_id`](crate::OutboxTransaction::publish_with_id), so that consumers that
     ///   deduplicate by id would also absorb a mistaken second copy.
-    /// - [`InProgress`](crate::CommitStatus::InProgress): ask again; never retry meanwhile.
+    /// - [`InProgress`](crate::CommitStatus::InProgress), or an error (the server still
+    ///   unreachable): ask again; never retry meanwhile.
     ///
-    /// If the `xid` was lost too (a crash), [`Outbox::published`](crate::Outbox::published)
+    /// The event ids are what make the answer right across a failover: a promoted standby
+    /// that never received this transaction gives `xid` to a transaction of its own, so the
+    /// server's word on `xid` alone (`pg_xact_status`) can say committed for events it does not
+    /// hold. If the `xid` was lost too (a crash), [`Outbox::published`](crate::Outbox::published)
     /// tells which of `event_ids` are stored, once the transaction can no longer be in
     /// progress.
     #[error(
-        "the COMMIT of transaction {xid} ({} events) may or may not have taken effect: the connection was lost ({source}) and the server could not be asked; do not retry until Outbox::commit_status({xid}) says aborted",
+        "the COMMIT of transaction {xid} ({} events) may or may not have taken effect: the connection was lost ({source}) and the server could not be asked; do not retry yet: ask Outbox::commit_status({xid}, &event_ids) with this error's event_ids until it says Committed (done) or Aborted (retry with the same ids)",
         event_ids.len()
     )]
     CommitInDoubt {

@@ -120,7 +120,8 @@
 //! - A commit whose answer is lost (the connection broke during `COMMIT`) is resolved by asking
 //!   PostgreSQL whether the transaction committed; only when that cannot be learned does
 //!   `commit` return [`Error::CommitInDoubt`], whose docs say how to retry without publishing
-//!   twice ([`Outbox::commit_status`], [`OutboxTransaction::publish_with_id`]).
+//!   twice ([`Outbox::commit_status`] with the error's xid and event ids, which stays right
+//!   across a failover; [`OutboxTransaction::publish_with_id`]).
 //! - Database errors in background tasks are logged (`tracing`) and retried with capped
 //!   backoff. Listener streams retry transient failures (lost connection, server restart,
 //!   pool timeout, serialization failure) at the same position and never yield them; they

@@ -27,9 +27,10 @@ use common::Note;
 use common::brokers::{NATS_ADDR, TestStream};
 use common::cluster::Cluster;
 use common::invariants::{ORDO, check_log};
+use common::proxy::{CommitFault, MARKER, Proxy};
 use common::relays::config as relay_config;
 use common::subscribers::{Project, assert_exactly_once, projection_table};
-use common::tcp_fault::TcpFault;
+use common::tcp_fault::{Fault, TcpFault};
 use futures::StreamExt;
 use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode};
 use ordo::relay::nats::NatsSink;
@@ -418,7 +419,7 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     );
     // An in-doubt commit, asked now, is answered by what the server holds.
     for (xid, ids) in &outcomes.in_doubt {
-        let status = outbox.commit_status_of(*xid, ids).await.expect("ask");
+        let status = outbox.commit_status(*xid, ids).await.expect("ask");
         let held = copies(&promoted, ids).await.len();
         match status {
             CommitStatus::Committed => assert_eq!(held, ids.len(), "{xid} said committed"),
@@ -556,13 +557,13 @@ async fn an_in_doubt_commit_is_answered_by_what_the_promoted_server_holds() {
             let mut last = None;
             // The pool's connections to the dead primary fail first, then it reconnects.
             for _ in 0..100 {
-                match outbox.commit_status_of(xid, &ids).await {
+                match outbox.commit_status(xid, &ids).await {
                     Ok(status) => return status,
                     Err(error) => last = Some(error),
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            panic!("commit_status_of({xid}) kept failing: {last:?}");
+            panic!("commit_status({xid}, ids) kept failing: {last:?}");
         }
     };
     assert_eq!(ask(kept_xid, vec![kept]).await, CommitStatus::Committed);
@@ -588,15 +589,159 @@ async fn an_in_doubt_commit_is_answered_by_what_the_promoted_server_holds() {
     }
     assert!(reached, "the promoted server reaches the lost xids");
     // A bare xid now names another transaction (the promoted server's), whose fate
-    // `commit_status` reports; the events say this one is not in the promoted history.
-    let bare = outbox.commit_status(lost_xid).await.expect("ask");
-    eprintln!("in doubt: the lost xid {lost_xid}, read bare after its reuse: {bare:?}");
+    // `pg_xact_status` reports; the events say this one is not in the promoted history.
     assert_eq!(ask(lost_xid, vec![lost]).await, CommitStatus::Aborted);
     assert_eq!(
         ask(open_xid, vec![Uuid::now_v7()]).await,
         CommitStatus::Aborted
     );
     assert_eq!(ask(kept_xid, vec![kept]).await, CommitStatus::Committed);
+
+    outbox.shutdown().await;
+    pool.close().await;
+    promoted.close().await;
+    setup.close().await;
+}
+
+/// What `Error::CommitInDoubt` says to do, done as its message and docs say: ask
+/// `Outbox::commit_status` with the error's fields, with a backoff, until it says committed or
+/// aborted.
+async fn documented_answer(outbox: &Outbox<Note>, xid: i64, event_ids: &[Uuid]) -> CommitStatus {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match outbox.commit_status(xid, event_ids).await {
+            Ok(status @ (CommitStatus::Committed | CommitStatus::Aborted)) => return status,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "commit_status({xid}, ids) kept answering {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A `commit()` in doubt on a primary whose asynchronous standby never received it; the
+/// standby is promoted and gives the transaction's id to a transaction of its own, which
+/// commits. What the error says to ask answers `Aborted`, so the caller retries, and the retry
+/// (same ids) stores each event once. (The xid alone, `pg_xact_status`, says committed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_commit_lost_at_an_asynchronous_failover_is_retried_the_documented_way() {
+    let Some(primary) = Cluster::create("ordo_h2_doubt_p", 5501, &[]) else {
+        return;
+    };
+    let setup = pool_on(&primary.url(), 2).await;
+    ordo::migrate(&setup).await.expect("migrate");
+    let replication = TcpFault::start(local(primary.port())).await;
+    let standby = Cluster::standby_of(&primary, replication.addr().port(), "ordo_h2_doubt_s", 5502);
+    wait_for_standby(&setup, "ordo_h2_doubt_s", "async").await;
+
+    // The outbox reaches the address that follows the primary through a proxy that can lose
+    // the answer to a `COMMIT`.
+    let front = TcpFault::start(local(primary.port())).await;
+    let breaker = Proxy::start(&format!("postgres://postgres@{}/postgres", front.addr())).await;
+    let pool = pool_on(&breaker.url, 4).await;
+    let outbox = Outbox::<Note>::new(pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+
+    // The standby stops receiving; the primary commits, the answer is lost and the server
+    // cannot be asked: in doubt.
+    replication.set(Fault::Cut);
+    let mut tx = outbox.begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT '{MARKER}'")))
+        .execute(&mut *tx)
+        .await
+        .expect("mark the connection");
+    tx.publish(Note { writer: 0, n: 1 }).expect("publish");
+    breaker.arm_then_unreachable(CommitFault::DropAfter);
+    let error = tx.commit().await.expect_err("the answer to COMMIT is lost");
+    let (xid, event_ids) = match &error {
+        Error::CommitInDoubt { xid, event_ids, .. } => (*xid, event_ids.clone()),
+        other => panic!("expected CommitInDoubt, got {other:?}"),
+    };
+    let on_primary = common::eventually(PATIENCE, || async {
+        copies(&setup, &event_ids).await.len() == 1
+    })
+    .await;
+    assert!(on_primary, "the primary committed the in-doubt transaction");
+
+    primary.kill();
+    standby.promote().await;
+    front.retarget(local(standby.port()));
+    breaker.restore();
+
+    // The promoted server never received it, and gives its id to a transaction of its own,
+    // which commits.
+    let promoted = pool_on(&standby.url(), 1).await;
+    let mut reached = false;
+    for _ in 0..10_000 {
+        let taken: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(&promoted)
+            .await
+            .expect("take an xid on the promoted server");
+        if taken >= xid {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "the promoted server reaches the in-doubt xid");
+    let reused = common::eventually(PATIENCE, || async {
+        let fate: Option<String> =
+            sqlx::query_scalar("SELECT pg_xact_status($1::bigint::text::xid8)")
+                .bind(xid)
+                .fetch_one(&promoted)
+                .await
+                .expect("pg_xact_status");
+        fate.as_deref() == Some("committed")
+    })
+    .await;
+    assert!(
+        reused,
+        "the promoted server committed a transaction of its own as {xid}"
+    );
+    assert!(copies(&promoted, &event_ids).await.is_empty());
+
+    // The error names the call to make; made as documented, it says to retry.
+    let said = error.to_string();
+    assert!(
+        said.contains(&format!("Outbox::commit_status({xid}, &event_ids)")),
+        "the message names the documented call: {said}"
+    );
+    assert_eq!(
+        documented_answer(&outbox, xid, &event_ids).await,
+        CommitStatus::Aborted,
+        "the documented way says the events are not stored"
+    );
+
+    // The documented retry, with the same ids, stores each once.
+    // (`begin` refuses while the outbox starts again from what the promoted server holds.)
+    let mut began = None;
+    for _ in 0..600 {
+        match outbox.begin().await {
+            Ok(tx) => {
+                began = Some(tx);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let mut retry = began.expect("begin on the promoted server");
+    for (n, id) in event_ids.iter().enumerate() {
+        retry
+            .publish_with_id(
+                *id,
+                Note {
+                    writer: 0,
+                    n: n as u32 + 1,
+                },
+                ordo::Headers::new(),
+            )
+            .expect("publish");
+    }
+    retry.commit().await.expect("the retry commits");
+    let stored = copies(&promoted, &event_ids).await;
+    assert_eq!(stored.len(), event_ids.len());
+    assert!(stored.iter().all(|(_, count)| *count == 1));
 
     outbox.shutdown().await;
     pool.close().await;

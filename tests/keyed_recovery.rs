@@ -1,6 +1,6 @@
 //! Keyed subscriptions across failures of their runner: killed mid-batch, a lease lost while
-//! handlers run, and a restart with hundreds of completions above the watermark. Each event
-//! takes effect exactly once and every key keeps its order.
+//! handlers run, a restart with hundreds of completions above the watermark, and killed during
+//! a dead letter's retry. Each event takes effect exactly once and every key keeps its order.
 
 mod common;
 
@@ -12,7 +12,7 @@ use common::keyed::{
 };
 use common::subscribers::{PATIENCE, fast_retries};
 use common::{TestDb, eventually, run_then_kill};
-use ordo::{JobConfig, Outbox, OutboxConfig, SubscriptionState};
+use ordo::{JobConfig, OnExhaustion, Outbox, OutboxConfig, SubscriptionState};
 use sqlx::PgPool;
 
 fn parcels(count: u32, keys: u32) -> impl Iterator<Item = Parcel> {
@@ -184,4 +184,94 @@ async fn a_restart_with_hundreds_of_completions_above_the_watermark_repeats_none
         .await
         .expect("progress rows");
     assert_eq!(left, 0);
+}
+
+/// A keyed runner killed while a retried dead letter's handler has written its effect but not
+/// committed: the effect rolls back with the dead letter's deletion, the request stays, and the
+/// next runner takes it. The event takes effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_during_a_dead_letter_retry_leaves_it_to_take_effect_once() {
+    let db = TestDb::new().await;
+    effects_table(&db.pool).await;
+    let outbox = Outbox::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let ledger = Ledger::default();
+    ledger.behaviour.fail("poison", true);
+    let config = || {
+        JobConfig::new("keyed")
+            .keyed(4)
+            .lease(Duration::from_millis(600))
+            .retry(fast_retries(1))
+            .on_exhaustion(OnExhaustion::DeadLetter)
+    };
+    let handle = outbox
+        .subscribe(config(), ledger.clone())
+        .await
+        .expect("subscribe");
+    publish(
+        &outbox,
+        [Parcel::new(0, &["bob", "poison"]), Parcel::new(1, &["bob"])],
+    )
+    .await;
+    let (status, passed) = handle.wait_for(PATIENCE, |s| s.position.get() == 2).await;
+    assert!(passed, "{status:?}");
+    handle.shutdown().await;
+    let letters = ordo::admin::list_dead_letters(&db.pool, Some("keyed"))
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    ledger.behaviour.fail("poison", false);
+    ledger.behaviour.hold_after_effect("poison", true);
+    ordo::admin::retry_dead_letter(&db.pool, letters[0].id)
+        .await
+        .expect("retry");
+
+    // The victim's retry writes its effect and waits before committing; then it dies.
+    let victim = ledger.clone();
+    let url = db.url.clone();
+    run_then_kill(move || async move {
+        let pool = PgPool::connect(&url).await.expect("victim pool");
+        let outbox = Outbox::<Parcel>::new(pool, OutboxConfig::default())
+            .await
+            .expect("outbox");
+        let _handle = outbox
+            .subscribe(config(), victim.clone())
+            .await
+            .expect("subscribe");
+        let behaviour = &victim.behaviour;
+        assert!(
+            eventually(PATIENCE, || async {
+                behaviour.running.load(AtomicOrdering::SeqCst) == 1
+            })
+            .await,
+            "the victim retries the dead letter"
+        );
+    });
+    ledger.behaviour.running.store(0, AtomicOrdering::SeqCst);
+    ledger.behaviour.hold_after_effect("poison", false);
+    assert_eq!(effect_rows(&db.pool).await, 1, "the killed retry committed");
+    let pending = ordo::admin::list_dead_letters(&db.pool, Some("keyed"))
+        .await
+        .expect("list");
+    assert!(
+        pending.len() == 1 && pending[0].retry_requested_at.is_some(),
+        "the killed retry left its dead letter and request: {pending:?}"
+    );
+
+    let handle = outbox
+        .subscribe(config(), ledger.clone())
+        .await
+        .expect("subscribe again");
+    assert!(
+        eventually(PATIENCE, || async {
+            ordo::admin::list_dead_letters(&db.pool, Some("keyed"))
+                .await
+                .is_ok_and(|letters| letters.is_empty())
+        })
+        .await,
+        "the next runner takes the retry"
+    );
+    handle.shutdown().await;
+    assert_once_each(&db.pool).await;
 }

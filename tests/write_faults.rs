@@ -90,10 +90,10 @@ async fn orders(pool: &PgPool, order: i32) -> i64 {
 }
 
 /// Asks `commit_status` until it is no longer in progress (the documented wait).
-async fn verdict(outbox: &Outbox<Note>, xid: i64) -> CommitStatus {
+async fn verdict(outbox: &Outbox<Note>, xid: i64, event_ids: &[Uuid]) -> CommitStatus {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        match outbox.commit_status(xid).await {
+        match outbox.commit_status(xid, event_ids).await {
             Ok(CommitStatus::InProgress) | Err(_) => {}
             Ok(status) => return status,
         }
@@ -207,7 +207,10 @@ async fn unreachable_server_after_commit_is_in_doubt_and_resolves_to_committed_w
     assert_eq!(event_ids, ids);
 
     proxy.restore();
-    assert_eq!(verdict(&outbox, xid).await, CommitStatus::Committed);
+    assert_eq!(
+        verdict(&outbox, xid, &event_ids).await,
+        CommitStatus::Committed
+    );
     // Committed: the documented pattern stops here. One copy of each, delivered once.
     let mut found = outbox.published(&ids).await.expect("published");
     found.sort();
@@ -234,7 +237,10 @@ async fn in_doubt_commit_that_aborted_is_retried_with_the_same_ids_and_stored_on
         other => panic!("expected CommitInDoubt, got {other:?}"),
     };
     proxy.restore();
-    assert_eq!(verdict(&outbox, xid).await, CommitStatus::Aborted);
+    assert_eq!(
+        verdict(&outbox, xid, &event_ids).await,
+        CommitStatus::Aborted
+    );
     assert!(
         outbox
             .published(&event_ids)
@@ -335,13 +341,22 @@ async fn publish_in_inserts_a_batch_of_several_chunks_in_order_in_the_callers_tr
         .expect("publish_in");
     assert_eq!(sequences.len(), EVENTS as usize);
     assert!(sequences.windows(2).all(|pair| pair[0] < pair[1]));
-    let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-        .fetch_one(&mut *tx)
-        .await
-        .expect("the caller's xid");
+    // What `publish_in`'s docs say to keep before committing.
+    let (xid, ids): (i64, Vec<Uuid>) = sqlx::query_as(
+        "SELECT pg_current_xact_id()::text::bigint, array_agg(id) FROM ordo.events \
+         WHERE sequence = ANY($1)",
+    )
+    .bind(&sequences)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("the caller's xid and event ids");
+    assert_eq!(ids.len(), EVENTS as usize);
     tx.commit().await.expect("the caller commits");
     assert_eq!(
-        outbox.commit_status(xid).await.expect("commit_status"),
+        outbox
+            .commit_status(xid, &ids)
+            .await
+            .expect("commit_status"),
         CommitStatus::Committed
     );
 

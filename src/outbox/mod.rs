@@ -337,10 +337,12 @@ where
     /// Call `publish_in` last, right before committing, as [`OutboxTransaction::commit`] does.
     ///
     /// **If your commit fails without an answer** (the connection broke during `COMMIT`), the
-    /// transaction may have committed. Take its id before committing
-    /// (`SELECT pg_current_xact_id()::text::bigint` in the same transaction, after
-    /// `publish_in`), and on such a failure ask [`commit_status`](Self::commit_status) with it
-    /// until it says committed (do not retry) or aborted (retry); see
+    /// transaction may have committed. Take its id and its events' ids before committing, in
+    /// the same transaction, after `publish_in`:
+    /// `SELECT pg_current_xact_id()::text::bigint, array_agg(id) FROM ordo.events WHERE
+    /// sequence = ANY($1)`, binding the sequences it returned as `$1`. On such a failure
+    /// ask [`commit_status`](Self::commit_status) with both until it says committed (do not
+    /// retry) or aborted (retry); the xid alone is not proof after a failover. See
     /// [`Error::CommitInDoubt`] for the procedure `OutboxTransaction::commit` follows.
     ///
     /// # Errors
@@ -359,36 +361,24 @@ where
         publish_in(&generation.sink, tx, events).await
     }
 
-    /// Whether transaction `xid` committed: the question to ask after
-    /// [`Error::CommitInDoubt`] (whose `xid` it takes), or after a caller-owned transaction
-    /// that used [`publish_in`](Self::publish_in) lost its `COMMIT`'s answer. `xid` is the
-    /// 64-bit id in `ordo.events.commit_xid` and [`Envelope::commit_xid`](crate::Envelope).
-    ///
-    /// `InProgress` means the transaction can still commit: ask again later, and do not
-    /// publish its events again meanwhile.
-    ///
-    /// After a failover, a bare xid is not proof: a promoted standby that never received the
-    /// transaction gives the same xid to one of its own later, and this then reports that
-    /// one's fate. Ask [`commit_status_of`](Self::commit_status_of) with the event ids when you
-    /// have them.
-    ///
-    /// # Errors
-    /// [`Error::Database`] if the server cannot be asked (or `xid` is in the future, that is,
-    /// not a transaction id of this server).
-    pub async fn commit_status(&self, xid: i64) -> Result<CommitStatus> {
-        in_doubt::status(&self.inner.direct, xid).await
-    }
-
     /// Whether transaction `xid`, which published the events `event_ids`, committed: the
-    /// answer to [`Error::CommitInDoubt`] (pass its `xid` and `event_ids`) that holds across a
-    /// failover. The stored events are the proof: `Committed` only if the server holds them
-    /// under `xid`; `Aborted` if it rolled back, if the server has no record of `xid` (a
-    /// promoted standby that never received the transaction), or if `xid` committed without
-    /// them (the promoted server gave the xid to another transaction); `InProgress` while it
-    /// can still commit. With no `event_ids`, the same as [`commit_status`](Self::commit_status).
+    /// question to ask after [`Error::CommitInDoubt`] (pass its `xid` and `event_ids`), or after
+    /// a caller-owned transaction that used [`publish_in`](Self::publish_in) lost its
+    /// `COMMIT`'s answer. `xid` is the 64-bit id in `ordo.events.commit_xid` and
+    /// [`Envelope::commit_xid`](crate::Envelope).
     ///
-    /// Retention drops events, not transaction ids: ask within the retention period, or a
-    /// committed transaction whose events were dropped reads as `Aborted`.
+    /// The stored events are the proof, so that the answer holds across a failover:
+    /// `Committed` only if the server holds them under `xid`; `Aborted` if it rolled back, if
+    /// the server has no record of `xid` (a promoted standby that never received the
+    /// transaction), or if `xid` committed without them (a promoted standby gives a lost
+    /// transaction's id to a transaction of its own, whose fate the id alone would report);
+    /// `InProgress` while it can still commit: ask again later, and do not publish its events
+    /// again meanwhile.
+    ///
+    /// With no `event_ids` (a transaction that published nothing) there is no proof: the answer
+    /// is the server's word on `xid` alone, which a failover in between can make another
+    /// transaction's. Retention drops events, not transaction ids: ask within the retention
+    /// period, or a committed transaction whose events were dropped reads as `Aborted`.
     ///
     /// ```no_run
     /// # async fn run(outbox: ordo::Outbox<String>) -> ordo::Result<()> {
@@ -396,7 +386,7 @@ where
     /// tx.publish("order 17 placed".to_owned())?;
     /// match tx.commit().await {
     ///     Err(ordo::Error::CommitInDoubt { xid, event_ids, .. }) => {
-    ///         match outbox.commit_status_of(xid, &event_ids).await? {
+    ///         match outbox.commit_status(xid, &event_ids).await? {
     ///             ordo::CommitStatus::Committed => {}        // done: do not publish again
     ///             ordo::CommitStatus::Aborted => {}          // retry the whole transaction
     ///             _ => {}                                    // ask again later
@@ -408,9 +398,10 @@ where
     /// ```
     ///
     /// # Errors
-    /// [`Error::Database`] if the server cannot be asked.
-    pub async fn commit_status_of(&self, xid: i64, event_ids: &[Uuid]) -> Result<CommitStatus> {
-        in_doubt::status_of(&self.inner.direct, xid, event_ids).await
+    /// [`Error::Database`] if the server cannot be asked: ask again later. With no
+    /// `event_ids`, also if `xid` is not a transaction id of this server yet ("in the future").
+    pub async fn commit_status(&self, xid: i64, event_ids: &[Uuid]) -> Result<CommitStatus> {
+        in_doubt::status(&self.inner.direct, xid, event_ids).await
     }
 
     /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost

@@ -8,7 +8,13 @@
 //! replayed. If the handler fails again, the dead letter stays with the new error, `attempts`
 //! one higher and the request cleared; retry it again when the cause is fixed. A
 //! [`Batch::Groups`] job gets the event through `handle_group`, alone (the rest of its group was
-//! handled). A retry for a subscription that no runner is running waits until one runs.
+//! handled). A retry for a subscription that no runner is running (or that is paused or
+//! halted) waits until one runs it, listed meanwhile with its `retry_requested_at`.
+//!
+//! Serial and keyed runners both make them ([`redeliver`]); a keyed one from a task beside its
+//! handler tasks (`keyed/dead_letters.rs`). Either way the retried event is handled after the
+//! events that followed it, and in a keyed subscription outside its keys' lanes: a retry is a
+//! second chance, not a replay in order.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
@@ -134,7 +140,9 @@ pub struct DeadLetter {
     pub attempts: u32,
     /// When the event was dead-lettered.
     pub created_at: DateTime<Utc>,
-    /// When an operator asked for a retry that the runner has not made yet.
+    /// When an operator asked for a retry that no runner has made yet: set while the retry is
+    /// pending (`ordo dead-letters` shows `pending`); cleared when a retry fails (the row then
+    /// has the new error), and the row goes when one succeeds.
     pub retry_requested_at: Option<DateTime<Utc>>,
 }
 
@@ -241,6 +249,9 @@ where
                 tracing::info!(subscription = %config.name, dead_letter = id, "dead letter retried");
             }
             Retried::LeaseLost => return Ok(false),
+            Retried::Gone => {
+                tracing::info!(subscription = %config.name, dead_letter = id, "dead letter gone before its retry committed; its writes rolled back");
+            }
             Retried::Failed(message) => {
                 tracing::warn!(subscription = %config.name, dead_letter = id, %message, "dead letter retry failed");
                 sql::retry_failed(pool, id, &message).await?;
@@ -290,8 +301,11 @@ enum Retried {
     Done,
     /// The handler failed (the message), or the event does not decode.
     Failed(String),
-    /// Another runner holds the lease: nothing was committed.
+    /// Another runner holds the lease, or the subscription is no longer active: nothing was
+    /// committed.
     LeaseLost,
+    /// The dead letter went meanwhile (purged, or retried elsewhere): nothing was committed.
+    Gone,
 }
 
 /// One try, in a transaction fenced by the lease.
@@ -332,7 +346,10 @@ where
         let _ = tx.rollback().await;
         return Ok(Retried::LeaseLost);
     }
-    sql::retry_done(&mut tx, id).await?;
+    if !sql::retry_done(&mut tx, id).await? {
+        let _ = tx.rollback().await;
+        return Ok(Retried::Gone);
+    }
     tx.commit().await?;
     Ok(Retried::Done)
 }

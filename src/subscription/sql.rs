@@ -80,14 +80,17 @@ LIMIT 100
 "#;
 
 /// A retried dead letter was handled: it goes, in the handler's transaction. The fence (the
-/// lease owner) is checked by [`RETRY_FENCE`] in the same transaction.
+/// lease owner) is checked by [`RETRY_FENCE`] in the same transaction. No row: it went
+/// meanwhile (purged, or retried by another runner), and the handler's writes must not stay.
 pub(crate) const RETRY_DONE: &str = "DELETE FROM ordo.dead_letters WHERE id = $1";
 
-/// The lease fence for a retry, which moves no position: extends our lease, no row if lost.
+/// The lease fence for a retry, which moves no position: extends our lease, no row if lost
+/// or if an operator paused or halted the subscription (as a keyed completion's fence). The
+/// row lock it takes holds off a takeover until the retry commits.
 pub(crate) const RETRY_FENCE: &str = r#"
 UPDATE ordo.subscriptions
 SET lease_expires_at = now() + make_interval(secs => $3::float8 / 1000)
-WHERE name = $1 AND lease_owner = $2
+WHERE name = $1 AND lease_owner = $2 AND status = 'active'
 "#;
 
 /// A retry failed (or its event is gone): the row stays, with the error, one more attempt, and
@@ -197,10 +200,10 @@ pub(crate) async fn retry_fence(
     Ok(done.rows_affected() == 1)
 }
 
-/// [`RETRY_DONE`] in the retry's transaction.
-pub(crate) async fn retry_done(tx: &mut PgConnection, id: i64) -> Result<(), sqlx::Error> {
-    sqlx::query(RETRY_DONE).bind(id).execute(tx).await?;
-    Ok(())
+/// [`RETRY_DONE`] in the retry's transaction: false if the dead letter was already gone.
+pub(crate) async fn retry_done(tx: &mut PgConnection, id: i64) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RETRY_DONE).bind(id).execute(tx).await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// [`RETRY_FAILED`]: the dead letter `id` stays, with `message`.

@@ -25,34 +25,24 @@ const PATIENCE: Duration = Duration::from_secs(5);
 const FIRST_POLL: Duration = Duration::from_millis(10);
 const MAX_POLL: Duration = Duration::from_millis(250);
 
-/// Whether a transaction committed, as PostgreSQL knows it
+/// Whether a transaction committed, as the server answering holds it
 /// ([`Outbox::commit_status`](crate::Outbox::commit_status)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CommitStatus {
     /// It committed: its events are stored and will be delivered. Do not publish them again.
     Committed,
-    /// It rolled back (or never reached `COMMIT`): nothing it wrote is stored. Retrying is
-    /// safe.
+    /// It rolled back, never reached `COMMIT`, or is not in this server's history (a failover
+    /// to a standby that never received it): nothing it wrote is stored. Retrying is safe.
     Aborted,
     /// It is still running (a backend that has not yet noticed its client is gone, or a
     /// transaction held open). Ask again later; do not retry yet, or the events may be stored
     /// twice.
     InProgress,
     /// PostgreSQL no longer keeps this transaction's status (it is older than the commit-status
-    /// horizon) and `ordo.events` holds no event of it; if retention may have dropped its
+    /// horizon) and `ordo.events` holds none of its events; if retention may have dropped its
     /// events, look for your own domain rows.
     Unknown,
-}
-
-/// Asks the server whether transaction `xid` committed.
-pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
-    Ok(match sql::commit_status(pool, xid).await?.as_deref() {
-        Some("committed") => CommitStatus::Committed,
-        Some("aborted") => CommitStatus::Aborted,
-        Some("in progress") => CommitStatus::InProgress,
-        _ => CommitStatus::Unknown,
-    })
 }
 
 /// Whether transaction `xid`, which published the events `ids`, committed, as the server
@@ -63,18 +53,18 @@ pub(crate) async fn status(pool: &PgPool, xid: i64) -> Result<CommitStatus> {
 /// answer makes the rows visible to the second question), and a `committed` transaction that
 /// stored none of `ids` is another transaction: this one is not in this server's history.
 ///
+/// With no `ids` there is no proof: the server's word on `xid` alone.
+///
 /// Retention drops events, not transaction ids: asked after retention dropped a committed
 /// transaction's events, this answers `Aborted`. Ask within the retention period.
-pub(crate) async fn status_of(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> Result<CommitStatus> {
-    if ids.is_empty() {
-        return status(pool, xid).await;
-    }
+pub(crate) async fn status(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> Result<CommitStatus> {
     let asked = match sql::commit_status(pool, xid).await {
         Ok(asked) => asked,
-        Err(error) if is_future_xid(&error) => {
+        Err(error) if is_future_xid(&error) && !ids.is_empty() => {
             tracing::warn!(
                 xid,
-                "the server has no record of this transaction id (a failover to a standby that                  never received it): the transaction is not in its history"
+                "the server has no record of this transaction id (a failover to a standby that \
+                 never received it): the transaction is not in its history"
             );
             return Ok(CommitStatus::Aborted);
         }
@@ -83,13 +73,16 @@ pub(crate) async fn status_of(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> Re
     Ok(match asked.as_deref() {
         Some("in progress") => CommitStatus::InProgress,
         Some("aborted") => CommitStatus::Aborted,
+        Some("committed") if ids.is_empty() => CommitStatus::Committed,
+        _ if ids.is_empty() => CommitStatus::Unknown,
         answer => {
             if sql::stored_by(pool, xid, ids).await? {
                 CommitStatus::Committed
             } else if answer == Some("committed") {
                 tracing::warn!(
                     xid,
-                    "this transaction id committed but stored none of the events it published:                      it is another transaction's (the id was given again after a failover)"
+                    "this transaction id committed but stored none of the events it published: \
+                     it is another transaction's (the id was given again after a failover)"
                 );
                 CommitStatus::Aborted
             } else {
@@ -115,14 +108,14 @@ pub(crate) async fn published(pool: &PgPool, ids: &[uuid::Uuid]) -> Result<Vec<u
 }
 
 /// After a `COMMIT` that failed without an answer from the server: whether transaction `xid`,
-/// which published `ids`, committed ([`status_of`]), asked on another connection of `pool` for
+/// which published `ids`, committed ([`status`]), asked on another connection of `pool` for
 /// at most [`PATIENCE`]. `InProgress` or `Unknown` means the outcome could not be learned in
 /// time.
 pub(crate) async fn resolve(pool: &PgPool, xid: i64, ids: &[uuid::Uuid]) -> CommitStatus {
     let deadline = Instant::now() + PATIENCE;
     let mut poll = FIRST_POLL;
     loop {
-        let asked = tokio::time::timeout_at(deadline, status_of(pool, xid, ids)).await;
+        let asked = tokio::time::timeout_at(deadline, status(pool, xid, ids)).await;
         match asked {
             Ok(Ok(status @ (CommitStatus::Committed | CommitStatus::Aborted))) => return status,
             // The status of a transaction this recent is never forgotten; be safe anyway.

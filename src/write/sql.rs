@@ -90,13 +90,14 @@ pub(crate) async fn notify(pool: &PgPool, channel: &str, payload: &str) -> Resul
     Ok(())
 }
 
-/// Whether a transaction committed. `commit_xid` is the full 64-bit transaction id
-/// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. When the server no longer
-/// keeps that status (NULL), an event stored under the xid still proves it committed.
+/// The server's word on transaction `$1`: `committed`, `aborted`, `in progress`, or NULL once
+/// it no longer keeps that status. `commit_xid` is the full 64-bit transaction id
+/// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. Not proof on its own: a
+/// server promoted after a failover gives a lost transaction's id to one of its own, so
+/// `in_doubt::status` asks [`STORED_BY`] with the events' ids before it says committed (and
+/// after this, so that a commit in between is seen by that second question).
 pub(crate) const COMMIT_STATUS: &str = r#"
-SELECT coalesce(
-    pg_xact_status($1::bigint::text::xid8),
-    CASE WHEN EXISTS (SELECT 1 FROM ordo.events WHERE commit_xid = $1) THEN 'committed' END)
+SELECT pg_xact_status($1::bigint::text::xid8)
 "#;
 
 /// Runs [`COMMIT_STATUS`] for `xid`: `pg_xact_status`'s answer, or NULL when unknown.

@@ -68,8 +68,9 @@ where
     ///
     /// `ordo.events.id` is indexed but **not unique** (the table is partitioned by sequence), so
     /// the database does not refuse an id stored before: retry only after
-    /// [`Outbox::commit_status`](crate::Outbox::commit_status) says the first attempt aborted,
-    /// or check with [`Outbox::published`](crate::Outbox::published).
+    /// [`Outbox::commit_status`](crate::Outbox::commit_status) (with the first attempt's xid
+    /// and these ids) says it aborted, or check with
+    /// [`Outbox::published`](crate::Outbox::published).
     ///
     /// # Errors
     /// [`Error::Encode`](crate::Error::Encode) if `event` or `headers` does not serialise.
@@ -146,7 +147,8 @@ where
     /// If the connection breaks while `COMMIT` is in flight, the server may have committed
     /// without the answer arriving. `commit` then asks PostgreSQL, on another connection of
     /// the pool and for a few seconds at most, whether the transaction committed
-    /// (`pg_xact_status`): if it did, `commit` returns `Ok` as if nothing had happened.
+    /// (`pg_xact_status`, and its events stored under its id, which is what holds across a
+    /// failover): if it did, `commit` returns `Ok` as if nothing had happened.
     ///
     /// # Errors
     /// - [`Error::Database`](crate::Error::Database) if the insert or the commit failed: then
@@ -156,8 +158,8 @@ where
     ///   and the domain writes may have committed.)
     /// - [`Error::CommitInDoubt`] if the connection broke during `COMMIT` and the outcome could
     ///   not be learned: the events may or may not be stored. Do **not** retry before
-    ///   [`Outbox::commit_status`](crate::Outbox::commit_status) with the error's `xid` says
-    ///   `Aborted`; the variant's docs give the whole procedure.
+    ///   [`Outbox::commit_status`](crate::Outbox::commit_status) with the error's `xid` and
+    ///   `event_ids` says `Aborted`; the variant's docs give the whole procedure.
     ///
     /// A retry that never publishes twice:
     ///
@@ -174,8 +176,9 @@ where
     ///     tx.publish_with_id(id, Paid { order: 7 }, Headers::new())?;
     ///     match tx.commit().await {
     ///         Ok(_) => return Ok(()),
-    ///         Err(Error::CommitInDoubt { xid, .. }) => loop {
-    ///             match outbox.commit_status(xid).await {
+    ///         Err(Error::CommitInDoubt { xid, event_ids, .. }) => loop {
+    ///             // The ids are the proof: after a failover, `xid` may be another's.
+    ///             match outbox.commit_status(xid, &event_ids).await {
     ///                 Ok(CommitStatus::Committed) => return Ok(()),
     ///                 Ok(CommitStatus::Aborted) => continue 'attempt,
     ///                 // In progress, or the server still unreachable: ask again later.

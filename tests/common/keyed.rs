@@ -45,6 +45,9 @@ pub struct Behaviour {
     pub failing: Mutex<HashSet<String>>,
     /// Events with one of these keys wait until the key is removed.
     pub held: Mutex<HashSet<String>>,
+    /// Events with one of these keys, once their effect is written (not committed), wait until
+    /// the key is removed.
+    pub held_after_effect: Mutex<HashSet<String>>,
     /// Up to this many milliseconds of random work per event.
     pub jitter_ms: AtomicU64,
     /// Handlers running now, and the most at once.
@@ -59,6 +62,10 @@ impl Behaviour {
 
     pub fn hold(&self, key: &str, on: bool) {
         set(&self.held, key, on);
+    }
+
+    pub fn hold_after_effect(&self, key: &str, on: bool) {
+        set(&self.held_after_effect, key, on);
     }
 
     fn touches(set: &Mutex<HashSet<String>>, keys: &[String]) -> bool {
@@ -129,6 +136,9 @@ impl Ledger {
             .bind(ended as i64)
             .execute(&mut *tx)
             .await?;
+        while Behaviour::touches(&b.held_after_effect, &event.payload.keys) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(())
     }
 }

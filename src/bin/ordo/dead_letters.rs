@@ -31,8 +31,9 @@ enum DeadLetterAction {
     },
     /// Hand a dead letter's event (or each of a subscription's) to its handler again, once.
     ///
-    /// The subscription's running runner takes the request; the dead letter goes when the
-    /// handler succeeds, and stays with the new error when not.
+    /// The runner of the subscription (serial or keyed, running and active) takes the request
+    /// within a third of its lease; until then `ordo dead-letters` lists it as pending. The
+    /// dead letter goes when the handler succeeds, and stays with the new error when not.
     #[command(group = clap::ArgGroup::new("which").required(true).args(["id", "subscription"]))]
     Retry {
         /// The dead letter's id (`ordo dead-letters list`).

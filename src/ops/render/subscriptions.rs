@@ -112,8 +112,13 @@ pub fn stalled_keys_table(stalled: &[StalledKey]) -> String {
 }
 
 /// The dead letters as `ordo dead-letters list` prints them: one line each, oldest first, safe
-/// for a terminal.
+/// for a terminal. RETRY says `pending` and for how long when an operator asked for a retry
+/// that no runner has made yet.
 pub fn dead_letters_table(letters: &[DeadLetter]) -> String {
+    dead_letter_rows(letters, chrono::Utc::now())
+}
+
+fn dead_letter_rows(letters: &[DeadLetter], now: chrono::DateTime<chrono::Utc>) -> String {
     let mut out = String::new();
     let columns = [
         Column("ID", 8, Right),
@@ -122,8 +127,12 @@ pub fn dead_letters_table(letters: &[DeadLetter]) -> String {
         Column("POSITION", 10, Right),
         Column("SEQUENCE", 10, Right),
         Column("ATTEMPTS", 8, Right),
+        Column("RETRY", 14, Left),
     ];
     let rows = letters.iter().map(|letter| {
+        let retry = letter.retry_requested_at.map_or("-".to_owned(), |asked| {
+            format!("pending {}", age(seconds_since(asked, now)))
+        });
         let cells = [
             letter.id.to_string(),
             printable(&letter.subscription).into_owned(),
@@ -131,6 +140,7 @@ pub fn dead_letters_table(letters: &[DeadLetter]) -> String {
             letter.position.to_string(),
             letter.sequence.to_string(),
             letter.attempts.to_string(),
+            retry,
         ];
         (cells, printable(&letter.error).into_owned())
     });

@@ -11,7 +11,8 @@
 //! On a lost lease, a pause, an operator's reset or a commit whose outcome is unknown, the
 //! runner drops its tasks (their transactions roll back) and claims again: the stored
 //! watermark and completions are the truth, so nothing finished runs twice and nothing
-//! unfinished is skipped.
+//! unfinished is skipped. Operators' retries of dead letters run beside the handler tasks
+//! (`dead_letters.rs`).
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::dead_letters::Redelivery;
 use super::task::{Attempt, Context, Outcome};
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
@@ -31,10 +33,12 @@ use crate::subscription::runner::Runner;
 use crate::subscription::sql;
 use crate::subscription::subscriber::Subscriber;
 
-/// One claim's worth of keyed work: the core's schedule, and the handler tasks running.
+/// One claim's worth of keyed work: the core's schedule, the handler tasks running, and the
+/// dead-letter retries (dropped with the claim, as the tasks are).
 pub(super) struct Work<P> {
     pub(super) schedule: Schedule<P>,
     pub(super) tasks: JoinSet<(Slot, Outcome)>,
+    pub(super) redelivery: Redelivery,
 }
 
 impl<P, S> Runner<P, S>
@@ -66,6 +70,7 @@ where
         let mut work = Work {
             schedule: Schedule::new(lanes, known, row.position, self.core.renew_every()),
             tasks: JoinSet::new(),
+            redelivery: Redelivery::new(),
         };
         let context = Arc::new(Context::new(self));
         let flow = self
@@ -78,6 +83,10 @@ where
                 if let Ok((slot, Outcome::Committed)) = joined {
                     work.schedule.lanes.complete(slot);
                 }
+            }
+            // A retry in hand ends too; the requests it has not reached wait for a runner.
+            while let Some(ended) = work.redelivery.finished().await {
+                let _ = self.redelivered(ended);
             }
             let _ = self.flush(&mut work).await;
         }
@@ -106,7 +115,7 @@ where
                 return flow;
             }
             self.publish_status(work);
-            let wake = work.schedule.wake(None);
+            let wake = work.schedule.wake(work.redelivery.wake());
             let may_read = work.schedule.lanes.len() < keyed.window;
             tokio::select! {
                 biased;
@@ -116,6 +125,11 @@ where
                         return Flow::Reclaim;
                     };
                     if let Some(flow) = self.finished(work, slot, outcome).await {
+                        return flow;
+                    }
+                }
+                Some(ended) = work.redelivery.finished(), if work.redelivery.is_running() => {
+                    if let Some(flow) = self.redelivered(ended) {
                         return flow;
                     }
                 }

@@ -1,6 +1,7 @@
 //! The keyed runner's periodic work: backoffs that ended, operators' retries of stalled
-//! events, the stored watermark (which also extends the lease), and the status. When each is
-//! due is the core's (`consumer/schedule.rs`).
+//! events and of dead letters, the stored watermark (which also extends the lease), and the
+//! status. When each is due is the core's (`consumer/schedule.rs`), but for dead letters,
+//! which only subscriptions have (`dead_letters.rs`).
 
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -22,6 +23,7 @@ where
         if due.retries {
             work.schedule.take_retries(&self.core).await;
         }
+        self.start_redelivery(&mut work.redelivery);
         if due.flush {
             return self.flush(work).await;
         }
