@@ -15,7 +15,7 @@ use crate::insert_lane::{heads, resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
-use crate::relay::{attempts, histories, marks};
+use crate::relay::{attempts, histories, marks, reused_ids};
 use crate::subscription::sql as serial;
 use crate::telemetry::HotStatement;
 use crate::write::sql as write;
@@ -206,6 +206,12 @@ const HOT_PATH: &[HotStatement] = &[
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, ARRAY[10, 11, 12]::bigint[]",
     ),
     s("relay: server histories", histories::HISTORIES, "", ""),
+    s(
+        "relay: ids reused by a batch",
+        reused_ids::REUSED,
+        "uuid[], bigint[]",
+        "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY[10]::bigint[]",
+    ),
     // On the failure path only, but once per failed attempt of a relay that may fail often.
     s(
         "relay: failed attempt's history",
