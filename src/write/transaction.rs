@@ -69,7 +69,10 @@ where
     /// `ordo.events.id` is indexed but **not unique** (the table is partitioned by sequence), so
     /// the database does not refuse an id stored before: retry only after
     /// [`Outbox::commit_status`](crate::Outbox::commit_status) says the first attempt aborted,
-    /// or check with [`Outbox::published`](crate::Outbox::published).
+    /// or check with [`Outbox::published`](crate::Outbox::published). A second copy stored all
+    /// the same is never relayed: a relay sends an id only for the first event stored with it
+    /// and refuses the others (`docs/relays.md`, "One event per id"); in-process listeners and
+    /// subscriptions still see both rows.
     ///
     /// # Errors
     /// [`Error::Encode`](crate::Error::Encode) if `event` or `headers` does not serialise.
