@@ -139,6 +139,41 @@ pub enum Error {
         connected: String,
     },
 
+    /// A row created before ordo recorded the role that runs each row (a subscription or
+    /// relay in `ordo.subscriptions`, an inbox consumer in `ordo.inbox_consumers`), which a
+    /// role that does not bypass row security may not take for itself: any role could then
+    /// take any such row. What to do: an operator assigns it to the role that runs it, with
+    /// the command in `adopt` (`admin::adopt_subscription`, `inbox::adopt_consumer`).
+    #[error(
+        "{name:?} in {table} was created before ordo recorded the role that runs it, and role {connected:?} may not adopt it; an operator assigns it: `{adopt}`"
+    )]
+    Unadopted {
+        /// The row's name (the subscription, relay or inbox consumer).
+        name: String,
+        /// Where it is: `ordo.subscriptions` or `ordo.inbox_consumers`.
+        table: &'static str,
+        /// The role of this connection (`current_user`).
+        connected: String,
+        /// The operator's command that assigns it to this role.
+        adopt: String,
+    },
+
+    /// An inbox consumer name belongs to another database role (`ordo.inbox_consumers`, the
+    /// first role that received for it), which the connected role does not act as: row
+    /// security lets it write none of that consumer's rows in `ordo.inbox` or
+    /// `ordo.inbox_watermarks`.
+    #[error(
+        "inbox consumer {consumer:?} belongs to role {owner:?} (ordo.inbox_consumers), and role {connected:?} may not receive for it; use another consumer name, or run it as {owner:?} (GRANT {owner:?} TO {connected:?} if the two are one application)"
+    )]
+    NotOwnInbox {
+        /// The consumer name.
+        consumer: String,
+        /// The role it belongs to.
+        owner: String,
+        /// The role of this connection (`current_user`).
+        connected: String,
+    },
+
     /// No subscription of that name exists in `ordo.subscriptions`.
     #[error(
         "no subscription or relay named {name:?} in ordo.subscriptions (`ordo subscriptions` lists them)"

@@ -267,6 +267,9 @@ pub mod admin {
     /// Keyed subscriptions' stalled keys: list them, retry them.
     pub use crate::consumer::{list_stalled_keys, retry_stalled_keys};
 
+    /// A subscription or relay row from before ordo recorded roles, assigned to its role.
+    pub use crate::consumer::adopt_subscription;
+
     /// Dead letters: list, hand back to the subscription's runner, purge.
     pub use crate::subscription::{
         list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,

@@ -127,6 +127,10 @@ const CASES: &[(&str, Expect)] = &[
         "subscriptions delete no-such",
         FailsNaming(&["\"no-such\""]),
     ),
+    (
+        "subscriptions adopt no-such --role postgres",
+        FailsNaming(&["\"no-such\""]),
+    ),
     ("dead-letters", Succeeds),
     ("dead-letters list", Succeeds),
     (
@@ -170,6 +174,10 @@ const CASES: &[(&str, Expect)] = &[
     (
         "inbox set-watermark no-such orders 5",
         FailsNaming(&["\"no-such\"", "\"orders\"", "--create"]),
+    ),
+    (
+        "inbox adopt no-such --role no-such-role",
+        FailsNaming(&["\"no-such-role\"", "does not exist"]),
     ),
     ("relay", Succeeds),
     ("relay list", Succeeds),

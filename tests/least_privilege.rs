@@ -510,15 +510,32 @@ async fn a_relay_never_runs_a_subscriptions_row_nor_the_reverse() {
     }
     assert_eq!(stored_position(&roles.admin, "r").await, 5);
 
-    // A row from before kinds and roles were recorded: the first runner adopts it.
+    // A row from before kinds and roles were recorded: no role but the owner takes it for
+    // itself; an operator assigns it, and then its role runs it.
     sqlx::query("UPDATE ordo.subscriptions SET kind = NULL, role = NULL WHERE name = 'shared'")
         .execute(&roles.admin)
         .await
         .expect("make the row an old one");
+    match outbox
+        .subscribe(JobConfig::new("shared"), seen.clone())
+        .await
+    {
+        Err(error @ Error::Unadopted { .. }) => {
+            let message = error.to_string();
+            let adopt = format!("ordo subscriptions adopt shared --role {}", roles.writer);
+            assert!(message.contains(&adopt), "{message}");
+        }
+        other => panic!("the writer took an old row for itself: {other:?}"),
+    }
+    let operator = roles.pool_as(&roles.operator, 1).await;
+    ordo::admin::adopt_subscription(&operator, "shared", &roles.writer)
+        .await
+        .expect("an operator assigns the old row to the writer");
+    operator.close().await;
     let shared = outbox
         .subscribe(JobConfig::new("shared"), seen.clone())
         .await
-        .expect("the writer adopts its old row");
+        .expect("the writer runs the row assigned to it");
     let adopted: (Option<String>, Option<String>) =
         sqlx::query_as("SELECT kind, role FROM ordo.subscriptions WHERE name = 'shared'")
             .fetch_one(&roles.admin)

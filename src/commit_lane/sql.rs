@@ -95,6 +95,11 @@ ORDER BY l.commit_seq
 /// nothing (no row comes back; a CAS that succeeds returns at least one, NULLs for an empty
 /// range). A guard on another table (`NOT EXISTS` in the log) would read this statement's older
 /// snapshot and append the group twice.
+///
+/// Always sent alone, on a pooled connection outside any transaction (`store::append`): the
+/// function refuses to run inside a transaction that published events (its own xid on rows of
+/// `ordo.events`, migration `20261210000400`), and a statement of its own has no xid yet when
+/// the function starts, so that check costs the fold nothing.
 pub(crate) const APPEND: &str = r#"
 SELECT a.commit_seq, a.sequence, a.group_last, a.commit_xid
 FROM ordo.append_commit_log($1, $2) AS a

@@ -17,6 +17,7 @@
 //!
 //! It imports neither `subscription/` nor `relay/`: both import it.
 
+mod adopt;
 mod claim;
 mod handle;
 mod keys;
@@ -33,6 +34,7 @@ pub(crate) mod tenure;
 
 use std::time::Duration;
 
+pub use adopt::adopt_subscription;
 pub(crate) use claim::{Consumer, ERROR_BACKOFF, Executor, Flow, ReadFailed, run};
 pub use handle::SubscriptionHandle;
 pub use keys::{Keys, SERIAL_KEY};

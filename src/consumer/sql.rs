@@ -20,9 +20,11 @@ INSERT INTO ordo.subscriptions (name, lane, position, kind) VALUES ($1, $2, $3, 
 ON CONFLICT (name) DO NOTHING
 "#;
 
-/// A row created before ordo recorded kinds and roles takes the starting runner's (row
-/// security lets any role adopt it, once). Rows that have both are not touched, so this takes
-/// no lock on them.
+/// A row created before ordo recorded kinds and roles takes the starting runner's kind, and
+/// its role where row security lets it write the row: the row's role may be missing only for
+/// the owner (and so an operator), which bypasses it; any other role matches nothing here
+/// until an operator assigns the row (`admin::adopt_subscription`). Rows that have both are
+/// not touched, so this takes no lock on them.
 pub(crate) const ADOPT: &str = r#"
 UPDATE ordo.subscriptions
 SET kind = coalesce(kind, $2), role = coalesce(role, current_user::text)
@@ -31,10 +33,11 @@ WHERE name = $1 AND (kind IS NULL OR role IS NULL)
 
 /// The row's lane, kind and role, the connected role, and whether it may write the row: it is
 /// the row's role or inherits its privileges, or bypasses row security (a superuser, a role
-/// with BYPASSRLS, the table's owner or a member of it).
+/// with BYPASSRLS, the table's owner or a member of it). A row without a role (from before
+/// roles were recorded) is writable only by those that bypass row security.
 pub(crate) const IDENTITY: &str = r#"
 SELECT s.lane, s.kind, s.role, current_user::text AS connected,
-       s.role IS NULL OR s.role = current_user::text
+       s.role = current_user::text
        OR EXISTS (SELECT 1 FROM pg_roles AS r
                   WHERE r.rolname::text = s.role AND pg_has_role(current_user, r.oid, 'USAGE'))
        OR EXISTS (SELECT 1 FROM pg_roles AS r

@@ -200,8 +200,8 @@ where
 
 /// Creates the row at `start_at` if it is new, as a `kind` (`subscription` or `relay`) run by
 /// the connected role; refuses a row of the other kind, of a role this one does not act as, or
-/// of the other lane. Returns the role the row is run by (`None`: a row an older ordo wrote,
-/// which its first claim adopts).
+/// of the other lane, or a row an older ordo wrote (no role) unless this role bypasses row
+/// security. Returns the role the row is run by (`None`: such an old row, run by the owner).
 async fn ensure_row(
     pool: &PgPool,
     config: &Registration,
@@ -218,9 +218,21 @@ async fn ensure_row(
         });
     }
     if !stored.writable {
+        let Some(owner) = stored.role else {
+            return Err(Error::Unadopted {
+                name: config.name.clone(),
+                table: "ordo.subscriptions",
+                adopt: format!(
+                    "ordo subscriptions adopt {} --role {}",
+                    crate::telemetry::printable(&config.name),
+                    crate::telemetry::printable(&stored.connected)
+                ),
+                connected: stored.connected,
+            });
+        };
         return Err(Error::NotOwnRow {
             subscription: config.name.clone(),
-            owner: stored.role.unwrap_or_default(),
+            owner,
             connected: stored.connected,
         });
     }

@@ -65,6 +65,7 @@ mod admin;
 mod config;
 mod handler;
 mod message;
+mod owner;
 mod purge;
 mod rows;
 mod sql;
@@ -89,6 +90,7 @@ pub use admin::{
 pub use config::{InboxConfig, InboxMode, MAX_RETENTION};
 pub use handler::InboxHandler;
 pub use message::{InboxMessage, Receipt};
+pub use owner::adopt_consumer;
 pub use purge::InboxPurger;
 pub(crate) use sql::HOT_PATH;
 pub use transport::{MAX_REDELIVERY_DELAY, Redelivery};
@@ -155,15 +157,18 @@ impl Inbox {
     /// How this inbox sends its statements, found out once: unnamed when the pool goes through
     /// a transaction-mode pooler. `row_locks` says whether the caller takes a session advisory
     /// lock per message (row mode, [`run_pending`](Self::run_pending)), which such a pooler
-    /// cannot keep: then it refuses.
+    /// cannot keep: then it refuses. Once too, the consumer's name is claimed for the
+    /// connected role (`owner.rs`), or refused when it belongs to another.
     pub(crate) async fn statements(&self, row_locks: bool) -> Result<Statements> {
         let statements = *self
             .statements
             .get_or_try_init(|| async {
-                Ok::<_, Error>(match pooler::probe(&self.pool).await? {
+                let statements = match pooler::probe(&self.pool).await? {
                     Sessions::Kept => Statements::Named,
                     Sessions::PerTransaction => Statements::Unnamed,
-                })
+                };
+                owner::claim(&self.pool, statements, &self.config.consumer).await?;
+                Ok::<_, Error>(statements)
             })
             .await?;
         if statements == Statements::Unnamed && row_locks {

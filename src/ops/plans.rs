@@ -15,7 +15,7 @@ use crate::insert_lane::{heads, resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
-use crate::relay::{attempts, chain, histories, marks};
+use crate::relay::{attempts, chain, histories, marks, reused_ids};
 use crate::subscription::sql as serial;
 use crate::telemetry::HotStatement;
 use crate::write::sql as write;
@@ -211,6 +211,12 @@ const HOT_PATH: &[HotStatement] = &[
         chain::FLUSH_ROUTES,
         "text, uuid, bigint, bigint, float8, text[], bigint[]",
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000, ARRAY['a'], ARRAY[10]::bigint[]",
+    ),
+    s(
+        "relay: ids reused by a batch",
+        reused_ids::REUSED,
+        "uuid[], bigint[]",
+        "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY[10]::bigint[]",
     ),
     // On the failure path only, but once per failed attempt of a relay that may fail often.
     s(

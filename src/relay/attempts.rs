@@ -52,9 +52,10 @@ WHERE a.relay = $1 AND a.position = $2
 ORDER BY a.failed_at, a.id
 "#;
 
-/// The id of the event at position `$1` of the commit lane (`$2`) or the insert lane.
+/// The id and insert sequence of the event at position `$1` of the commit lane (`$2`) or the
+/// insert lane.
 pub(crate) const EVENT_AT: &str = r#"
-SELECT e.id FROM ordo.events AS e
+SELECT e.id, e.sequence FROM ordo.events AS e
 WHERE e.payload IS NOT NULL AND e.sequence = CASE
     WHEN $2 THEN (SELECT c.sequence FROM ordo.commit_log_range($1 - 1, $1) AS c
                   WHERE c.commit_seq = $1)
@@ -63,9 +64,13 @@ WHERE e.payload IS NOT NULL AND e.sequence = CASE
 
 /// The position of the event with id `$2` on the lane of relay `$1`: from its attempts if it
 /// has any; else on the insert lane its sequence, on the commit lane its row of the log (a
-/// scan of the log: an operator's lookup, not a hot path).
+/// scan of the log: an operator's lookup, not a hot path). Where several stored events carry
+/// the id, the first (the lowest sequence: the one relays send, see `reused_ids.rs`).
 pub(crate) const POSITION_OF: &str = r#"
-WITH event AS (SELECT sequence FROM ordo.events WHERE id = $2 AND payload IS NOT NULL)
+WITH event AS (
+    SELECT sequence FROM ordo.events WHERE id = $2 AND payload IS NOT NULL
+    ORDER BY sequence LIMIT 1
+)
 SELECT coalesce(
     (SELECT a.position FROM ordo.relay_attempts AS a, event
      WHERE a.relay = $1 AND a.sequence = event.sequence LIMIT 1),
@@ -74,6 +79,11 @@ SELECT coalesce(
     (SELECT c.commit_seq FROM ordo.commit_log AS c, event, ordo.subscriptions AS s
      WHERE s.name = $1 AND s.lane = 'commit' AND c.sequence = event.sequence)
 )
+"#;
+
+/// The insert sequences of every stored event with id `$1`, lowest first.
+pub(crate) const HOLDERS: &str = r#"
+SELECT sequence FROM ordo.events WHERE id = $1 AND payload IS NOT NULL ORDER BY sequence
 "#;
 
 /// This process, as an attempt records it.
@@ -137,6 +147,11 @@ pub enum RelayEventState {
     Failing,
     /// Not delivered yet, and no failure stored: not sent yet, or in flight now.
     Waiting,
+    /// Never sent: an earlier event (a lower insert sequence, first in
+    /// [`RelayEventAttempts::id_holders`]) carries the same id, and a relay sends an id only
+    /// for the first event stored with it (a later copy would make receivers that deduplicate
+    /// by id drop the first). Its position is passed as done.
+    Refused,
 }
 
 /// One failed attempt of a relay's event.
@@ -170,6 +185,10 @@ pub struct RelayEventAttempts {
     pub position: Position,
     /// The event's id, while `ordo.events` holds it.
     pub event_id: Option<Uuid>,
+    /// The insert sequences of every stored event carrying that id, lowest first, when more
+    /// than one does (a copy inserted with another event's id, or a retry of a commit that
+    /// took effect); empty when the id is this event's alone. Relays send the first only.
+    pub id_holders: Vec<u64>,
     /// Where it stands now.
     pub state: RelayEventState,
     /// Since when it stands so (the last change of its progress row), if it has one.
@@ -180,6 +199,9 @@ pub struct RelayEventAttempts {
 
 /// Whether relay `relay` delivered `event`, when and why not: where it stands now and its
 /// failed attempts, each with its time, error, host and pid (`ordo relay attempts`).
+///
+/// Asked by id where several stored events carry it, the answer is about the first of them
+/// (the one relays send), and [`id_holders`](RelayEventAttempts::id_holders) lists them all.
 ///
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such relay; [`Error::InvalidConfig`] if no
@@ -238,9 +260,11 @@ pub async fn relay_attempts(
         .fetch_all(pool)
         .await?;
     let mut event_id = None;
+    let mut sequence = None;
     let mut attempts = Vec::with_capacity(rows.len());
     for row in rows {
         event_id = event_id.or(row.try_get("id")?);
+        sequence = sequence.or(Some(row.try_get::<i64, _>("sequence")?));
         attempts.push(RelayAttempt {
             attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or(0),
             failed_at: row.try_get("failed_at")?,
@@ -252,18 +276,42 @@ pub async fn relay_attempts(
         });
     }
     if event_id.is_none() {
-        event_id = sqlx::query_scalar(EVENT_AT)
+        let found: Option<(Uuid, i64)> = sqlx::query_as(EVENT_AT)
             .bind(at)
             .bind(lane == crate::Ordering::Commit)
             .fetch_optional(pool)
             .await?;
+        (event_id, sequence) = found.map_or((None, None), |(id, at)| (Some(id), Some(at)));
     }
+    let id_holders = match event_id {
+        Some(id) => holders(pool, id).await?,
+        None => Vec::new(),
+    };
+    let first = id_holders.first().copied();
+    let sequence = sequence.and_then(|at| u64::try_from(at).ok());
+    let state = match (first, sequence) {
+        (Some(first), Some(sequence)) if first < sequence => RelayEventState::Refused,
+        _ => state,
+    };
     Ok(RelayEventAttempts {
         relay: relay.to_owned(),
         position: Position::new(lane, position),
         event_id,
+        id_holders,
         state,
         since,
         attempts,
     })
+}
+
+/// [`HOLDERS`] of `id` when more than one event carries it, else empty.
+async fn holders(pool: &PgPool, id: Uuid) -> Result<Vec<u64>> {
+    let found: Vec<i64> = sqlx::query_scalar(HOLDERS).bind(id).fetch_all(pool).await?;
+    if found.len() < 2 {
+        return Ok(Vec::new());
+    }
+    Ok(found
+        .into_iter()
+        .filter_map(|at| u64::try_from(at).ok())
+        .collect())
 }

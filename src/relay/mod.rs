@@ -45,6 +45,7 @@ pub(crate) mod histories;
 pub(crate) mod marks;
 mod message;
 mod outage;
+pub(crate) mod reused_ids;
 mod runner;
 mod sink;
 mod sink_down;

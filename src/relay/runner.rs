@@ -241,6 +241,10 @@ impl<K: Sink> RelayRunner<K> {
                 let Some((slots, messages)) = self.take_batch(work) else {
                     break;
                 };
+                let Some((slots, messages)) = self.refuse_reused_ids(work, slots, messages).await
+                else {
+                    continue;
+                };
                 let Some(carrier) = self.idle.pop() else {
                     break;
                 };

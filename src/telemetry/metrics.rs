@@ -27,7 +27,7 @@
 //! | `ordo_relay_lag` | gauge | `relay` | positions between its stored results and the lane head: the events not yet delivered |
 //! | `ordo_relay_halts_total` | counter | `relay` | times it halted below the retention floor |
 //! | `ordo_relay_delivery_latency_seconds` | histogram | `relay` | from an event's `recorded_at` to the sink confirming it |
-//! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted) or `parked` | what each relay send did to an event |
+//! | `ordo_relay_events_total` | counter | `relay`, `result` = `delivered`, `retried` (the sink blamed it: an attempt counted), `released` (deadline expired or the batch failed as a whole: no attempt counted), `parked` or `refused` (its id belongs to an earlier event: never sent) | what each relay send did to an event |
 //! | `ordo_subscription_stalled_keys` | gauge | `subscription` | a keyed subscription's keys waiting on a stalled event, as its runner holds them |
 //! | `ordo_stream_retries_total` | counter | `lane` | listener reads that failed transiently (connection, pool, server restart) and were retried at the same position |
 //! | `ordo_relay_sink_down` | gauge | `relay` | 1 while the relay's owner finds its sink down (an outage), else 0 |

@@ -70,7 +70,10 @@ where
     /// the database does not refuse an id stored before: retry only after
     /// [`Outbox::commit_status`](crate::Outbox::commit_status) (with the first attempt's xid
     /// and these ids) says it aborted, or check with
-    /// [`Outbox::published`](crate::Outbox::published).
+    /// [`Outbox::published`](crate::Outbox::published). A second copy stored all the same is
+    /// never relayed: a relay sends an id only for the first event stored with it and refuses
+    /// the others (`docs/relays.md`, "One event per id"); in-process listeners and
+    /// subscriptions still see both rows.
     ///
     /// # Errors
     /// [`Error::Encode`](crate::Error::Encode) if `event` or `headers` does not serialise.

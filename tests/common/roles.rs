@@ -73,6 +73,12 @@ pub fn quote(name: &str) -> String {
 
 impl Roles {
     pub async fn new(partition_size: u64) -> Roles {
+        Roles::migrated_to(partition_size, None).await
+    }
+
+    /// As [`new`](Self::new), with the schema migrated up to `version` only (an older ordo's
+    /// schema, for upgrade tests); the grants are that version's.
+    pub async fn migrated_to(partition_size: u64, version: Option<i64>) -> Roles {
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let name = |kind: &str| format!("ordo_test_{}_{kind}", &tag[..12]);
         let mut guard = Guard {
@@ -131,7 +137,13 @@ impl Roles {
         // Migrated by the owner, as in production: ordo's objects belong to a role that is
         // not a superuser, so an operator can be made a member of it.
         let owner_pool = roles.pool_as(&roles.owner, 2).await;
-        ordo::migrate(&owner_pool).await.expect("migrate as owner");
+        match version {
+            None => ordo::migrate(&owner_pool).await.expect("migrate as owner"),
+            Some(version) => ordo::migrator()
+                .run_to(version, &owner_pool)
+                .await
+                .expect("migrate as owner to an older schema"),
+        }
         owner_pool.close().await;
         let grants = Grants::writer(&roles.writer)
             .and(Grants::reader(&roles.reader))

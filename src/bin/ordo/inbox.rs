@@ -9,6 +9,8 @@
 //!                                                and a gap it waits on
 //! ordo inbox set-watermark CONSUMER SOURCE POSITION [--route R] [--create]
 //!                                                move a mark (past a position that never comes)
+//! ordo inbox adopt CONSUMER --role ROLE          assign a consumer from before roles were
+//!                                                recorded to the role that receives for it
 //! ```
 
 use std::io::{self, Write};
@@ -83,6 +85,17 @@ enum InboxAction {
         #[arg(long)]
         create: bool,
     },
+    /// Assign an inbox consumer to the role that receives for it.
+    ///
+    /// For a consumer whose rows predate ordo's record of roles, when the upgrade could not
+    /// tell its role: until then only the owner (and operators) may write its rows. Run as an
+    /// operator.
+    Adopt {
+        consumer: String,
+        /// The database role that receives for it.
+        #[arg(long)]
+        role: String,
+    },
 }
 
 pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
@@ -139,6 +152,14 @@ pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
                 "ordo: the mark of consumer {:?} for source {:?}{on} is {position}; it handles what follows it on the route next",
                 printable(&consumer),
                 printable(&source),
+            );
+        }
+        InboxAction::Adopt { consumer, role } => {
+            inbox::adopt_consumer(&pool, &consumer, &role).await?;
+            eprintln!(
+                "ordo: inbox consumer {:?} belongs to role {:?}",
+                printable(&consumer),
+                printable(&role)
             );
         }
     }

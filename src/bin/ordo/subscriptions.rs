@@ -1,4 +1,4 @@
-//! `ordo subscriptions`: list them; pause, resume, reset, delete one; stalled keys.
+//! `ordo subscriptions`: list them; pause, resume, reset, adopt, delete one; stalled keys.
 
 use std::io::{self, Write};
 
@@ -59,6 +59,16 @@ enum SubscriptionAction {
         #[arg(long)]
         all: bool,
     },
+    /// Assign a subscription or relay from before ordo recorded roles to the role that runs it.
+    ///
+    /// Until then only the owner (and operators) may run such a row; other roles are refused
+    /// at start. Run as an operator.
+    Adopt {
+        name: String,
+        /// The database role that runs it.
+        #[arg(long)]
+        role: String,
+    },
     /// Delete a subscription's row (its dead letters stay until purged).
     Delete {
         name: String,
@@ -105,6 +115,11 @@ pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             eprintln!(
                 "ordo: {asked} stalled events of {name:?} ({which}) marked for retry by its runner"
             );
+            Ok(())
+        }
+        SubscriptionAction::Adopt { name, role } => {
+            admin::adopt_subscription(&pool, &name, &role).await?;
+            eprintln!("ordo: {name:?} is run by role {role:?}");
             Ok(())
         }
         SubscriptionAction::Delete { name, force } => {

@@ -240,6 +240,7 @@ async fn attempts(pool: &PgPool, name: &str, event: &str, json: bool) -> CliResu
         RelayEventState::Parked => "parked",
         RelayEventState::Failing => "failing, tried again",
         RelayEventState::Waiting => "not delivered yet (not sent, or in flight)",
+        RelayEventState::Refused => "refused, never sent (an earlier event has its id)",
         _ => "unknown",
     };
     writeln!(
@@ -249,6 +250,15 @@ async fn attempts(pool: &PgPool, name: &str, event: &str, json: bool) -> CliResu
         found.position.lane(),
         found.position.get()
     )?;
+    if let Some((first, others)) = found.id_holders.split_first() {
+        let others: Vec<String> = others.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "{} events carry this id, at sequences {first} (the one relays send) and {}",
+            found.id_holders.len(),
+            others.join(", ")
+        )?;
+    }
     if found.attempts.is_empty() {
         writeln!(out, "no failed attempt recorded")?;
         return Ok(());
