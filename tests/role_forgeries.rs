@@ -166,7 +166,7 @@ async fn no_role_moves_or_marks_another_consumers_inbox_and_each_receives_its_ow
              VALUES ('billing', 'm9', 'completed', now())",
             "INSERT INTO ordo.inbox_watermarks (consumer, source, position) VALUES ('ledger', 'other-db', 50)",
             "INSERT INTO ordo.inbox_watermarks (consumer, source, position) VALUES ('ledger', 'orders-db', 50) \
-             ON CONFLICT (consumer, source) DO UPDATE SET position = EXCLUDED.position",
+             ON CONFLICT (consumer, source, route) DO UPDATE SET position = EXCLUDED.position",
         ] {
             let result = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
             assert!(denied(result), "{role} ran {sql}");
@@ -259,7 +259,7 @@ impl Subscriber<Note> for Seen {
 /// operator assigns it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_assigns_them() {
-    let roles = Roles::migrated_to(1_000_000, Some(20261209000100)).await;
+    let roles = Roles::migrated_to(1_000_000, Some(20261210000100)).await;
     for role in [&roles.writer, &roles.other] {
         let sql = format!(
             "REVOKE INSERT ON ordo.inbox FROM {}",

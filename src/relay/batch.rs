@@ -254,6 +254,8 @@ impl<K: Sink> RelayRunner<K> {
             && to_store.delivered.iter().all(|at| at.get() <= watermark);
         if covered && watermark > work.schedule.stored.get() {
             to_store.advance_to = Some(Position::new(self.config.ordering, watermark));
+            // Stored with the watermark; offered again at the next flush (an upsert).
+            to_store.routes = work.chains.passed(watermark);
         }
         let advance = to_store.advance_to;
         // What the status may call recorded once this write and every one before it are.

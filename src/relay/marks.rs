@@ -33,7 +33,9 @@ SELECT EXISTS (SELECT 1 FROM fence)
 /// The watermark moved to `$3` (never back) in place of completion rows, when a batch's
 /// delivered events are all at or below the schedule's contiguous watermark once it landed:
 /// every event up to there was delivered, by this batch or one before it. Progress rows at or
-/// below it go, as in a flush. Fenced by the lease; the answer is whether the row was there.
+/// below it go, as in a flush, and the routes it passed (`$4`, their last positions `$5`)
+/// are stored with it, so that `ordo.relay_routes` always matches the stored watermark
+/// (`chain.rs`). Fenced by the lease; the answer is whether the row was there.
 pub(crate) const ADVANCE: &str = r#"
 WITH moved AS (
     UPDATE ordo.subscriptions
@@ -43,6 +45,12 @@ WITH moved AS (
 ), pruned AS (
     DELETE FROM ordo.subscription_progress AS p
     WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
+), routed AS (
+    INSERT INTO ordo.relay_routes AS r (relay, route, position)
+    SELECT $1, p.route, p.position
+    FROM unnest($4::text[], $5::bigint[]) AS p(route, position)
+    WHERE EXISTS (SELECT 1 FROM moved)
+    ON CONFLICT (relay, route) DO UPDATE SET position = GREATEST(r.position, excluded.position)
 )
 SELECT EXISTS (SELECT 1 FROM moved)
 "#;
@@ -65,6 +73,8 @@ pub(crate) struct Marks {
     pub(crate) failed: Vec<Mark>,
     /// Store this watermark instead of a row per delivered position (see [`ADVANCE`]).
     pub(crate) advance_to: Option<Position>,
+    /// With `advance_to`: the routes it passes and the last position of each.
+    pub(crate) routes: (Vec<String>, Vec<i64>),
 }
 
 /// Writes marks for one relay owner (owned, so a task of its own can run it).
@@ -92,6 +102,8 @@ impl Writer {
                     .bind(&self.name)
                     .bind(self.owner)
                     .bind(to)
+                    .bind(&marks.routes.0)
+                    .bind(&marks.routes.1)
                     .fetch_one(&mut *tx)
                     .await?,
             ),

@@ -181,9 +181,14 @@ pub async fn lose_by_hand(
             .await
             .expect("placeholders where the lost events were");
     }
+    // Stamped as another transaction's: the peer published them in a transaction of its own
+    // (a transaction that published may not append: `ordo.append_commit_log` refuses it), and
+    // all of this must still land in one commit, before any other process reads the head.
     sqlx::query(
-        "INSERT INTO ordo.events (payload) \
-         SELECT jsonb_build_object('writer', 3, 'n', n) FROM generate_series(0, $1 - 1) AS n \
+        "INSERT INTO ordo.events (payload, commit_xid) \
+         SELECT jsonb_build_object('writer', 3, 'n', n), \
+                pg_current_xact_id()::text::bigint + 1000000 \
+         FROM generate_series(0, $1 - 1) AS n \
          ORDER BY n",
     )
     .bind(new)
