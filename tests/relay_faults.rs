@@ -1,6 +1,6 @@
 //! A relay against a broker that stops answering (black-holed by a TCP proxy in the test), then
-//! one whose connection is cut: the batch deadline expires or the batch fails as a whole, the
-//! sink's connection is rebuilt, the batch is released without an attempt counted against its
+//! one whose connection is cut: the acks time out and the sink's probe goes unanswered, or the
+//! batch fails as a whole, the sink's connection is rebuilt, the batch is released without an attempt counted against its
 //! events, and once the broker answers again everything arrives,
 //! exactly once after the stream's deduplication, in order per key. Its own test binary: it
 //! reads the relay's counters through a process-wide metrics recorder.

@@ -2,14 +2,15 @@
 //! the timeouts behave as `docs/relays.md` says.
 //!
 //! - A link slower than the **batch deadline** (the sink's ack timeout derived from it, half
-//!   the deadline): no ack comes back, nothing is delivered, so it is an **outage**: the
-//!   events are released with no attempt counted (a relay allowed one attempt parks nothing);
+//!   the deadline): no ack comes back, nothing is delivered and the sink's probe goes
+//!   unanswered, so it is an **outage**: the events are released with no attempt counted (a relay allowed one attempt parks nothing);
 //!   once the link is merely slow, everything arrives.
 //! - A link slower than the sink's **ack timeout** (set shorter than the deadline): each ack
-//!   times out on its own, well inside the deadline, but as nothing at all gets through it is
-//!   an outage too: released, no attempt counted (issue 27: a sink that cannot deliver
-//!   anything is down; only a message failing while others are delivered is blamed); the
-//!   stream's deduplication absorbs the copies whose acks came late.
+//!   times out on its own, well inside the deadline, but the sink's probe (its stream's
+//!   information, asked over the same link within the ack timeout) does not answer either, so
+//!   it is an outage too: released, no attempt counted (a sink that does not answer is down;
+//!   a message is blamed when the sink answers); the stream's deduplication absorbs the
+//!   copies whose acks came late.
 //!
 //! Either way every event is in the stream exactly once after deduplication, in key order.
 //! Its own test binary: it reads the relay's counters through a process-wide metrics recorder.

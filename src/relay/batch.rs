@@ -89,7 +89,8 @@ impl<K: Sink> RelayRunner<K> {
         let mut carrier = landed.carrier;
         let mut verdicts = landed.verdicts;
         let cut_short = landed.cut_short.as_deref();
-        let (release_after, down) = self.judge(work, landed.sent_at, &mut verdicts, cut_short);
+        let probe = landed.probe.as_ref();
+        let (release_after, down) = self.judge(work, &mut verdicts, probe, cut_short);
         // A sink that delivered nothing may sit on a wedged connection that still looks open
         // (its per-message timeouts end each send in time): rebuilt before the next send.
         carrier.broken |= down;
@@ -127,14 +128,17 @@ impl<K: Sink> RelayRunner<K> {
     fn judge(
         &self,
         work: &mut Work,
-        sent_at: Instant,
         verdicts: &mut [Verdict],
+        probe: Option<&Result<(), String>>,
         cut_short: Option<&str>,
     ) -> (Duration, bool) {
         let name = &self.config.name;
         let down =
             |value: f64| metrics::gauge!(RELAY_SINK_DOWN, "relay" => name.clone()).set(value);
-        match work.health.judge(sent_at, verdicts) {
+        if let Some(Ok(())) = probe {
+            tracing::debug!(relay = %name, "the sink answered its probe: the failures of a batch that delivered nothing are its messages'");
+        }
+        match work.health.judge(verdicts, probe) {
             Judged::Working => {
                 if let Some(why) = cut_short {
                     let released = verdicts

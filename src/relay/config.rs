@@ -218,11 +218,13 @@ impl RelayConfig {
         self
     }
 
-    /// One deadline over a batch's send and confirm. On expiry the outcomes the sink reported
-    /// stand, the sink's connection is rebuilt, and the events without an outcome are
-    /// released without an attempt into batches at most half as big (alone, an event without
-    /// an outcome counts an attempt; `docs/relays.md`, "The failure model"). The built-in
-    /// sinks' per-message timeouts are derived from it and must be shorter. Default 10 s.
+    /// One deadline over a batch's send and confirm (and the sink's probe, when one follows).
+    /// On expiry the outcomes the sink reported stand, the sink's connection is rebuilt, and
+    /// the events without an outcome are released without an attempt into batches at most
+    /// half as big (alone, an event without an outcome counts an attempt; `docs/relays.md`,
+    /// "The failure model"). The built-in sinks' per-message timeouts are derived from it and
+    /// must be shorter; a webhook request past its timeout stays open until this deadline.
+    /// Default 10 s.
     pub fn batch_deadline(mut self, deadline: Duration) -> Self {
         self.batch_deadline = deadline;
         self

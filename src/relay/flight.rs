@@ -25,10 +25,11 @@ pub(super) struct Landed<K> {
     pub(super) messages: Vec<Message>,
     /// One per message.
     pub(super) verdicts: Vec<Verdict>,
-    /// When it was handed to the sink.
-    pub(super) sent_at: Instant,
     /// Why it ended early (the deadline, the sink's failure, a panic), if it did.
     pub(super) cut_short: Option<String>,
+    /// What the sink answered when probed after a flight whose failures could be its own
+    /// (`outage.rs`); `None` when it was not asked.
+    pub(super) probe: Option<Result<(), String>>,
 }
 
 /// How a batch's `send` ended.
@@ -43,10 +44,11 @@ enum Ended {
 }
 
 /// Sends `messages` with `carrier` under `deadline`, which ends at `until`: its connection
-/// rebuilt first if broken, within the same deadline (one flight never outlasts it, so the
-/// runner can tell when its last request ended: `tenure.rs`). The carrier always comes back, broken when the deadline
-/// expired, the batch failed as a whole or the sink panicked. The outcomes the sink reported
-/// before any of these stand.
+/// rebuilt first if broken, then the send, then, when nothing was delivered and a failure may
+/// be the sink's, the sink's probe (`outage.rs`), all within the same deadline (no request of a
+/// flight outlasts it, so the runner can tell when its last one ended: `tenure.rs`). The
+/// carrier always comes back, broken when the deadline expired, the batch failed as a whole or
+/// the sink panicked. The outcomes the sink reported before any of these stand.
 pub(super) async fn fly<K: Sink>(
     mut carrier: Carrier<K>,
     slots: Vec<Slot>,
@@ -54,7 +56,6 @@ pub(super) async fn fly<K: Sink>(
     deadline: Duration,
     until: Instant,
 ) -> Landed<K> {
-    let sent_at = Instant::now();
     let mut outcomes = Outcomes::new(messages.len());
     let ended = send_within(&mut carrier, &messages, &mut outcomes, deadline, until).await;
     let cut_short = match &ended {
@@ -63,13 +64,35 @@ pub(super) async fn fly<K: Sink>(
     };
     // The runner logs it, once it has judged whether the sink is down (logged once then).
     carrier.broken = cut_short.is_some();
+    let verdicts = verdicts(ended, outcomes);
+    let probe = if super::outage::in_doubt(&verdicts) {
+        Some(probe(&mut carrier.sink, until).await)
+    } else {
+        None
+    };
     Landed {
         carrier,
         slots,
         messages,
-        verdicts: verdicts(ended, outcomes),
-        sent_at,
+        verdicts,
         cut_short,
+        probe,
+    }
+}
+
+/// Asks the sink whether it can take messages, waiting no later than `until` (the flight's
+/// deadline; a probe that answers at once is heard even after it): silence, or a panic, is a
+/// no.
+async fn probe<K: Sink>(sink: &mut K, until: Instant) -> Result<(), String> {
+    let asked = AssertUnwindSafe(sink.probe()).catch_unwind();
+    match tokio::time::timeout_at(until, asked).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(error))) => Err(error.message().to_owned()),
+        Ok(Err(panic)) => Err(format!(
+            "its probe panicked: {}",
+            crate::task::panic_message(&*panic)
+        )),
+        Err(_) => Err("it did not answer its probe within the batch deadline".to_owned()),
     }
 }
 

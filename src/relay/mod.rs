@@ -26,8 +26,11 @@
 //! a [`SendError::Permanent`] one parks the event at once, and so does a panic of user code
 //! run for one message (a subject, a route, a key); a [`SendError::Unavailable`] one (the
 //! message's destination is down: a webhook URL, a subject without a stream) counts none. An
-//! `Err` from `send` is the sink's as a whole: no attempt is counted. `docs/relays.md` states
-//! the rules and the bound on sends.
+//! `Err` from `send` is the sink's as a whole: no attempt is counted. Blame never depends on
+//! other traffic: a message that fails while nothing else is in flight counts its attempts
+//! like any other; where a batch delivered nothing and its failures could be the sink's (they
+//! timed out), the relay asks [`Sink::probe`], and a sink that does not answer is down.
+//! `docs/relays.md` states the rules and the bound on sends.
 //!
 //! # Bytes, not types
 //!
@@ -45,6 +48,7 @@ pub(crate) mod histories;
 pub(crate) mod marks;
 mod message;
 mod outage;
+mod outcomes;
 pub(crate) mod reused_ids;
 mod runner;
 mod sink;
@@ -63,9 +67,10 @@ pub use attempts::{RelayAttempt, RelayEvent, RelayEventAttempts, RelayEventState
 pub use config::{DEFAULT_WINDOW_BYTES, OnParked, RelayConfig};
 pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
+pub use outcomes::Outcomes;
 #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
 pub(crate) use sink::fitted_timeout;
-pub use sink::{Outcomes, Router, SendError, Sink, SinkTiming};
+pub use sink::{Router, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;
 
 /// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that

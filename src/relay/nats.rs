@@ -31,25 +31,38 @@
 //! for what few consumers read (the body is always JSON; the position says where the event
 //! sits).
 //!
-//! # Errors, transient or permanent
+//! # Errors: whose fault
+//!
+//! A failure is the message's (`Transient`, `Permanent`: an attempt, even when nothing else is
+//! in flight) when the stream answered about that message or did not answer it in time, and
+//! the sink's (no attempt) when the server or the stream says it cannot take anything:
 //!
 //! | what happened | [`SendError`] |
 //! | --- | --- |
-//! | no connection, the connection was lost during the batch | outer `Transient` (no message blamed) |
-//! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) of its publish | `Transient` |
-//! | the [`subject`](NatsSinkBuilder::subject) function panicked on the message | `Permanent` |
+//! | no connection, the connection was lost during the batch | outer `Transient` (the sink's: no message blamed) |
 //! | *no responders*: no stream listens on the subject | `Unavailable` (see below) |
-//! | an invalid subject, one over 4,000 bytes, a key, type, source or `traceparent` holding a line break (refused before it is sent) | `Permanent` |
+//! | the stream takes nothing now: `discard: new` at its `max_msgs` or `max_bytes`, out of storage or account resources, JetStream not enabled | `Unavailable` |
+//! | no ack within [`ack_timeout`](NatsSinkBuilder::ack_timeout) of its publish | `Transient`, once the stream answered the sink's probe |
+//! | the stream refused the message: over the per-subject limit with `discard_new_per_subject`, any other error ack | `Transient` |
 //! | a message larger than the server's or the stream's maximum | `Permanent` |
-//! | any other JetStream error (limits, a sealed stream) | `Transient` |
+//! | an invalid subject, one over 4,000 bytes, a key, type, source or `traceparent` holding a line break (refused before it is sent) | `Permanent` |
+//! | the [`subject`](NatsSinkBuilder::subject) function panicked on the message | `Permanent` |
+//!
+//! **The probe.** When a batch delivered nothing and a message timed out, the relay asks the
+//! sink ([`Sink::probe`]) before it counts anything: the sink asks JetStream for its stream's
+//! information (the stream named with [`stream`](NatsSinkBuilder::stream), or the one bound to
+//! `"{prefix}.>"`; the account's information with a custom subject and no stream named) on
+//! the connection the batch used, within the ack timeout. Answered, the timeouts are the
+//! messages' (each an attempt); not answered (a broker that stopped answering, a link that
+//! black-holes or crawls), the batch is an outage.
 //!
 //! *No responders* is an outage of the subject, never the message's failure: the client cannot
 //! tell "no stream is bound to this subject" from "the stream is being created, moved or
 //! elected" (a server restart, a cluster leader election), and a missing stream is the sink's
 //! state, not the event's. So no attempt is counted and nothing parks: the message is sent
 //! again after about a second (or the relay's outage backoff, when every message of the batch
-//! failed so), the relay's status says `sink down since T: no responders ...` while nothing
-//! else gets through, and the events go out by themselves once the stream exists. (As a
+//! failed so), the relay's status says `sink down since T: ...no responders...` while every
+//! message it sends fails so, and the events go out by themselves once the stream exists. (As a
 //! transient failure it parked after the maximum attempts, and a batch that straddled the
 //! stream's return charged the messages sent before it came back.)
 //!
@@ -135,6 +148,7 @@ use crate::error::{Error, Result};
 
 mod builder;
 mod headers;
+mod health;
 mod publish;
 
 pub use builder::NatsSinkBuilder;
@@ -313,6 +327,12 @@ impl Sink for NatsSink {
         self.connection = None;
         self.dirty = false;
         self.connect().await.map(drop)
+    }
+
+    /// The stream's information, asked on the last batch's connection (see
+    /// [Errors](self#errors-whose-fault)).
+    async fn probe(&mut self) -> Result<(), SendError> {
+        self.health().await
     }
 
     fn describe(&self) -> String {

@@ -1,20 +1,28 @@
 //! Telling a sink that is down from messages that fail: an **outage** costs no attempt and
 //! parks nothing; the relay backs off (capped, jittered) and resumes by itself.
 //!
-//! A flight is judged an outage when
+//! Blame is taken from what the sink said, never from the traffic around a message. A flight
+//! that delivered nothing is an outage when
 //! - the sink failed as a whole (`send` returned `Err`, or its connection could not be
-//!   rebuilt), or
-//! - nothing of it was delivered, no message was refused permanently, and **no other flight
-//!   delivered anything since it was sent**: every message failed transiently or got no
-//!   outcome while the sink delivered nothing at all.
+//!   rebuilt);
+//! - every message it did not refuse permanently is [`SendError::Unavailable`]: what the sink
+//!   says about itself (a connection refused, no stream bound, a missing exchange); or
+//! - a failure could be the sink's as well as the message's (a transient failure, a message
+//!   without an outcome) and the sink did not answer its probe (`Sink::probe`, asked by
+//!   `flight.rs`).
 //!
-//! Why "delivered since it was sent": a dead broker, a missing stream, a black-holed link and
-//! an endpoint answering 503 to everything all look, message by message, like failures of
-//! each message; what tells them from one bad message is whether anything else gets through
-//! meanwhile. A batch in which something was delivered proves the sink works, so its failures
-//! are its messages'. The price: a bad message that is the only traffic is taken for an
-//! outage (retried with a capped backoff, never parked) until some other event is delivered
-//! beside it or after it was sent; then it is blamed as usual.
+//! Otherwise its failures are its messages': each counts an attempt and backs off, and parks
+//! after the maximum, **even when nothing else is in flight**. A flight with a delivery is
+//! never an outage.
+//!
+//! Why not "no other delivery since it was sent", the rule before 2026-12-07: a bad message
+//! that was the relay's only traffic (a webhook's `500`, a JetStream refusal) was taken for an
+//! outage, re-sent for ever and never parked, and the relay showed the sink down while it
+//! answered everything else. Whether other messages get through says nothing about a message
+//! that travels alone; what the sink answered about it does, and where it answered nothing
+//! (a timeout), a question asked of the sink itself does.
+//!
+//! [`SendError::Unavailable`]: super::SendError::Unavailable
 
 use std::time::Duration;
 
@@ -32,8 +40,6 @@ const LOG_AGAIN_EVERY: Duration = Duration::from_secs(30);
 /// What the relay knows of its sink's health.
 #[derive(Default)]
 pub(super) struct Health {
-    /// When a flight last landed with a delivery.
-    last_delivery: Option<Instant>,
     down: Option<Down>,
 }
 
@@ -59,22 +65,25 @@ pub(super) enum Judged {
 }
 
 impl Health {
-    /// Judges a flight sent at `sent_at`; in an outage, every verdict but a permanent failure
-    /// becomes blameless.
-    pub(super) fn judge(&mut self, sent_at: Instant, verdicts: &mut [Verdict]) -> Judged {
+    /// Judges a landed flight from its verdicts and, when the sink was asked, its `probe`;
+    /// in an outage, every verdict but a permanent failure becomes blameless.
+    pub(super) fn judge(
+        &mut self,
+        verdicts: &mut [Verdict],
+        probe: Option<&Result<(), String>>,
+    ) -> Judged {
         let now = Instant::now();
-        if verdicts
-            .iter()
-            .any(|verdict| matches!(verdict, Verdict::Delivered))
-        {
-            self.last_delivery = Some(now);
-            return match self.down.take() {
+        let Some(reason) = outage_reason(verdicts, probe) else {
+            // A delivery, or an answered probe, shows the sink working; a flight of permanent
+            // refusals alone (made before anything was sent, maybe) shows nothing either way.
+            let answered = matches!(probe, Some(Ok(())))
+                || verdicts
+                    .iter()
+                    .any(|verdict| matches!(verdict, Verdict::Delivered));
+            return match self.down.take_if(|_| answered) {
                 Some(down) => Judged::Recovered(down.since),
                 None => Judged::Working,
             };
-        }
-        let Some(reason) = outage_reason(verdicts, self.works_since(sent_at)) else {
-            return Judged::Working;
         };
         for verdict in verdicts.iter_mut() {
             if !matches!(verdict, Verdict::Failed(error) if error.is_permanent()) {
@@ -99,33 +108,126 @@ impl Health {
             log,
         }
     }
+}
 
-    fn works_since(&self, sent_at: Instant) -> bool {
-        self.last_delivery.is_some_and(|at| at > sent_at)
+/// Whether a flight's failures could be the sink's as well as its messages', so that the sink
+/// is probed before they are counted: nothing delivered, the sink did not fail as a whole, and
+/// a message failed transiently or got no outcome.
+pub(super) fn in_doubt(verdicts: &[Verdict]) -> bool {
+    let mut doubtful = false;
+    for verdict in verdicts {
+        match verdict {
+            Verdict::Delivered | Verdict::Blameless(_) => return false,
+            Verdict::Failed(error) if error.is_permanent() || error.is_unavailable() => {}
+            Verdict::Failed(_) | Verdict::Unresolved(_) => doubtful = true,
+        }
+    }
+    doubtful
+}
+
+/// Why a flight is an outage, or `None` when its failures are its messages' (see the module
+/// docs).
+fn outage_reason(verdicts: &[Verdict], probe: Option<&Result<(), String>>) -> Option<String> {
+    if verdicts
+        .iter()
+        .any(|verdict| matches!(verdict, Verdict::Delivered))
+    {
+        return None;
+    }
+    let mut unavailable = None;
+    let mut doubtful = None;
+    for verdict in verdicts {
+        match verdict {
+            Verdict::Delivered => {}
+            Verdict::Blameless(why) => return Some(why.clone()),
+            Verdict::Failed(error) if error.is_unavailable() => {
+                unavailable.get_or_insert_with(|| error.message().to_owned());
+            }
+            Verdict::Failed(error) if error.is_permanent() => {}
+            Verdict::Failed(error) => {
+                doubtful.get_or_insert_with(|| error.message().to_owned());
+            }
+            Verdict::Unresolved(why) => {
+                doubtful.get_or_insert_with(|| why.clone());
+            }
+        }
+    }
+    match (doubtful, probe) {
+        (None, _) => unavailable.map(|why| format!("every message of a batch failed: {why}")),
+        (Some(failed), Some(Err(why))) => Some(format!(
+            "every message of a batch failed ({failed}), and the sink failed its probe: {why}"
+        )),
+        (Some(_), _) => None,
     }
 }
 
-/// Why a flight that delivered nothing is an outage, or `None` when its failures are its
-/// messages' (see the module docs).
-fn outage_reason(verdicts: &[Verdict], sink_works: bool) -> Option<String> {
-    let sink_failed = verdicts.iter().find_map(|verdict| match verdict {
-        Verdict::Blameless(why) => Some(why.clone()),
-        _ => None,
-    });
-    if sink_failed.is_some() {
-        return sink_failed;
+#[cfg(test)]
+mod tests {
+    use super::{Health, Judged, in_doubt};
+    use crate::relay::SendError;
+    use crate::relay::runner::Verdict;
+
+    fn failed(error: SendError) -> Verdict {
+        Verdict::Failed(error)
     }
-    let all_transient = verdicts.iter().all(|verdict| match verdict {
-        Verdict::Failed(error) => !error.is_permanent(),
-        Verdict::Unresolved(_) => true,
-        Verdict::Delivered | Verdict::Blameless(_) => false,
-    });
-    if sink_works || !all_transient {
-        return None;
+
+    #[test]
+    fn a_lone_failure_is_the_messages_once_the_sink_answers_its_probe() {
+        let mut health = Health::default();
+        let mut verdicts = vec![failed(SendError::transient("the endpoint answered 500"))];
+        assert!(in_doubt(&verdicts));
+        let judged = health.judge(&mut verdicts, Some(&Ok(())));
+        assert!(matches!(judged, Judged::Working));
+        assert!(matches!(&verdicts[0], Verdict::Failed(error) if !error.is_unavailable()));
     }
-    verdicts.first().map(|verdict| match verdict {
-        Verdict::Failed(error) => format!("every message of a batch failed: {}", error.message()),
-        Verdict::Unresolved(why) | Verdict::Blameless(why) => why.clone(),
-        Verdict::Delivered => String::new(),
-    })
+
+    #[test]
+    fn a_probe_unanswered_makes_an_outage_and_an_answer_ends_it() {
+        let mut health = Health::default();
+        let mut verdicts = vec![
+            failed(SendError::transient("no ack")),
+            Verdict::Unresolved("the batch deadline expired".to_owned()),
+        ];
+        let judged = health.judge(&mut verdicts, Some(&Err("no answer".to_owned())));
+        assert!(matches!(
+            judged,
+            Judged::Down {
+                streak: 1,
+                log: Some(_)
+            }
+        ));
+        assert!(verdicts.iter().all(
+            |verdict| matches!(verdict, Verdict::Blameless(why) if why.contains("no answer"))
+        ));
+        let mut verdicts = vec![failed(SendError::transient("nacked"))];
+        assert!(matches!(
+            health.judge(&mut verdicts, Some(&Ok(()))),
+            Judged::Recovered(_)
+        ));
+    }
+
+    #[test]
+    fn what_the_sink_says_about_itself_needs_no_probe() {
+        let unavailable = || SendError::Unavailable {
+            message: "no responders".to_owned(),
+            retry_after: std::time::Duration::from_secs(1),
+        };
+        let mut verdicts = vec![failed(unavailable()), failed(SendError::permanent("bad"))];
+        assert!(!in_doubt(&verdicts));
+        let judged = Health::default().judge(&mut verdicts, None);
+        assert!(matches!(judged, Judged::Down { .. }));
+        assert!(matches!(&verdicts[1], Verdict::Failed(error) if error.is_permanent()));
+        // A delivery anywhere in the flight: never an outage, whatever else failed.
+        let mut verdicts = vec![Verdict::Blameless("lost".to_owned()), Verdict::Delivered];
+        assert!(!in_doubt(&verdicts));
+        let judged = Health::default().judge(&mut verdicts, None);
+        assert!(matches!(judged, Judged::Working));
+        // Permanent refusals alone say nothing of the sink: no probe, no outage.
+        let mut verdicts = vec![failed(SendError::permanent("a line break in the key"))];
+        assert!(!in_doubt(&verdicts));
+        assert!(matches!(
+            Health::default().judge(&mut verdicts, None),
+            Judged::Working
+        ));
+    }
 }

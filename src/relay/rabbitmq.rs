@@ -75,16 +75,16 @@
 //! default exchange `""` needs no declaration, but it routes a message only to the queue named
 //! exactly as its routing key (a queue `Placed` for the type `Placed`) and drops the rest.
 //!
-//! **Without the exchange**, the broker closes the channel at the first publish
-//! (`NOT_FOUND - no exchange 'orders' in vhost '/'`): every message not yet confirmed fails
-//! transiently and the channel is reopened on the next send. When nothing else gets through,
-//! that is an outage: no attempt counted, nothing parked, a capped backoff, the relay's
-//! status `sink down since T: ...` quoting the broker's error, and the events go out by
-//! themselves once the exchange exists. With a [`route`](RabbitSinkBuilder::route) to several
-//! exchanges of which one is missing, it is *not* an outage while the others deliver: the
-//! failures are the messages' (the closed channel takes the batch's other unconfirmed
-//! messages with it), they count attempts and park after the relay's `max_attempts`. Declare
-//! every exchange before the relay starts.
+//! **Without the exchange**, the broker closes the channel at the first publish to it
+//! (`NOT_FOUND - no exchange 'orders' in vhost '/'`), and the channel is reopened on the next
+//! send. The messages published to the missing exchange are that exchange's outage
+//! (`Unavailable`: no attempt counted, nothing parked, sent again after about a second), and a
+//! batch of nothing else shows the relay's status `sink down since T: ...` quoting the
+//! broker's error; the events go out by themselves once the exchange exists. With a
+//! [`route`](RabbitSinkBuilder::route) to several exchanges of which one is missing, only its
+//! messages wait: the others of the batch that the closed channel dropped unconfirmed get no
+//! outcome (released without an attempt) and go out with the next batch. Declare every
+//! exchange before the relay starts.
 //!
 //! # Why no `mandatory` flag
 //!
@@ -95,16 +95,28 @@
 //! confirm means the broker took responsibility for routing it, to zero or more queues. (The
 //! incident record behind this is seed 001 of the design notes, amendment #478.)
 //!
-//! # Errors, transient or permanent
+//! # Errors: whose fault
+//!
+//! A failure is the message's (`Transient`, `Permanent`: an attempt, even when nothing else is
+//! in flight) when the broker answered about that message or did not confirm it in time, and
+//! the sink's (no attempt) when the broker cannot take it:
 //!
 //! | what happened | [`SendError`] |
 //! | --- | --- |
-//! | no connection, the connection failed during the batch | outer `Transient` (no message blamed) |
+//! | no connection, the connection failed during the batch | outer `Transient` (the sink's: no message blamed) |
+//! | the broker closed the channel: `NOT_FOUND` for the message's exchange, `ACCESS_REFUSED` | `Unavailable` |
+//! | the broker closed the channel over another message, or for a reason that names none (`PRECONDITION_FAILED` for an oversized message) | no outcome: released without an attempt, its next batch halved until a message that closes the channel alone is blamed |
 //! | a nack | `Transient` |
-//! | no confirm within [`confirm_timeout`](RabbitSinkBuilder::confirm_timeout) of its publish | `Transient` |
+//! | no confirm within [`confirm_timeout`](RabbitSinkBuilder::confirm_timeout) of its publish | `Transient`, once the broker answered the sink's probe |
 //! | the [`route`](RabbitSinkBuilder::route) function panicked on the message | `Permanent` |
-//! | the broker closed the channel (a missing exchange, a refused message) | `Transient`, for every message not yet confirmed; the channel is reopened on the next send |
 //! | an exchange name or routing key longer than 255 bytes | `Permanent` |
+//!
+//! **The probe.** When a batch delivered nothing and a failure could be the broker's (a
+//! confirm that did not come, a message left without an outcome), the relay asks the sink
+//! ([`Sink::probe`]) before it counts anything: the sink opens a channel on the connection the
+//! batch used and, with the default route, checks its exchange (a passive declare), within the
+//! confirm timeout. Answered, the failures are the messages'; not answered, or the exchange
+//! missing, the batch is an outage.
 
 use std::fmt;
 use std::sync::Arc;
@@ -116,6 +128,7 @@ use super::{Message, Outcomes, SendError, Sink};
 use crate::error::Result;
 
 mod builder;
+mod health;
 mod properties;
 mod publish;
 
@@ -136,6 +149,10 @@ const SHORT_STRING_MAX: usize = 255;
 
 /// A confirm's timeout when none is set and no relay derived one.
 const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// About how long a message whose exchange is missing waits (jittered by ±50%), or the
+/// relay's outage backoff when that is longer.
+const UNAVAILABLE_PAUSE: Duration = Duration::from_secs(1);
 
 struct Open {
     /// Kept so the connection lives as long as the channel; dropping it closes the socket.
@@ -163,6 +180,8 @@ struct Open {
 pub struct RabbitSink {
     uri: String,
     route: RouteFn,
+    /// The exchange of the default route (none with a custom route): checked by the probe.
+    exchange: Option<String>,
     pipeline_depth: usize,
     connect_timeout: Duration,
     /// The confirm timeout its user set, if any; otherwise `confirm_timeout` is derived.
@@ -229,6 +248,12 @@ impl Sink for RabbitSink {
         self.connection = None;
         self.dirty = false;
         self.channel().await.map(drop)
+    }
+
+    /// A channel opened, and the default route's exchange checked, on the last batch's
+    /// connection (see [Errors](self#errors-whose-fault)).
+    async fn probe(&mut self) -> Result<(), SendError> {
+        self.health().await
     }
 
     fn describe(&self) -> String {

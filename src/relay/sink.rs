@@ -5,19 +5,29 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Message;
+use super::{Message, Outcomes};
 
-/// Why a message (or a whole batch) was not delivered.
+/// Why a message (or a whole batch) was not delivered, and whose fault it is.
 ///
-/// The relay retries a [`Transient`](SendError::Transient) failure later (no sooner than
-/// `retry_after` when the receiver asked for a pause) and parks an event after its maximum
-/// attempts; a [`Permanent`](SendError::Permanent) failure parks the event at once, because
-/// sending the same bytes again cannot succeed (a request the receiver rejects as malformed, a
-/// message larger than the broker takes).
+/// A sink says whether a failure is **the message's** (the receiver refused it or did not
+/// answer it: [`Transient`](SendError::Transient), [`Permanent`](SendError::Permanent)) or
+/// **the sink's** (it, or the message's destination, cannot take anything now:
+/// [`Unavailable`](SendError::Unavailable), or `Err` from [`Sink::send`]). A message's failure
+/// counts an attempt, even when nothing else is in flight: the relay retries a transient one
+/// later (no sooner than `retry_after` when the receiver asked for a pause) and parks the
+/// event after its maximum attempts; a permanent one parks it at once, because sending the
+/// same bytes again cannot succeed (a request the receiver rejects as malformed, a message
+/// larger than the broker takes). The sink's failure counts nothing and parks nothing
+/// (`docs/relays.md`, "The failure model").
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SendError {
-    /// Worth retrying: a lost connection, a timeout, a broker nack, an overloaded receiver.
+    /// That message failed, and trying it again may succeed: the receiver answered it with an
+    /// error (an HTTP 5xx, a broker nack or error ack), dropped its connection after it was
+    /// sent, or did not answer it in time. Counts an attempt. When a batch delivered nothing
+    /// and its failures could be the sink's (every message timed out), the relay asks
+    /// [`Sink::probe`] first: a sink that does not answer its probe is down, and nothing is
+    /// counted.
     Transient {
         /// What happened, for logs and the event's `last_error` (no secrets).
         message: String,
@@ -29,11 +39,13 @@ pub enum SendError {
         /// What happened, for logs and the event's `last_error` (no secrets).
         message: String,
     },
-    /// The message's destination cannot take anything now (it is down or unreachable, and
-    /// nothing sent to it got through since this message was sent): not the message's fault.
-    /// No attempt is counted; the message is tried again after `retry_after`. A sink with
-    /// many destinations (webhook URLs by route) reports this so that one dead destination
-    /// holds only its own messages, in an outage of its own.
+    /// The message's destination cannot take anything now, by what it says about itself: a
+    /// connection refused, a name that does not resolve, a failed TLS handshake, no stream
+    /// bound to the subject, a missing exchange, a destination that does not answer its
+    /// probe. Not the message's fault: no attempt is counted; the message is tried again
+    /// after `retry_after`. A sink with many destinations (webhook URLs by route) reports this
+    /// so that one dead destination holds only its own messages, in an outage of its own; a
+    /// batch whose every message is unavailable shows the whole sink as down.
     Unavailable {
         /// What happened, for logs (no secrets).
         message: String,
@@ -104,98 +116,6 @@ impl fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
-/// What [`Sink::send`] knows of each message of its batch, filled in by the sink as it learns
-/// it: one slot per message, in the batch's order, each empty until the sink
-/// [reports](Outcomes::report) the message delivered or failed.
-///
-/// The relay reads it **after `send` ended, however it ended**: returned, cancelled by the
-/// batch deadline, or unwound by a panic. So an outcome reported is never lost with the rest
-/// of the batch: a delivered message stays delivered, a failed one counts its attempt, and
-/// only the messages still empty are released (see the trait's contract).
-///
-/// ```
-/// use ordo::relay::{Message, Outcomes, SendError};
-///
-/// let batch = [Message::new(&b"{}"[..]), Message::new(&b"{}"[..])];
-/// let mut outcomes = Outcomes::new(batch.len());
-/// outcomes.delivered(0);
-/// assert!(outcomes.get(0).is_some_and(Result::is_ok));
-/// assert!(outcomes.get(1).is_none(), "not known yet");
-/// outcomes.failed(1, SendError::transient("the endpoint answered 503"));
-/// assert!(!outcomes.all_delivered());
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcomes {
-    slots: Vec<Option<Result<(), SendError>>>,
-}
-
-impl Outcomes {
-    /// Empty outcomes for a batch of `len` messages.
-    pub fn new(len: usize) -> Self {
-        Self {
-            slots: vec![None; len],
-        }
-    }
-
-    /// Message `index` of the batch was delivered: the receiver took responsibility for it.
-    pub fn delivered(&mut self, index: usize) {
-        self.report(index, Ok(()));
-    }
-
-    /// Message `index` of the batch failed with `error` (blamed on that message alone).
-    pub fn failed(&mut self, index: usize, error: SendError) {
-        self.report(index, Err(error));
-    }
-
-    /// Message `index`'s outcome. A later report replaces an earlier one; an index past the
-    /// batch is ignored (and logged): it names no message.
-    pub fn report(&mut self, index: usize, outcome: Result<(), SendError>) {
-        match self.slots.get_mut(index) {
-            Some(slot) => *slot = Some(outcome),
-            None => tracing::warn!(
-                index,
-                batch = self.slots.len(),
-                "a sink reported an outcome for a message its batch does not hold"
-            ),
-        }
-    }
-
-    /// Message `index`'s outcome, if reported.
-    pub fn get(&self, index: usize) -> Option<&Result<(), SendError>> {
-        self.slots.get(index).and_then(Option::as_ref)
-    }
-
-    /// Whether message `index` has an outcome.
-    pub fn is_known(&self, index: usize) -> bool {
-        self.get(index).is_some()
-    }
-
-    /// The number of messages (reported or not).
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Whether the batch is empty.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
-    /// Whether every message was reported delivered.
-    pub fn all_delivered(&self) -> bool {
-        self.slots.iter().all(|slot| matches!(slot, Some(Ok(()))))
-    }
-
-    /// Each message's outcome, in the batch's order (`None`: not reported).
-    pub fn iter(&self) -> impl Iterator<Item = Option<&Result<(), SendError>>> {
-        self.slots.iter().map(Option::as_ref)
-    }
-
-    /// The outcomes, one per message, in the batch's order.
-    pub fn into_vec(self) -> Vec<Option<Result<(), SendError>>> {
-        self.slots
-    }
-}
-
 /// Where a relay delivers events: a broker, an HTTP endpoint, anything. Implement it to relay
 /// to Kafka, SQS or your own system; `ordo` ships [`NatsSink`](super::nats::NatsSink),
 /// [`RabbitSink`](super::rabbitmq::RabbitSink) and [`WebhookSink`](super::http::WebhookSink).
@@ -212,14 +132,22 @@ impl Outcomes {
 ///   [`failed`](Outcomes::failed) when the receiver refused *that message* (counts an
 ///   attempt; [`SendError::Permanent`] parks it at once). The relay keeps every outcome
 ///   reported, whether `send` returns, is cancelled by the deadline or panics.
+/// - **Blame at the source.** A failure is the message's ([`SendError::Transient`],
+///   [`SendError::Permanent`]: the receiver answered that message with an error, dropped its
+///   connection after it was sent, or did not answer it in time) or the sink's (`Err` from
+///   `send`, [`SendError::Unavailable`]: it cannot connect, its destination is missing, it is
+///   refused as a client). The message's counts an attempt **whether or not anything else is
+///   in flight**; the sink's counts none. Where a batch delivered nothing and its failures
+///   could be either (every message timed out), the relay asks [`probe`](Sink::probe).
 /// - **The batch as a whole.** `Err` from `send` says the sink as a whole failed (the
 ///   connection is gone, the receiver cannot be reached): the messages without an outcome are
 ///   released with **no attempt counted**, and the relay backs off. Reported outcomes stay.
 /// - **Messages left without an outcome** (the deadline expired, `send` panicked, or returned
 ///   `Ok` without reporting them) are released without an attempt, but their next batch is
 ///   at most half as big; a message that is left without an outcome in a batch of its own
-///   counts an attempt. So a message that never answers is blamed after at most
-///   ⌈log₂ `batch_size`⌉ sends, never re-sent for ever (`docs/relays.md`, "The failure model").
+///   counts an attempt (once the sink answered its probe). So a message that never answers is
+///   blamed after at most ⌈log₂ `batch_size`⌉ sends, never re-sent for ever
+///   (`docs/relays.md`, "The failure model").
 /// - **Order.** A relay's batch holds at most one event per key (the next event of a key
 ///   waits for the one before it), so a sink may send a batch's messages in any order or all
 ///   at once. Used directly with several messages of one key, the built-in broker sinks
@@ -286,6 +214,58 @@ pub trait Sink: Send + 'static {
     /// [`SendError::Transient`] when the receiver cannot be reached now; the relay retries
     /// with a backoff.
     fn reset(&mut self) -> impl Future<Output = Result<(), SendError>> + Send;
+
+    /// Whether the sink itself can take messages now, asked without sending any. The relay
+    /// calls it after a `send` that delivered nothing and left a failure that may be the
+    /// sink's rather than the message's (a [`SendError::Transient`] failure, a message without
+    /// an outcome): `Ok` says the sink answers, so those failures are the messages' (each
+    /// counts an attempt, even when nothing else is in flight); `Err` says it is down, so the
+    /// batch is an outage (no attempt counted, nothing parked, a capped backoff). A sink that
+    /// is down and says so itself (`Err` from `send`, [`SendError::Unavailable`]) is not
+    /// probed.
+    ///
+    /// Make it cheap and free of side effects at the receiver: a broker's account or stream
+    /// information, a channel opened, a `HEAD` request. Ask on the connection the last `send`
+    /// used when there is one (a connection that stopped answering is the sink's fault, not
+    /// the messages'), and never wait on it for longer than a message would be given: the
+    /// probe shares the batch's deadline with the send before it, and the relay takes
+    /// silence past the deadline for `Err` (a probe that answers at once is always heard).
+    /// It is never called inside a database transaction, and carries no message.
+    ///
+    /// The default answers `Ok` without asking anything: a sink that does not probe is judged
+    /// by what it reports, so it returns `Err` from `send` (or reports `Unavailable`) when it
+    /// cannot reach its receiver, and a transient failure it reports is the message's.
+    ///
+    /// # Errors
+    ///
+    /// Any [`SendError`] (its kind does not matter) when the sink cannot take messages now;
+    /// its message is shown as the reason the sink is down (no secrets).
+    ///
+    /// ```
+    /// use ordo::relay::{Message, Outcomes, SendError, Sink};
+    ///
+    /// /// A sink whose receiver says, through a flag, whether it is up.
+    /// struct Flagged(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    ///
+    /// impl Sink for Flagged {
+    ///     async fn send(&mut self, batch: &[Message], outcomes: &mut Outcomes) -> Result<(), SendError> {
+    ///         (0..batch.len()).for_each(|index| outcomes.failed(index, SendError::transient("refused")));
+    ///         Ok(())
+    ///     }
+    ///     async fn reset(&mut self) -> Result<(), SendError> { Ok(()) }
+    ///     fn describe(&self) -> String { "flagged".to_owned() }
+    ///     async fn probe(&mut self) -> Result<(), SendError> {
+    ///         if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+    ///             Ok(())
+    ///         } else {
+    ///             Err(SendError::transient("the receiver says it is down"))
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    fn probe(&mut self) -> impl Future<Output = Result<(), SendError>> + Send {
+        async { Ok(()) }
+    }
 
     /// What this sink delivers to, for logs and status: its kind and target, never a secret
     /// (no password in a URL, no signing key).

@@ -61,19 +61,27 @@ impl TestStream {
 
     /// A stream whose publish-side dedup forgets a message id after `window`.
     pub async fn with_duplicate_window(window: Duration) -> TestStream {
+        TestStream::with_config(|config| config.duplicate_window = window).await
+    }
+
+    /// A stream on `{prefix}.>` with a two-minute duplicate window and whatever else
+    /// `adjust` sets (limits, a discard policy).
+    pub async fn with_config(adjust: impl FnOnce(&mut stream::Config)) -> TestStream {
         let client = async_nats::connect(NATS_ADDR)
             .await
             .expect("NATS at 127.0.0.1:4222 (.ci/run starts it)");
         let jetstream = jetstream::new(client);
         let name = unique("stream");
         let prefix = name.clone();
+        let mut config = stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        adjust(&mut config);
         jetstream
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{prefix}.>")],
-                duplicate_window: window,
-                ..Default::default()
-            })
+            .create_stream(config)
             .await
             .expect("create the test stream");
         TestStream {
@@ -202,6 +210,22 @@ pub struct TestQueue {
 
 impl TestQueue {
     pub async fn new() -> TestQueue {
+        TestQueue::with_queue_arguments(FieldTable::default()).await
+    }
+
+    /// A queue that takes nothing (`x-max-length` 0, `x-overflow: reject-publish`): the broker
+    /// nacks every message routed to it.
+    pub async fn refusing() -> TestQueue {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(0));
+        arguments.insert(
+            "x-overflow".into(),
+            lapin::types::AMQPValue::LongString("reject-publish".into()),
+        );
+        TestQueue::with_queue_arguments(arguments).await
+    }
+
+    async fn with_queue_arguments(arguments: FieldTable) -> TestQueue {
         let connection = Connection::connect(
             &amqp_uri(addr(RABBIT_ADDR)),
             ConnectionProperties::default(),
@@ -224,7 +248,7 @@ impl TestQueue {
             .queue_declare(
                 queue.as_str().into(),
                 QueueDeclareOptions::durable(),
-                FieldTable::default(),
+                arguments,
             )
             .await
             .expect("declare the test queue");

@@ -1,6 +1,12 @@
 //! A small HTTP/1.1 server for the webhook sink's tests: it records every request (headers
 //! and body) and answers from a script, then with 200, or by a rule of the test's
-//! ([`Responder::with_rule`]: a reply per request, e.g. a delay for one event).
+//! ([`Responder::with_rule`]: a reply per request, e.g. a delay for one event). A reply may
+//! also be no HTTP at all: bytes that do not parse ([`Reply::raw`]) or a connection reset
+//! ([`Reply::reset`]).
+//!
+//! The sink's probes (`HEAD` requests) are kept apart: counted in [`Responder::probes`], not
+//! in [`Responder::requests`], answered by the rule when it has a reply for them and with 200
+//! otherwise, never from the script.
 //!
 //! It reads a request head up to the blank line, then exactly `Content-Length` body bytes,
 //! and keeps the connection alive. It listens on 127.0.0.1 only and stops when the
@@ -48,6 +54,10 @@ pub struct Reply {
     pub delay: Duration,
     /// The answer's body (sent with its `content-length`).
     pub body: Vec<u8>,
+    /// Instead of an HTTP answer: these bytes as they are, then the connection closed.
+    pub raw: Option<Vec<u8>>,
+    /// Instead of an answer: the connection reset (RST), the request unanswered.
+    pub reset: bool,
 }
 
 impl Reply {
@@ -57,6 +67,24 @@ impl Reply {
             headers: Vec::new(),
             delay: Duration::ZERO,
             body: Vec::new(),
+            raw: None,
+            reset: false,
+        }
+    }
+
+    /// Bytes that are no HTTP answer, then the connection closed.
+    pub fn raw(bytes: impl Into<Vec<u8>>) -> Reply {
+        Reply {
+            raw: Some(bytes.into()),
+            ..Reply::status(0)
+        }
+    }
+
+    /// The connection reset once the request was read.
+    pub fn reset() -> Reply {
+        Reply {
+            reset: true,
+            ..Reply::status(0)
         }
     }
 
@@ -83,6 +111,7 @@ pub type Rule = Arc<dyn Fn(&Request) -> Option<Reply> + Send + Sync>;
 struct Shared {
     rule: Mutex<Option<Rule>>,
     requests: Mutex<Vec<Request>>,
+    probes: Mutex<Vec<Request>>,
     script: Mutex<VecDeque<Reply>>,
     watchers: Mutex<Vec<mpsc::UnboundedSender<Request>>>,
 }
@@ -148,6 +177,11 @@ impl Responder {
         self.shared.requests.lock().expect("requests lock").clone()
     }
 
+    /// The sink's probes (`HEAD` requests) received so far.
+    pub fn probes(&self) -> usize {
+        self.shared.probes.lock().expect("probes lock").len()
+    }
+
     /// How many requests were received so far.
     pub fn count(&self) -> usize {
         self.shared.requests.lock().expect("requests lock").len()
@@ -186,23 +220,38 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     while let Some(request) = read_request(&mut read).await {
-        shared
-            .watchers
-            .lock()
-            .expect("watchers lock")
-            .retain(|watcher| watcher.send(request.clone()).is_ok());
         let rule = shared.rule.lock().expect("rule lock").clone();
         let ruled = rule.and_then(|rule| rule(&request));
-        shared.requests.lock().expect("requests lock").push(request);
-        let reply = ruled.unwrap_or_else(|| {
+        let reply = if request.method == "HEAD" {
+            shared.probes.lock().expect("probes lock").push(request);
+            ruled.unwrap_or_else(|| Reply::status(200))
+        } else {
             shared
-                .script
+                .watchers
                 .lock()
-                .expect("script lock")
-                .pop_front()
-                .unwrap_or_else(|| Reply::status(200))
-        });
+                .expect("watchers lock")
+                .retain(|watcher| watcher.send(request.clone()).is_ok());
+            shared.requests.lock().expect("requests lock").push(request);
+            ruled.unwrap_or_else(|| {
+                shared
+                    .script
+                    .lock()
+                    .expect("script lock")
+                    .pop_front()
+                    .unwrap_or_else(|| Reply::status(200))
+            })
+        };
         tokio::time::sleep(reply.delay).await;
+        if reply.reset {
+            if let Ok(stream) = read.into_inner().reunite(write) {
+                let _ = stream.set_zero_linger();
+            }
+            return;
+        }
+        if let Some(raw) = &reply.raw {
+            let _ = write.write_all(raw).await;
+            return;
+        }
         let mut head = format!(
             "HTTP/1.1 {} Scripted\r\ncontent-length: {}\r\n",
             reply.status,

@@ -92,17 +92,21 @@ async fn webhook_answers_map_to_transient_or_permanent() {
     let server = Responder::start(script).await;
     let mut sink = sink(server.url("/in"));
 
-    // The endpoint has answered no 2xx yet: its transient failures are its outage
-    // (`Unavailable`, no attempt counted), with the URL's own pause.
+    // An answer about the request is the message's (an attempt), though the endpoint never
+    // answered a 2xx: a 500 at once; a 503 or a 408 (which a gateway may give for every
+    // request) once the URL answered its probe (a HEAD, 200 here).
     for status in [500, 503, 408] {
         let error = one(&mut sink).await.expect_err("not delivered");
-        assert!(error.is_unavailable(), "{status}: {error}");
         assert!(
-            error
-                .retry_after()
-                .is_some_and(|pause| pause <= Duration::from_secs(10))
+            !error.is_unavailable() && !error.is_permanent(),
+            "{status}: {error}"
         );
     }
+    assert_eq!(
+        server.probes(),
+        2,
+        "the 503 and the 408 were probed, the 500 not"
+    );
     let error = one(&mut sink).await.expect_err("429");
     assert!(!error.is_permanent());
     assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
@@ -118,6 +122,49 @@ async fn webhook_answers_map_to_transient_or_permanent() {
         assert!(error.is_permanent(), "{status}: {error}");
     }
     one(&mut sink).await.expect("204 is delivered");
+}
+
+/// A failure that does not say whose it is (a reset after the request was sent, a 503) is
+/// the URL's outage when the URL does not answer its probe either: `Unavailable`, no attempt,
+/// with the probe's answer in the error.
+#[tokio::test]
+async fn webhook_unclear_failure_is_the_urls_outage_when_its_probe_fails() {
+    let server = Responder::with_rule(|request| {
+        Some(match request.method.as_str() {
+            "HEAD" => Reply::status(503),
+            _ if request.body == br#"{"order_id":0}"# => Reply::reset(),
+            _ => Reply::status(502),
+        })
+    })
+    .await;
+    let mut sink = sink(server.url("/in"));
+    let results = send(&mut sink, &batch(2))
+        .await
+        .expect("per-message results");
+    for result in results {
+        let error = result.expect_err("not delivered");
+        assert!(error.is_unavailable(), "{error}");
+        assert!(error.message().contains("its probe: HEAD"), "{error}");
+        assert!(error.message().contains("503"), "{error}");
+    }
+    assert!(server.probes() >= 1);
+}
+
+/// Under a relay (its deadline fitted), a request past its timeout counts as failed at once,
+/// but stays open: the answer that comes before the deadline replaces the failure, and the
+/// endpoint got one request.
+#[tokio::test]
+async fn webhook_slow_answer_within_the_deadline_replaces_its_timeout() {
+    let server = Responder::start(vec![Reply::status(200).after(Duration::from_secs(1))]).await;
+    let mut sink = WebhookSink::builder(server.url("/slow"), SECRET.to_vec())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid settings");
+    sink.fit_to_deadline(Duration::from_secs(5))
+        .expect("a timeout within the deadline");
+    let result = send(&mut sink, &batch(1)).await;
+    assert!(delivered(&result, 1), "{result:?}");
+    assert_eq!(server.requests().len(), 1);
 }
 
 #[tokio::test]

@@ -6,19 +6,23 @@ use std::time::{Duration, SystemTime};
 use reqwest::StatusCode;
 use reqwest::header::{LOCATION, RETRY_AFTER};
 
+use super::blame::Failed;
 use crate::relay::SendError;
 
 /// A request that got no answer, as a message's result: which failure it was (refused, a TLS
-/// handshake that failed, a timeout, another connection failure) first, then its causes.
-/// Each is transient (the URL's outage while it answers nothing, see `destinations.rs`): none
-/// is the message's doing. Only a request that cannot be built fails its message for good.
-pub(super) fn request_failed(error: &reqwest::Error, url: &str) -> SendError {
+/// handshake that failed, a timeout, another connection failure) first, then its causes. One
+/// that failed before the request was sent (it could not connect) is the URL's; one after (a
+/// timeout, a connection dropped, an answer that does not parse) is unclear until the URL is
+/// probed (`blame.rs`). Only a request that cannot be built fails its message for good.
+pub(super) fn request_failed(error: &reqwest::Error, url: &str) -> Failed {
     let shown = crate::wire::redact_url(url);
     // The Display of a reqwest error holds the whole URL (tokens in its query and all): only
     // its source chain is shown.
     let cause = causes(error);
     if error.is_builder() {
-        return SendError::permanent(format!("cannot build a request to {shown}: {cause}"));
+        return Failed::Unsent(SendError::permanent(format!(
+            "cannot build a request to {shown}: {cause}"
+        )));
     }
     let tls = url.starts_with("https:");
     let what = match io_kind(error) {
@@ -33,14 +37,19 @@ pub(super) fn request_failed(error: &reqwest::Error, url: &str) -> SendError {
             "failed in the TLS handshake"
         }
         _ if error.is_connect() => "could not connect",
-        _ => "failed",
+        _ => "failed after it was sent",
     };
-    SendError::transient(format!("POST {shown} {what}: {cause}"))
+    let failed = SendError::transient(format!("POST {shown} {what}: {cause}"));
+    if error.is_connect() {
+        Failed::Unreachable(failed)
+    } else {
+        Failed::Unclear(failed)
+    }
 }
 
 /// The error's causes, outermost first, joined with `: ` (a cause whose text its wrapper
 /// already shows is left out).
-fn causes(error: &reqwest::Error) -> String {
+pub(super) fn causes(error: &reqwest::Error) -> String {
     let mut shown: Vec<String> = Vec::new();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
@@ -81,11 +90,14 @@ fn io_kind(error: &reqwest::Error) -> Option<std::io::ErrorKind> {
 /// `limit` bytes: a 2xx is delivered whatever its body (the endpoint took the event; reading
 /// it only lets the connection serve the next request), another answer's body is quoted in
 /// its error (its first 120 characters, escaped) or, past the limit, said to be too large.
+/// A status that a gateway or an overloaded server gives for every request (408, 429, 502,
+/// 503, 504) is unclear until the URL is probed; every other one is the endpoint's answer
+/// about this message.
 pub(super) async fn answer(
     mut response: reqwest::Response,
     url: &str,
     limit: usize,
-) -> Result<(), SendError> {
+) -> Result<(), Failed> {
     let status = response.status();
     let body = read_body(&mut response, limit).await;
     if status.is_success() {
@@ -106,16 +118,21 @@ pub(super) async fn answer(
         ),
         Body::Failed(why) => format!(" (its body could not be read: {why})"),
     };
-    let transient = status == StatusCode::REQUEST_TIMEOUT
+    let unclear = status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
-        || status.is_server_error();
-    if transient {
-        return Err(SendError::Transient {
+        || super::blame::says_unavailable(status);
+    if unclear || status.is_server_error() {
+        let failed = SendError::Transient {
             message: format!("the endpoint answered {status}{said}"),
             retry_after: headers
                 .get(RETRY_AFTER)
                 .and_then(|value| value.to_str().ok())
                 .and_then(|value| retry_after(value, SystemTime::now())),
+        };
+        return Err(if unclear {
+            Failed::Unclear(failed)
+        } else {
+            Failed::Answered(failed)
         });
     }
     if status.is_redirection() {
@@ -123,13 +140,13 @@ pub(super) async fn answer(
             .get(LOCATION)
             .and_then(|value| value.to_str().ok())
             .map_or_else(String::new, |to| redirected_to(url, to));
-        return Err(SendError::permanent(format!(
+        return Err(Failed::Answered(SendError::permanent(format!(
             "the endpoint answered {status}{location}; redirects are not followed: configure the new URL{said}"
-        )));
+        ))));
     }
-    Err(SendError::permanent(format!(
+    Err(Failed::Answered(SendError::permanent(format!(
         "the endpoint answered {status}{said}"
-    )))
+    ))))
 }
 
 /// Where a redirect points, resolved against the request's URL (a `Location` may be relative:

@@ -49,10 +49,13 @@ impl WebhookSinkBuilder {
         self
     }
 
-    /// How long one request may take, from connecting to the end of the answer's headers: a
-    /// request past it is that message's transient failure (an attempt). Not zero. Default:
-    /// derived by the relay that runs the sink, half its batch deadline, at most 10 s (10 s
-    /// when used without a relay); a timeout set at or past the relay's batch deadline
+    /// How long one request may take, from connecting to the end of the answer: a request past
+    /// it is that message's transient failure (an attempt, unless the URL does not answer its
+    /// probe either: see [Answers](super#answers)); under a relay the request stays open until
+    /// the batch deadline, and an answer before then replaces the failure (see
+    /// [Slow answers](super#slow-answers)). Half of it bounds the URL's probe. Not zero.
+    /// Default: derived by the relay that runs the sink, half its batch deadline, at most 10 s
+    /// (10 s when used without a relay); a timeout set at or past the relay's batch deadline
     /// is refused when the relay starts (see [`Sink::fit_to_deadline`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -121,6 +124,7 @@ impl WebhookSinkBuilder {
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let client = client(timeout, self.connect_timeout)?;
         let url = self.url;
+        let probe_url = self.route.is_none().then(|| url.clone());
         let route = self.route.unwrap_or_else(|| {
             let url = url.clone();
             Arc::new(move |_: &Message| url.clone())
@@ -132,6 +136,8 @@ impl WebhookSinkBuilder {
             secret: Arc::from(self.secret),
             configured_timeout: self.timeout,
             timeout,
+            open_for: None,
+            probe_url,
             connect_timeout: self.connect_timeout,
             concurrency: self.concurrency,
             max_response_bytes: self.max_response_bytes,

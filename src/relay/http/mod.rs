@@ -113,20 +113,48 @@
 //!
 //! # Answers
 //!
+//! Each failure is judged **whose** it is, the message's (an attempt) or the URL's (its
+//! outage: [`SendError::Unavailable`], no attempt), from what the endpoint said about that
+//! request, never from what other requests did:
+//!
 //! | answer | [`SendError`] |
 //! | --- | --- |
 //! | 2xx | delivered |
-//! | 408, 429, 5xx | `Transient`, with `retry_after` from a `Retry-After` header (seconds or an HTTP date); `Unavailable` when the URL answered no 2xx since the request was sent (below) |
+//! | 500, 501, 505 and every other 5xx not below | `Transient`: the endpoint's answer about this request, an attempt |
+//! | 408, 429, 502, 503, 504 | `Transient` (`retry_after` from a `Retry-After` header, seconds or an HTTP date) if the URL answers its probe, else `Unavailable` (below) |
 //! | 3xx (redirects are not followed: a POST must not become a GET) and every other 4xx | `Permanent` |
-//! | no connection, a timeout ([`timeout`](WebhookSinkBuilder::timeout) per request) | `Transient`, or `Unavailable` as for a 5xx |
+//! | no answer within the [`timeout`](WebhookSinkBuilder::timeout), the connection reset or closed after the request was sent, an answer that does not parse (not HTTP, a head too large) | `Transient` if the URL answers its probe, else `Unavailable` |
+//! | no connection: refused, a name that does not resolve, a TLS handshake that failed, connecting timed out | `Unavailable` |
 //! | the [`route`](WebhookSinkBuilder::route) function panicked on the message | `Permanent` |
 //!
-//! A transient failure of a request to a URL that answered nothing since that request was
-//! sent (refused, timed out, 5xx, 429) is that URL's **outage**: reported as
-//! [`SendError::Unavailable`], so no attempt counts against the message and it is sent again
-//! after the URL's own backoff (200 ms doubling to 10 s, jittered); one customer's dead
-//! endpoint holds only its own messages. Once the URL answers a 2xx, its failures are its
-//! messages' again.
+//! **The probe** settles the failures that do not say whose they are: a `HEAD` request to the
+//! same URL (no body, no event, no signature), answered within half the request timeout. Any
+//! answer but `429`, `502`, `503` or `504` (a `200`, a `405`, a `401`) says a server is there
+//! and serving: the failure is the message's. No answer, or one of those four, makes it the
+//! URL's outage. A URL that showed itself alive after the request was sent (a 2xx, an answer,
+//! an earlier probe) is not asked again, and concurrent failures share one probe. So a `500`
+//! for one poisonous event counts its attempts and parks it even when it is the only event
+//! in flight, while a load balancer answering `503` to everything, or an endpoint that does
+//! not answer at all, is an outage. **An endpoint that cannot take any event for a while**
+//! (its database is down) and wants its events held without attempts answers `503` to the
+//! probe too.
+//!
+//! A URL's outage holds only its messages (one customer's dead endpoint holds only its own):
+//! they are sent again after the URL's own backoff (200 ms doubling to 10 s, jittered, at least
+//! a `Retry-After`).
+//!
+//! # Slow answers
+//!
+//! Used by a relay, a request that has no answer within the
+//! [`timeout`](WebhookSinkBuilder::timeout) is that message's failure at once (judged as
+//! above: an attempt, unless the URL fails its probe), but the request stays open until the
+//! relay's batch deadline: an answer before then replaces the failure, and a 2xx delivers the
+//! event. So an endpoint that takes longer than the timeout but less than the deadline gets
+//! each event once. One that takes longer than the deadline has its request closed there, and
+//! the event waits at least the deadline again (its `retry_after`) before it is sent again:
+//! the relay never has two requests open with one event, and an endpoint that needs less
+//! than twice the deadline has finished with the first before the second arrives. Used
+//! directly (no relay), a request ends at its timeout.
 //!
 //! Each answer is reported as it arrives (see [`Outcomes`]), so a batch cut short by the
 //! relay's deadline keeps what the endpoint already answered.
@@ -141,6 +169,7 @@
 //! without an attempt), so a receiver never sees a key's events out of order.
 
 mod answer;
+mod blame;
 mod builder;
 mod destinations;
 mod post;
@@ -204,6 +233,11 @@ pub struct WebhookSink {
     /// The timeout its user set, if any; otherwise `timeout` is derived.
     configured_timeout: Option<Duration>,
     timeout: Duration,
+    /// Under a relay, its batch deadline: how long a request past `timeout` stays open for its
+    /// answer (the relay cuts it then). `None` used directly: a request ends at `timeout`.
+    open_for: Option<Duration>,
+    /// The URL probed for the relay ([`Sink::probe`]), when every message goes to it (no route).
+    probe_url: Option<String>,
     connect_timeout: Duration,
     concurrency: usize,
     max_response_bytes: usize,
@@ -257,9 +291,25 @@ impl Sink for WebhookSink {
 
     async fn reset(&mut self) -> Result<(), SendError> {
         // A new client: no pooled connection of the old one is reused.
-        self.client = client(self.timeout, self.connect_timeout)
+        let open = self.open_for.unwrap_or(self.timeout);
+        self.client = client(open, self.connect_timeout)
             .map_err(|error| SendError::transient(error.to_string()))?;
         Ok(())
+    }
+
+    /// `HEAD` of the sink's URL, unless it showed itself alive within the request timeout; a
+    /// sink with a [`route`](WebhookSinkBuilder::route) judges each URL as its requests fail
+    /// and answers `Ok` (see [Answers](self#answers)).
+    async fn probe(&mut self) -> Result<(), SendError> {
+        let Some(url) = &self.probe_url else {
+            return Ok(());
+        };
+        if self.destinations.alive_within(url, self.timeout) {
+            return Ok(());
+        }
+        blame::probe(&self.client, url, self.timeout / 2)
+            .await
+            .map_err(SendError::transient)
     }
 
     fn describe(&self) -> String {
@@ -277,9 +327,11 @@ impl Sink for WebhookSink {
             batch_deadline,
             "webhook timeout/batch_deadline",
         )?;
-        if timeout != self.timeout {
-            self.client = client(timeout, self.connect_timeout)?;
+        if timeout != self.timeout || self.open_for != Some(batch_deadline) {
+            // A request stays open past its timeout until the relay's deadline cuts it.
+            self.client = client(batch_deadline, self.connect_timeout)?;
             self.timeout = timeout;
+            self.open_for = Some(batch_deadline);
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! Posting: one key's messages one after another, each request signed, and the batch grouped
-//! by key.
+//! Posting: one key's messages one after another, each request signed and its failure judged,
+//! and the batch grouped by key.
 
 use std::collections::HashMap;
 
@@ -7,37 +7,91 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use tokio::time::Instant;
 
 use super::answer::{answer, request_failed};
+use super::blame::{Failed, probe};
 use super::{Message, SendError, WebhookSink, sign};
 use crate::wire::http as wire;
 
 impl WebhookSink {
-    /// One key's messages, sent one after another in batch order, each result as it comes;
-    /// after a failure the later ones are not sent (no result: they are not to blame).
+    /// One key's messages, sent one after another in batch order, each result as it comes
+    /// (a message may have two: see [`post`](Self::post)); after a failure the later ones are
+    /// not sent (no result: they are not to blame).
     pub(super) fn send_key<'a>(
         &'a self,
         batch: &'a [Message],
         indexes: Vec<usize>,
     ) -> impl futures::Stream<Item = (usize, Result<(), SendError>)> + Send + 'a {
-        futures::stream::unfold(indexes.into_iter(), move |mut rest| async move {
-            let index = rest.next()?;
-            let result = self.post(&batch[index]).await;
-            if result.is_err() {
-                rest = Vec::new().into_iter();
+        async_stream::stream! {
+            for index in indexes {
+                let mut failed = false;
+                for await result in self.post(&batch[index]) {
+                    failed = result.is_err();
+                    yield (index, result);
+                }
+                if failed {
+                    break;
+                }
             }
-            Some(((index, result), rest))
-        })
+        }
     }
 
-    /// Posts `message`; a transient failure while its URL answered nothing since is that
-    /// URL's outage ([`SendError::Unavailable`]), not the message's.
-    async fn post(&self, message: &Message) -> Result<(), SendError> {
-        let url = crate::relay::guarded("route", || (self.route)(message))?;
-        let sent_at = Instant::now();
-        let posted = self.post_to(&url, message).await;
-        self.destinations.judge(&url, sent_at, posted)
+    /// Posts `message`, its failure judged whose it is (`destinations.rs`). A request with no
+    /// answer within the timeout is that message's failure, reported then; under a relay its
+    /// request stays open until the batch deadline cuts it, and an answer that comes before
+    /// is reported too and replaces the failure (a 2xx delivers it): an endpoint slower than
+    /// the timeout is not sent the event again while it holds the request that carries it.
+    fn post<'a>(
+        &'a self,
+        message: &'a Message,
+    ) -> impl futures::Stream<Item = Result<(), SendError>> + Send + 'a {
+        async_stream::stream! {
+            let url = match crate::relay::guarded("route", || (self.route)(message)) {
+                Ok(url) => url,
+                Err(error) => {
+                    yield Err(error);
+                    return;
+                }
+            };
+            let sent_at = Instant::now();
+            let request = self.post_to(&url, message);
+            tokio::pin!(request);
+            let posted = match tokio::time::timeout(self.timeout, &mut request).await {
+                Ok(posted) => posted,
+                Err(_) => {
+                    // Under a relay the request stays open until its deadline: if it is cut
+                    // there unanswered, the endpoint showed it needs longer than that, so the
+                    // event waits at least as long again before it is sent again.
+                    let silent = Failed::Unclear(SendError::Transient {
+                        message: format!(
+                            "POST {} timed out: no answer within {:?}",
+                            crate::wire::redact_url(&url),
+                            self.timeout
+                        ),
+                        retry_after: self.open_for,
+                    });
+                    yield self.judge(&url, sent_at, Err(silent)).await;
+                    if self.open_for.is_none() {
+                        return;
+                    }
+                    request.await
+                }
+            };
+            yield self.judge(&url, sent_at, posted).await;
+        }
     }
 
-    async fn post_to(&self, url: &str, message: &Message) -> Result<(), SendError> {
+    async fn judge(
+        &self,
+        url: &str,
+        sent_at: Instant,
+        posted: Result<(), Failed>,
+    ) -> Result<(), SendError> {
+        let bound = self.timeout / 2;
+        self.destinations
+            .judge(url, sent_at, posted, || probe(&self.client, url, bound))
+            .await
+    }
+
+    async fn post_to(&self, url: &str, message: &Message) -> Result<(), Failed> {
         let timestamp = chrono::Utc::now().timestamp().to_string();
         let signature = sign(&self.secret, &timestamp, &message.payload);
         let mut request = self

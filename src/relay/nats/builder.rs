@@ -55,7 +55,8 @@ impl NatsSinkBuilder {
     }
 
     /// How long to wait for one message's stream ack, from its publish: past it, that message
-    /// fails `Transient` (an attempt). Not zero. Default: derived by the relay that runs the
+    /// fails `Transient` (an attempt, unless JetStream does not answer the sink's probe either,
+    /// which also waits at most this long: see [Errors](super#errors-whose-fault)). Not zero. Default: derived by the relay that runs the
     /// sink, half its batch deadline, at most 5 s (5 s without a relay); one set at or past
     /// the relay's batch deadline is refused when the relay starts (see
     /// [`Sink::fit_to_deadline`]).

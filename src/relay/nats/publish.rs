@@ -37,7 +37,7 @@ impl NatsSink {
             .ok_or_else(|| SendError::transient("no NATS connection"))
     }
 
-    fn lost(&self, client: &Client) -> Option<SendError> {
+    pub(super) fn lost(&self, client: &Client) -> Option<SendError> {
         (client.connection_state() == State::Disconnected)
             .then(|| SendError::transient(format!("the connection to {} is lost", self.describe())))
     }
@@ -142,26 +142,59 @@ async fn acked(ack: PublishAckFuture) -> Result<(), SendError> {
 /// outage backoff when that is longer.
 const NO_STREAM_PAUSE: Duration = Duration::from_secs(1);
 
+/// Whose fault a failed publish is (see the module docs' table): the message's (`Permanent`,
+/// `Transient`: the stream refused that message, or its ack did not come in time), or the
+/// stream's (`Unavailable`: no stream listens, or the stream takes nothing now).
 fn classify(error: &PublishError) -> SendError {
     use std::error::Error as _;
-    let too_large = error
+    let refusal = error
         .source()
-        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
-        .is_some_and(|api| {
-            api.error_code() == async_nats::jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
-        });
-    match error.kind() {
-        PublishErrorKind::MaxPayloadExceeded => SendError::permanent(error.to_string()),
-        PublishErrorKind::Other if too_large => SendError::permanent(error.to_string()),
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>());
+    match (error.kind(), refusal) {
+        (PublishErrorKind::MaxPayloadExceeded, _) => SendError::permanent(error.to_string()),
         // The subject's destination is missing, not the message bad: an outage of that
         // subject (see the module docs), never an attempt, even in a batch that delivered
         // messages of other subjects (or of this one, once its stream is back).
-        PublishErrorKind::StreamNotFound => SendError::Unavailable {
+        (PublishErrorKind::StreamNotFound, _) => SendError::Unavailable {
             message: format!(
                 "no responders: no JetStream stream is bound to the subject ({error})"
             ),
             retry_after: NO_STREAM_PAUSE.mul_f64(0.5 + fastrand::f64()),
         },
+        (PublishErrorKind::Other, Some(refusal)) => refused(refusal, error),
         _ => SendError::transient(error.to_string()),
+    }
+}
+
+/// The stream's refusal of one message: its own for the message (too large: permanent; a
+/// subject over its per-subject limit, anything else: transient, an attempt), or the stream's
+/// state for every message (out of room or resources, JetStream off: unavailable).
+fn refused(refusal: &async_nats::jetstream::Error, error: &PublishError) -> SendError {
+    use async_nats::jetstream::ErrorCode;
+    let code = refusal.error_code();
+    let said = refusal.to_string();
+    // A stream with `discard: new` at its `max_msgs` or `max_bytes` refuses everything
+    // ("maximum messages exceeded", "maximum bytes exceeded"; not "... per subject exceeded",
+    // which is about the message's subject).
+    let full = code == ErrorCode::STREAM_STORE_FAILED
+        && (said.contains("maximum messages exceeded") || said.contains("maximum bytes exceeded"));
+    let stream_state = full
+        || [
+            ErrorCode::INSUFFICIENT_RESOURCES,
+            ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+            ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+            ErrorCode::JETSTREAM_NOT_ENABLED,
+            ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+        ]
+        .contains(&code);
+    if code == ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM {
+        SendError::permanent(error.to_string())
+    } else if stream_state {
+        SendError::Unavailable {
+            message: format!("the stream takes no message now: {said}"),
+            retry_after: NO_STREAM_PAUSE.mul_f64(0.5 + fastrand::f64()),
+        }
+    } else {
+        SendError::transient(format!("the stream refused the message: {said}"))
     }
 }

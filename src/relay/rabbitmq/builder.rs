@@ -64,7 +64,9 @@ impl RabbitSinkBuilder {
     }
 
     /// How long to wait for one message's publisher confirm, from its publish: past it, that
-    /// message fails `Transient` (an attempt). Not zero. Default: derived by the relay that
+    /// message fails `Transient` (an attempt, unless the broker does not answer the sink's
+    /// probe either, which also waits at most this long: see
+    /// [Errors](super#errors-whose-fault)). Not zero. Default: derived by the relay that
     /// runs the sink, half its batch deadline, at most 5 s (5 s without a relay); one set at
     /// or past the relay's batch deadline is refused when the relay starts (see
     /// [`Sink::fit_to_deadline`]).
@@ -102,6 +104,7 @@ impl RabbitSinkBuilder {
         {
             return Error::invalid_config("rabbitmq confirm_timeout", "must be more than zero");
         }
+        let probed = self.route.is_none().then(|| self.exchange.clone());
         let route = self.route.unwrap_or_else(|| {
             let exchange = self.exchange;
             Arc::new(move |message: &Message| {
@@ -111,6 +114,7 @@ impl RabbitSinkBuilder {
         Ok(RabbitSink {
             uri: self.uri,
             route,
+            exchange: probed,
             pipeline_depth: self.pipeline_depth,
             connect_timeout: self.connect_timeout,
             configured_confirm_timeout: self.confirm_timeout,

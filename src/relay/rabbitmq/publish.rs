@@ -9,6 +9,7 @@ use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
 
 use tokio::time::Instant;
 
+use super::health::{Closed, closed};
 use super::properties::properties;
 use super::{Message, Open, Outcomes, RabbitSink, SHORT_STRING_MAX, SendError, Sink};
 use crate::error::Result;
@@ -51,7 +52,7 @@ impl RabbitSink {
         outcomes: &mut Outcomes,
     ) -> Result<(), SendError> {
         let channel = self.channel().await?;
-        let mut in_flight: VecDeque<(usize, lapin::PublisherConfirm, Instant)> = VecDeque::new();
+        let mut in_flight: VecDeque<Pending> = VecDeque::new();
         for (index, message) in batch.iter().enumerate() {
             if in_flight.len() >= self.pipeline_depth
                 && let Some(oldest) = in_flight.pop_front()
@@ -68,7 +69,7 @@ impl RabbitSink {
             let due = Instant::now() + self.confirm_timeout;
             let published = channel
                 .basic_publish(
-                    exchange,
+                    exchange.clone(),
                     routing_key,
                     // No `mandatory`: see the module docs.
                     BasicPublishOptions::default(),
@@ -77,17 +78,15 @@ impl RabbitSink {
                 )
                 .await;
             match published {
-                Ok(confirm) => in_flight.push_back((index, confirm, due)),
-                Err(error) if self.connection_alive() => {
-                    // The broker closed the channel over an earlier message: this one was
-                    // not sent; the connection may still be fine.
-                    outcomes.failed(
-                        index,
-                        SendError::transient(format!(
-                            "not published: the channel was closed ({error})"
-                        )),
-                    );
-                }
+                Ok(confirm) => in_flight.push_back(Pending {
+                    index,
+                    confirm,
+                    due,
+                    exchange,
+                }),
+                // The broker closed the channel over an earlier message: this one was not
+                // sent, and is not to blame (no outcome: released without an attempt).
+                Err(_) if self.connection_alive() => {}
                 Err(error) => return Err(self.lost(&error)),
             }
         }
@@ -110,47 +109,53 @@ impl RabbitSink {
         Ok((ShortString::from(exchange), ShortString::from(routing_key)))
     }
 
-    /// Awaits one publish's confirm, until it is due, and reports it.
-    async fn land(
-        &self,
-        (index, confirm, due): (usize, lapin::PublisherConfirm, Instant),
-        outcomes: &mut Outcomes,
-    ) -> Result<(), SendError> {
-        let outcome = match tokio::time::timeout_at(due, confirm).await {
-            Ok(confirm) => self.confirmed(confirm)?,
-            Err(_) => Err(SendError::transient(
+    /// Awaits one publish's confirm, until it is due, and reports it (if it says anything of
+    /// the message).
+    async fn land(&self, pending: Pending, outcomes: &mut Outcomes) -> Result<(), SendError> {
+        let outcome = match tokio::time::timeout_at(pending.due, pending.confirm).await {
+            Ok(confirm) => self.confirmed(confirm, pending.exchange.as_str())?,
+            Err(_) => Some(Err(SendError::transient(
                 "no publisher confirm within the confirm timeout of its publish",
-            )),
+            ))),
         };
-        outcomes.report(index, outcome);
+        if let Some(outcome) = outcome {
+            outcomes.report(pending.index, outcome);
+        }
         Ok(())
     }
 
-    /// One confirm as a message's result, or the batch's error when the connection failed.
+    /// One confirm as a message's result (`None`: it says nothing of the message), or the
+    /// batch's error when the connection failed.
     fn confirmed(
         &self,
         confirm: lapin::Result<Confirmation>,
-    ) -> Result<Result<(), SendError>, SendError> {
+        exchange: &str,
+    ) -> Result<Option<Result<(), SendError>>, SendError> {
+        let failed = |why: String| Ok(Some(Err(SendError::transient(why))));
         match confirm {
-            Ok(Confirmation::Ack(None)) => Ok(Ok(())),
+            Ok(Confirmation::Ack(None)) => Ok(Some(Ok(()))),
             // Only a `mandatory` publish comes back; this sink never sets it (module docs), so
             // a returned message means the flag crept in: fail loudly rather than lose it.
-            Ok(Confirmation::Ack(Some(returned))) => Ok(Err(SendError::transient(format!(
+            Ok(Confirmation::Ack(Some(returned))) => failed(format!(
                 "the broker returned the message as unroutable ({})",
                 returned.reply_text
-            )))),
-            Ok(Confirmation::Nack(_)) => Ok(Err(SendError::transient(
-                "the broker nacked the message (it could not store it)",
-            ))),
-            Ok(Confirmation::NotRequested) => Ok(Err(SendError::transient(
-                "the channel was not in confirm mode",
-            ))),
-            // A channel-level error: the broker refused something on this channel (a missing
-            // exchange, an oversized message). Every unconfirmed message of it fails; the
-            // connection is fine.
-            Err(error) if error.is_amqp_soft_error() && self.connection_alive() => Ok(Err(
-                SendError::transient(format!("the broker closed the channel: {error}")),
             )),
+            // The broker's answer about this message: an attempt.
+            Ok(Confirmation::Nack(_)) => {
+                failed("the broker nacked the message (it could not store it)".to_owned())
+            }
+            Ok(Confirmation::NotRequested) => {
+                failed("the channel was not in confirm mode".to_owned())
+            }
+            // A channel-level error: the broker refused something on this channel (a missing
+            // exchange, an oversized message) and dropped every unconfirmed message with it;
+            // the connection is fine. Whose fault, `health.rs` says.
+            Err(error) if error.is_amqp_soft_error() && self.connection_alive() => {
+                Ok(match closed(&error, exchange) {
+                    Closed::Unavailable(unavailable) => Some(Err(unavailable)),
+                    Closed::Unknown => None,
+                })
+            }
             Err(error) => Err(self.lost(&error)),
         }
     }
@@ -163,7 +168,7 @@ impl RabbitSink {
             .is_some_and(|open| open.connection.status().connected())
     }
 
-    fn lost(&self, error: &lapin::Error) -> SendError {
+    pub(super) fn lost(&self, error: &lapin::Error) -> SendError {
         SendError::transient(format!(
             "the connection to {} failed: {error}",
             self.describe()
@@ -181,4 +186,12 @@ async fn open(uri: &str) -> lapin::Result<Open> {
         connection,
         channel,
     })
+}
+
+/// A published message awaiting its confirm, due by `due` (its publish + the confirm timeout).
+struct Pending {
+    index: usize,
+    confirm: lapin::PublisherConfirm,
+    due: Instant,
+    exchange: ShortString,
 }
