@@ -184,3 +184,52 @@ async fn status_names_each_stuck_thing_on_a_line_and_nothing_stuck_only_when_not
     assert!(!table.contains("no stalls"), "{table}");
     assert!(!table.contains("nothing is stuck"), "{table}");
 }
+
+/// The inbox's own log says the same as status: a wait behind a position that arrived and
+/// fails is a failing message, with no advice to move the mark past it; and nothing is logged
+/// while a wait is younger than a few redeliveries. (One thread: the inbox logs where the
+/// recorder is installed.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_wait_behind_a_failing_message_is_logged_as_such_never_as_a_gap() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let recorder = common::logs::Recorder::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(recorder.clone()));
+    let db = TestDb::new().await;
+    let replica = replica(&db).await;
+    let failing = Recording::failing(u32::MAX);
+    let at = |position: u64| {
+        InboxMessage::new(format!("o-{position}"), "{}").with_source("orders", position)
+    };
+    let receipt = replica.receive(&at(2), &failing).await.expect("receive");
+    assert!(matches!(receipt, Receipt::Retry { .. }), "{receipt:?}");
+    let receipt = replica.receive(&at(3), &failing).await.expect("receive");
+    assert_eq!(receipt, Receipt::Gap { expected: 2 });
+    let waits = || -> Vec<String> {
+        recorder
+            .events()
+            .into_iter()
+            .filter(|event| event.level == tracing::Level::WARN && event.fields.contains("waits"))
+            .map(|event| event.fields)
+            .collect()
+    };
+    assert!(waits().is_empty(), "a young wait is logged: {:?}", waits());
+
+    sqlx::query("UPDATE ordo.inbox_watermarks SET gap_since = gap_since - interval '1 minute'")
+        .execute(&db.pool)
+        .await
+        .expect("age the wait");
+    let receipt = replica.receive(&at(3), &failing).await.expect("receive");
+    assert_eq!(receipt, Receipt::Gap { expected: 2 });
+    let waits = waits();
+    assert_eq!(waits.len(), 1, "{waits:#?}");
+    assert!(
+        waits[0].contains("waits on a failing message") && waits[0].contains("failing=2"),
+        "{waits:#?}"
+    );
+    assert!(
+        !waits[0].contains("has not arrived") && !waits[0].contains("set-watermark"),
+        "{waits:#?}"
+    );
+}

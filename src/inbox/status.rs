@@ -245,3 +245,14 @@ impl Watermark {
         waits_on(failing, gap)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::GAP_SHOWN_AFTER;
+
+    #[test]
+    fn the_gap_warning_waits_as_long_as_status_does() {
+        let interval = format!("interval '{} seconds'", GAP_SHOWN_AFTER.as_secs());
+        assert_eq!(super::super::sql::NOTE_GAP.matches(&interval).count(), 2);
+    }
+}
