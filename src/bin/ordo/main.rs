@@ -4,7 +4,7 @@
 //! ordo migrate                                   create or upgrade the ordo schema
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
-//! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
+//! ordo status [--json|--prometheus] [--watch S]   positions, lag, the inbox, what is stuck
 //! ordo retention [--keep 30d] [--ahead N] [--apply] [--force]  partitions, and dropping old ones
 //! ordo subscriptions [list] [--json]             list subscriptions and relays
 //! ordo subscriptions resume|pause NAME
@@ -17,15 +17,18 @@
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--publisher R]... [--sequencer R]... [--consumer R]...
 //!            [--reader R]... [--operator R]...      least-privilege roles
-//! ordo inbox [failed|replay|watermarks|set-watermark]  the consumer inbox (inbox.rs)
-//! ordo relay [list]                              list relays
+//! ordo inbox [--consumer C] [--json]            the consumer inbox (inbox.rs): its
+//! ordo inbox failed|replay|watermarks|set-watermark  failed messages, replays, watermarks
+//! ordo relay [list] [--json]                     list relays
 //! ordo relay run NAME --sink S --key-from K ...   a relay until SIGINT/SIGTERM (relay/run.rs)
 //! ordo relay parked|requeue|replay|resume|attempts   relays' parked events (relay/mod.rs)
-//! ordo secrets [list|add|remove|scrub]           secret payload keys (secrets.rs)
+//! ordo secrets [list] [--json] | add|remove|scrub  secret payload keys (secrets.rs)
 //! ```
 //!
-//! Every list command lists when given no subcommand; every name, id and consumer that matches
-//! nothing is an error that names it.
+//! Every list command lists when given no subcommand, and takes there what its `list` takes;
+//! every name, key, position, id and consumer that matches nothing is an error that names it.
+//! What they print is safe for a terminal and tells look-alike names apart; a reader that
+//! closes the pipe ends a command quietly.
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 //!
 //! One file per command (or folder, for `relay`); the value parsers they share are in
