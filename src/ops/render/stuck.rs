@@ -8,7 +8,7 @@ use crate::consumer::{RunStatus, SubscriptionStatus};
 use crate::ops::status::OutboxStatus;
 
 /// What "nothing is stuck" covers, so that no reader takes it for more.
-pub(super) const NOTHING_STUCK: &str = "nothing is stuck: no lane stall, no halted subscription or relay, no stalled key or parked event, no sink down, no inbox message failing or waiting on a gap";
+pub(super) const NOTHING_STUCK: &str = "nothing is stuck: no lane stall, no halted subscription or relay, no stalled key or parked event, no relay waiting on its sink, no inbox message failing or waiting on a gap";
 
 /// One line per stuck thing that is not a lane stall: a halted subscription or relay, a
 /// subscription's stalled keys or a relay's parked events, a relay's sink that is down, an
