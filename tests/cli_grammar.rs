@@ -299,7 +299,7 @@ fn positionals(help: &str) -> Vec<String> {
         .take_while(|line| line.is_empty() || line.starts_with(' '))
         .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
         .filter_map(|line| {
-            let name = line.trim().split_whitespace().next()?;
+            let name = line.split_whitespace().next()?;
             Some(
                 name.trim_matches(|c| matches!(c, '<' | '>' | '[' | ']' | '.'))
                     .to_owned(),
