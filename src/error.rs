@@ -183,6 +183,17 @@ pub enum Error {
         name: String,
     },
 
+    /// No stalled event (a relay's parked one) of that subscription or relay holds that key.
+    #[error(
+        "no stalled event of {subscription:?} holds key {key:?} (`ordo subscriptions stalled {subscription}`, or `ordo relay parked {subscription}`, lists its keys)"
+    )]
+    UnknownStalledKey {
+        /// The subscription or relay.
+        subscription: String,
+        /// The key asked for.
+        key: String,
+    },
+
     /// A lane was read below what retention keeps: those partitions were dropped.
     #[error(
         "the {lane} lane was read from position {requested}, below the retention floor {floor}: retention dropped those events"
@@ -377,6 +388,21 @@ pub enum Error {
         head: u64,
         /// `to - head`.
         skipped: u64,
+    },
+
+    /// An event was asked for at a position past its lane's head: nothing is there yet.
+    #[error(
+        "no event at {lane} position {position} of {subscription:?}: the {lane} lane ends at {head} (`ordo relay parked {subscription}` lists the positions that wait)"
+    )]
+    BeyondHead {
+        /// The relay (or subscription) asked about.
+        subscription: String,
+        /// Its lane.
+        lane: Ordering,
+        /// The position asked for.
+        position: u64,
+        /// The lane's head when asked.
+        head: u64,
     },
 
     /// The subscription is held by a live runner, so deleting it is refused.

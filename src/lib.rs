@@ -162,6 +162,9 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
+// docs.rs builds with every feature and `--cfg docsrs` (Cargo.toml, `package.metadata.docs.rs`):
+// each feature-gated item then says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod commit_lane;
@@ -238,10 +241,11 @@ pub mod admin {
     pub use crate::ops::prometheus::prometheus_text;
 
     /// The status, the subscriptions, dead letters, the inbox's failed messages and
-    /// watermarks and a retention report as tables, and any text made safe for a terminal.
+    /// watermarks, the secret keys and a retention report as tables, and any text made safe
+    /// for a terminal.
     pub use crate::ops::render::{
-        dead_letters_table, inbox_failed_table, printable, retention_table, stalled_keys_table,
-        status_table, subscriptions_table, watermarks_table,
+        dead_letters_table, inbox_failed_table, needs_escape, printable, retention_table,
+        secret_keys_table, stalled_keys_table, status_table, subscriptions_table, watermarks_table,
     };
 
     /// A relay's event: whether it was delivered, and its failed attempts with their time,

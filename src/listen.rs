@@ -15,7 +15,7 @@
 //! pool (where it would leave one connection fewer for everything else, and none at all in a
 //! pool of one): it has a pool of its own, of one connection, with the application pool's
 //! options and the `application_name` [`APPLICATION_NAME`]. One connection for every channel
-//! costs a wake-up nothing measurable: `examples/listen_sharing.rs` compares the two setups
+//! costs a wake-up nothing measurable: `benches/tools/examples/listen_sharing.rs` compares the two setups
 //! under a storm of latest-value notifications (`docs/performance-history.md`).
 //!
 //! [`cross_process_wakeups`]: crate::OutboxConfig::cross_process_wakeups

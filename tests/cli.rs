@@ -310,7 +310,7 @@ async fn status_and_retention_report_for_people_and_machines() {
         (Some(1), Some(1))
     );
     let table = ordo(&db, &["status"]);
-    assert!(String::from_utf8_lossy(&table.stdout).contains("no stalls"));
+    assert!(String::from_utf8_lossy(&table.stdout).contains("nothing is stuck: no lane stall"));
     let prometheus = ordo(&db, &["status", "--prometheus"]);
     assert!(String::from_utf8_lossy(&prometheus.stdout).contains("ordo_commit_head 1"));
 
@@ -328,4 +328,112 @@ async fn status_and_retention_report_for_people_and_machines() {
     );
     let bad = ordo(&db, &["retention", "--keep", "soon"]);
     assert!(!bad.status.success());
+}
+
+/// JSON nested deeper than serde_json's recursion limit (128): PostgreSQL stores it, a relay
+/// delivers its bytes, and `ordo tail` prints it on both lanes rather than stop there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_prints_a_payload_nested_deeper_than_serde_json_parses_on_both_lanes() {
+    let db = TestDb::new().await;
+    let nested = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1::jsonb), ('{\"after\": true}')")
+        .bind(&nested)
+        .execute(&db.pool)
+        .await
+        .expect("a deeply nested payload, then another");
+    let folder =
+        Outbox::<Box<serde_json::value::RawValue>>::new(db.pool.clone(), OutboxConfig::default())
+            .await
+            .expect("outbox");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            folder.commit_head().get() == 2
+        })
+        .await,
+        "folded"
+    );
+    for lane in ["insert", "commit"] {
+        let tailed = ordo(&db, &["tail", "--lane", lane]);
+        let stderr = String::from_utf8_lossy(&tailed.stderr);
+        assert!(tailed.status.success(), "--lane {lane}: {stderr}");
+        let lines: Vec<&str> = std::str::from_utf8(&tailed.stdout)
+            .expect("UTF-8")
+            .lines()
+            .collect();
+        assert_eq!(lines.len(), 2, "--lane {lane}: {lines:?} {stderr}");
+        let squeezed: String = lines[0].chars().filter(|c| !c.is_whitespace()).collect();
+        assert!(
+            squeezed.ends_with(&format!("\"payload\":{nested}}}")),
+            "--lane {lane}: {}",
+            &lines[0][..200]
+        );
+        // Each lane's line carries the event's id and when it was recorded.
+        let last: serde_json::Value = serde_json::from_str(lines[1]).expect("a JSON line");
+        assert!(last["id"].is_string(), "--lane {lane}: {last}");
+        assert!(last["recorded_at"].is_string(), "--lane {lane}: {last}");
+        assert_eq!(last["payload"]["after"], true);
+    }
+    folder.shutdown().await;
+}
+
+/// `ordo fold` as the role `ordo grant --sequencer` makes, with no secret key configured: it
+/// folds and warns of nothing (it may not scrub secrets, and there are none to scrub).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fold_as_the_sequencer_role_folds_without_a_warning() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::{Arc, Mutex};
+
+    let roles = common::roles::Roles::new(1_000).await;
+    sqlx::query("INSERT INTO ordo.events (payload) VALUES ('{}')")
+        .execute(&roles.admin)
+        .await
+        .expect("an event");
+    let mut child = Command::new(ORDO_BIN)
+        .args(["fold", "--progress", "0"])
+        .env("DATABASE_URL", as_role(&roles.url, &roles.sequencer))
+        .env("RUST_LOG", "warn,ordo=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ordo fold");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = Arc::clone(&lines);
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().expect("lines").push(line);
+            }
+        })
+    };
+    // Folded, and the maintainer's first run has looked at the secrets (it says so at debug).
+    let done = eventually(Duration::from_secs(30), || async {
+        let head: i64 = sqlx::query_scalar("SELECT last_commit_seq FROM ordo.sequencer_state")
+            .fetch_one(&roles.admin)
+            .await
+            .unwrap_or(0);
+        head == 1
+            && lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|line| line.contains("may not scrub secret keys, and none is configured"))
+    })
+    .await;
+    assert!(terminate(&mut child), "ordo fold exits cleanly on SIGTERM");
+    let _ = reader.join();
+    let lines = lines.lock().expect("lines").clone();
+    assert!(done, "{lines:#?}");
+    let warnings: Vec<&String> = lines
+        .iter()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+}
+
+/// `url` connecting as `role` instead of its user (the test server trusts local roles).
+fn as_role(url: &str, role: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{role}@{host}")
 }

@@ -1,6 +1,8 @@
-//! One CLI grammar (issue 30): every command's `--help` is walked, each command is documented
-//! in `docs/operations.md`, every list command lists when bare, every unknown name or id is an
-//! error naming it, and a missing argument names each way to give it.
+//! One CLI grammar: every command's `--help` is walked, each command is documented in
+//! `docs/operations.md`, every list command lists when bare and takes what its `list` takes,
+//! every unknown name, key or id is an error naming it, a missing argument names each way to
+//! give it, and every usage line is true (its positionals in order, no option shown as
+//! required that the environment gives).
 #![cfg(feature = "cli")]
 
 mod common;
@@ -77,17 +79,20 @@ fn walk() -> Vec<Vec<String>> {
     paths
 }
 
-/// What running a command should do, against a migrated database with nothing in it.
+/// What running a command should do, against a migrated database with nothing in it but a
+/// subscription `projection` and a relay `mailer`.
 enum Expect {
     /// It succeeds (a list command run bare, or a harmless one).
     Succeeds,
+    /// It succeeds and prints each of these (a heading, so that an empty list says so).
+    Prints(&'static [&'static str]),
     /// It fails, and its error contains each of these (the name it could not find, the
     /// alternatives it needs).
     FailsNaming(&'static [&'static str]),
     /// Not run here (it runs until a signal); covered by its own tests.
     NotRun(&'static str),
 }
-use Expect::{FailsNaming, NotRun, Succeeds};
+use Expect::{FailsNaming, NotRun, Prints, Succeeds};
 
 /// Every command, with at least one case each: the walk fails on a command missing here.
 const CASES: &[(&str, Expect)] = &[
@@ -101,7 +106,16 @@ const CASES: &[(&str, Expect)] = &[
         FailsNaming(&["--writer", "--reader", "--operator"]),
     ),
     ("subscriptions", Succeeds),
+    ("subscriptions --json", Prints(&["\"name\":\"projection\""])),
     ("subscriptions list", Succeeds),
+    (
+        "subscriptions list --json",
+        Prints(&["\"name\":\"projection\""]),
+    ),
+    (
+        "subscriptions --json list",
+        FailsNaming(&["'list' cannot be used with '--json'"]),
+    ),
     (
         "subscriptions resume no-such",
         FailsNaming(&["\"no-such\""]),
@@ -124,6 +138,11 @@ const CASES: &[(&str, Expect)] = &[
         FailsNaming(&["\"no-such\""]),
     ),
     (
+        "subscriptions retry-keys projection no-such-key",
+        FailsNaming(&["\"no-such-key\"", "\"projection\""]),
+    ),
+    ("subscriptions retry-keys projection --all", Succeeds),
+    (
         "subscriptions delete no-such",
         FailsNaming(&["\"no-such\""]),
     ),
@@ -132,7 +151,17 @@ const CASES: &[(&str, Expect)] = &[
         FailsNaming(&["\"no-such\""]),
     ),
     ("dead-letters", Succeeds),
+    ("dead-letters --json", Succeeds),
+    (
+        "dead-letters --subscription projection",
+        Prints(&["SUBSCRIPTION"]),
+    ),
+    (
+        "dead-letters --subscription no-such",
+        FailsNaming(&["\"no-such\""]),
+    ),
     ("dead-letters list", Succeeds),
+    ("dead-letters list --json", Succeeds),
     (
         "dead-letters list --subscription no-such",
         FailsNaming(&["\"no-such\""]),
@@ -154,7 +183,12 @@ const CASES: &[(&str, Expect)] = &[
         "dead-letters purge --all --subscription no-such",
         FailsNaming(&["\"no-such\""]),
     ),
-    ("inbox", Succeeds),
+    ("inbox", Prints(&["watermarks", "failed messages"])),
+    (
+        "inbox --json",
+        Prints(&["{\"watermarks\":[],\"failed\":[]}"]),
+    ),
+    ("inbox --consumer no-such", FailsNaming(&["\"no-such\""])),
     ("inbox failed", Succeeds),
     (
         "inbox failed --consumer no-such",
@@ -179,8 +213,10 @@ const CASES: &[(&str, Expect)] = &[
         "inbox adopt no-such --role no-such-role",
         FailsNaming(&["\"no-such-role\"", "does not exist"]),
     ),
-    ("relay", Succeeds),
+    ("relay", Prints(&["mailer"])),
+    ("relay --json", Prints(&["\"name\":\"mailer\""])),
     ("relay list", Succeeds),
+    ("relay list --json", Prints(&["\"name\":\"mailer\""])),
     ("relay run", FailsNaming(&["NAME", "--config"])),
     (
         "relay run mine --sink webhook",
@@ -194,13 +230,27 @@ const CASES: &[(&str, Expect)] = &[
     ("relay requeue no-such", FailsNaming(&["<KEY|--all>"])),
     ("relay requeue no-such --all", FailsNaming(&["\"no-such\""])),
     (
+        "relay requeue mailer no-such-key",
+        FailsNaming(&["\"no-such-key\"", "\"mailer\""]),
+    ),
+    (
         "relay replay no-such --from 1",
         FailsNaming(&["\"no-such\""]),
     ),
     ("relay resume no-such", FailsNaming(&["\"no-such\""])),
     ("relay attempts no-such 1", FailsNaming(&["\"no-such\""])),
-    ("secrets", Succeeds),
-    ("secrets list", Succeeds),
+    (
+        "relay attempts mailer 99999",
+        FailsNaming(&["position 99999", "ends at 0"]),
+    ),
+    (
+        "relay replay mailer --from 99999",
+        FailsNaming(&["from commit position 99999", "--from takes 1 to 0"]),
+    ),
+    ("secrets", Prints(&["TYPE", "KEY"])),
+    ("secrets --json", Succeeds),
+    ("secrets list", Prints(&["TYPE", "KEY"])),
+    ("secrets list --json", Succeeds),
     ("secrets add", FailsNaming(&["<KEYS>"])),
     ("secrets add password", Succeeds),
     (
@@ -235,6 +285,102 @@ fn every_command_has_a_walked_help_a_documented_row_and_a_grammar_case() {
     }
 }
 
+/// The long options `help` lists under `Options:`.
+fn options(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .skip_while(|line| *line != "Options:")
+        .skip(1)
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = line.strip_prefix("-h, ").unwrap_or(line);
+            let option = line.split_whitespace().next()?;
+            option.starts_with("--").then(|| option.to_owned())
+        })
+        .collect()
+}
+
+/// The positional arguments `help` lists under `Arguments:`, in order (`NAME`, `KEY`).
+fn positionals(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| *line != "Arguments:")
+        .skip(1)
+        .take_while(|line| line.is_empty() || line.starts_with(' '))
+        .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
+        .filter_map(|line| {
+            let name = line.split_whitespace().next()?;
+            Some(
+                name.trim_matches(|c| matches!(c, '<' | '>' | '[' | ']' | '.'))
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_parent_that_lists_takes_what_its_list_takes() {
+    let paths = walk();
+    let mut parents = 0;
+    for path in paths
+        .iter()
+        .filter(|path| path.last().is_some_and(|p| p == "list"))
+    {
+        let parent = &path[..path.len() - 1];
+        let help = |words: &[String]| {
+            let mut args: Vec<&str> = words.iter().map(String::as_str).collect();
+            args.push("--help");
+            ordo_offline(&args).1
+        };
+        let (of_list, of_parent) = (options(&help(path)), options(&help(parent)));
+        let missing: Vec<&String> = of_list.difference(&of_parent).collect();
+        assert!(
+            missing.is_empty(),
+            "`ordo {}` lists but refuses {missing:?}, which `ordo {}` takes",
+            parent.join(" "),
+            path.join(" ")
+        );
+        parents += 1;
+    }
+    assert!(
+        parents >= 4,
+        "the walk found the listing parents: {parents}"
+    );
+}
+
+#[test]
+fn every_usage_line_shows_the_positionals_in_the_order_they_are_given() {
+    for path in walk() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let (_, help, _) = ordo_offline(&args);
+        let usage = help
+            .lines()
+            .find(|line| line.starts_with("Usage: "))
+            .unwrap_or_default();
+        let at = |name: &str| {
+            ["<", "[", "|"].iter().find_map(|open| {
+                let found = usage.find(&format!("{open}{name}"))?;
+                let after = usage[found + open.len() + name.len()..].chars().next();
+                matches!(after, Some('>' | ']' | '|' | '.')).then_some(found)
+            })
+        };
+        let order: Vec<(String, Option<usize>)> = positionals(&help)
+            .into_iter()
+            .map(|name| {
+                let found = at(&name);
+                (name, found)
+            })
+            .collect();
+        for (name, found) in &order {
+            assert!(found.is_some(), "{usage:?} does not show {name}:\n{help}");
+        }
+        assert!(
+            order.windows(2).all(|pair| pair[0].1 < pair[1].1),
+            "{usage:?} shows the positionals out of their order {:?}",
+            order.iter().map(|(name, _)| name).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// A command documented as a row of its parent's (`ordo relay [list]`, `ordo subscriptions
 /// pause|resume NAME`).
 fn parent_row(operations: &str, path: &[String]) -> bool {
@@ -264,10 +410,13 @@ fn command_of(args: &str, paths: &[Vec<String>]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_lists_when_bare_and_names_what_it_cannot_find() {
     let db = TestDb::new().await;
-    sqlx::query("INSERT INTO ordo.subscriptions (name, lane, position, kind) VALUES ('projection', 'insert', 0, 'subscription')")
-        .execute(&db.pool)
-        .await
-        .expect("a subscription's row");
+    sqlx::query(
+        "INSERT INTO ordo.subscriptions (name, lane, position, kind) VALUES \
+         ('projection', 'insert', 0, 'subscription'), ('mailer', 'commit', 0, 'relay')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a subscription's and a relay's rows");
     let mut failures = Vec::new();
     for (args, expect) in CASES {
         let words: Vec<&str> = args.split_whitespace().collect();
@@ -279,8 +428,21 @@ async fn every_command_lists_when_bare_and_names_what_it_cannot_find() {
             _ => db.ordo(&words),
         };
         let shown = format!("`ordo {args}`: ok={ok}\nstdout: {out}\nstderr: {err}");
+        // DATABASE_URL is set: an option the environment gives is not shown as required.
+        if err
+            .lines()
+            .any(|line| line.starts_with("Usage:") && line.contains("--database-url"))
+        {
+            failures.push(format!("--database-url in a usage line: {shown}"));
+        }
         match expect {
             Succeeds if !ok => failures.push(shown),
+            Prints(_) if !ok => failures.push(shown),
+            Prints(parts) => {
+                if let Some(part) = parts.iter().find(|part| !out.contains(**part)) {
+                    failures.push(format!("missing {part:?} in {shown}"));
+                }
+            }
             FailsNaming(_) if ok => failures.push(shown),
             FailsNaming(parts) => {
                 if let Some(part) = parts.iter().find(|part| !err.contains(**part)) {
@@ -288,6 +450,9 @@ async fn every_command_lists_when_bare_and_names_what_it_cannot_find() {
                 }
                 if err.contains(" at line ") {
                     failures.push(format!("PostgreSQL's source line shown: {shown}"));
+                }
+                if args.contains(" replay ") && err.contains("--force") {
+                    failures.push(format!("a replay answered in reset's terms: {shown}"));
                 }
             }
             _ => {}

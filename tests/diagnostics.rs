@@ -41,6 +41,62 @@ fn a_refused_connection_is_called_refused_and_names_host_and_port_but_not_the_pa
 }
 
 #[test]
+fn a_refused_connection_is_answered_at_once_whatever_the_connect_timeout() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let url = format!("postgres://someone@127.0.0.1:{port}/app");
+    // An hour to connect: an answer well before the deadline is the refusal's, not a timeout.
+    let mut child = Command::new(ORDO_BIN)
+        .args(["--connect-timeout", "3600", "status"])
+        .env("DATABASE_URL", &url)
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ordo");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("ordo waited on a refused port instead of answering");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let text = stderr(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("connection refused"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_that_fails_says_postgresql_s_message_without_its_source_line() {
+    let db = TestDb::new().await;
+    // A database whose `ordo` schema holds a table of another shape under ordo's first name.
+    let other = db.another_pool(1).await;
+    sqlx::query("DROP SCHEMA ordo CASCADE")
+        .execute(&other)
+        .await
+        .expect("drop the schema");
+    for statement in ["CREATE SCHEMA ordo", "CREATE TABLE ordo.events (x int)"] {
+        sqlx::query(statement)
+            .execute(&other)
+            .await
+            .expect("a table in its way");
+    }
+    other.close().await;
+    let out = ordo(&db.url, &["migrate"]);
+    let text = stderr(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("relation \"events\" already exists"),
+        "{text}"
+    );
+    assert!(text.contains("[SQLSTATE 42P07]"), "{text}");
+    assert!(!text.contains(" at line "), "{text}");
+}
+
+#[test]
 fn a_server_that_accepts_and_never_answers_is_called_hung_and_names_host_and_port() {
     // Bound and listening but never accepting: the kernel completes the handshake and
     // nothing ever answers, as with a hung server.

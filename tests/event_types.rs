@@ -346,3 +346,42 @@ async fn all_types_hands_a_foreign_row_to_the_subscription_as_before() {
     assert_eq!(handled(&db.pool).await, vec![1]);
     outbox.shutdown().await;
 }
+
+/// A row that does not decode fails without a handler: the log says so, and blames no handler.
+/// (One thread, so that the runner's lines reach this test's subscriber.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_row_that_does_not_decode_is_logged_as_such_not_as_a_handler_failure() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let recorder = common::logs::Recorder::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(recorder.clone()));
+    let (db, outbox) = setup().await;
+    publish(&outbox, Orders::Placed { id: 1 }).await;
+    foreign_row(&db.pool, Some("shipping.LabelPrinted")).await;
+    let handle = outbox
+        .subscribe(fast_halting("everything").all_types(), Record)
+        .await
+        .expect("subscribe");
+    let (status, halted) = handle
+        .wait_for(PATIENCE, |s| s.state == SubscriptionState::Halted)
+        .await;
+    assert!(halted, "{status:?}");
+    outbox.shutdown().await;
+    let lines: Vec<String> = recorder
+        .events()
+        .into_iter()
+        .filter(|event| event.level == tracing::Level::WARN)
+        .map(|event| event.fields)
+        .collect();
+    assert!(
+        lines.iter().any(|line| line.contains("does not decode")
+            && line.contains("no handler ran")
+            && line.contains("sequence 2")),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines.iter().any(|line| line.contains("handler failed")),
+        "{lines:#?}"
+    );
+}

@@ -100,7 +100,7 @@ pub async fn list_stalled_keys(pool: &PgPool, name: &str) -> Result<Vec<StalledK
 /// every one when `key` is `None`. The runner that holds the lease takes the request within a
 /// second (or at its next claim), counts the event's attempts from zero and runs it again;
 /// the events waiting behind it follow in order. Returns how many stalled events the request
-/// covers (0: nothing is stalled on that key).
+/// covers (with `key: None`, 0 when nothing is stalled).
 ///
 /// ```no_run
 /// # async fn example(pool: sqlx::PgPool) -> ordo::Result<()> {
@@ -110,8 +110,10 @@ pub async fn list_stalled_keys(pool: &PgPool, name: &str) -> Result<Vec<StalledK
 /// ```
 ///
 /// # Errors
-/// [`Error::UnknownSubscription`] if there is no such subscription; [`Error::Database`] if a
-/// statement fails.
+/// [`Error::UnknownSubscription`] if there is no such subscription;
+/// [`Error::UnknownStalledKey`] if `key` is given and no stalled event holds it (a typo, or a
+/// key that was never stalled, would otherwise ask nothing and say so only as a 0);
+/// [`Error::Database`] if a statement fails.
 pub async fn retry_stalled_keys(pool: &PgPool, name: &str, key: Option<&str>) -> Result<u64> {
     ensure_exists(pool, name).await?;
     let positions: Vec<i64> = sqlx::query_scalar(REQUEST_RETRY)
@@ -119,6 +121,12 @@ pub async fn retry_stalled_keys(pool: &PgPool, name: &str, key: Option<&str>) ->
         .bind(key)
         .fetch_all(pool)
         .await?;
+    if let (Some(key), true) = (key, positions.is_empty()) {
+        return Err(Error::UnknownStalledKey {
+            subscription: name.to_owned(),
+            key: key.to_owned(),
+        });
+    }
     Ok(positions.len() as u64)
 }
 

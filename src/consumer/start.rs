@@ -159,7 +159,13 @@ where
     let heads = Heads {
         current: Arc::clone(&shared.lanes) as Arc<dyn LaneHeads>,
     };
-    let span = tracing::info_span!("ordo", task = kind, subscription = %config.name);
+    // Every line the runner logs carries this span: the name is the application's or an
+    // operator's text, shown so that it cannot drive a terminal or forge a line.
+    let span = tracing::info_span!(
+        "ordo",
+        task = kind,
+        subscription = %crate::telemetry::printable(&config.name)
+    );
     let owner = Uuid::new_v4();
     let pool = shared.pool.clone();
     let registration = config.clone();

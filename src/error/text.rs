@@ -96,7 +96,8 @@ fn postgres_error<'a>(
         .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
 }
 
-/// A migration error in words that name ordo's history table. sqlx's own message for a dirty
+/// A migration error in words that name ordo's history table, without PostgreSQL's source
+/// line (see [`failure_text`]). sqlx's own message for a dirty
 /// migration says to remove its row from `_sqlx_migrations`, which is the application's table
 /// (if it has one), not `ordo._sqlx_migrations` where ordo records its migrations.
 pub(super) fn migrate_reason(error: &sqlx::migrate::MigrateError) -> String {
@@ -107,6 +108,8 @@ pub(super) fn migrate_reason(error: &sqlx::migrate::MigrateError) -> String {
              WHERE version = {version}) and migrate again (`ordo migrate`)",
             table = crate::schema::MIGRATIONS_TABLE
         ),
-        other => other.to_string(),
+        // A failed statement of a migration: PostgreSQL's message and SQLSTATE, not the line
+        // of its C source sqlx appends.
+        other => failure_text(other),
     }
 }

@@ -69,12 +69,15 @@ mod owner;
 mod purge;
 mod rows;
 mod sql;
+pub(crate) mod status;
 mod transport;
 mod watermark;
 
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
 
 use std::sync::Arc;
@@ -93,11 +96,14 @@ pub use message::{InboxMessage, Receipt};
 pub use owner::adopt_consumer;
 pub use purge::InboxPurger;
 pub(crate) use sql::HOT_PATH;
+pub use status::{FailedCount, GAP_SHOWN_AFTER, InboxStatus, MarkStatus, MarkWait};
 pub use transport::{MAX_REDELIVERY_DELAY, Redelivery};
 
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use nats::{NatsInbox, NatsInboxBuilder};
 #[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub use rabbitmq::{DEAD_LETTER_EXCHANGE, RabbitInbox, RabbitInboxBuilder};
 
 use crate::envelope::Headers;

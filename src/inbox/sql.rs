@@ -177,22 +177,26 @@ RETURNING true
 /// A message from beyond the next position, refused as a gap, in the transaction holding the
 /// mark's row (locked by [`MARK`]): the highest position refused, the lowest one waited for
 /// (`$5`, a refused message's previous position: several may be refused in a row, each
-/// waiting on the one before it) and since when the inbox waits. `warn`: this receiver logs the wait (its first refusal, then at most once a minute
-/// across every receiver). A refusal that changes nothing (a redelivery of a position already
-/// refused, within the minute) writes nothing: a transport redelivering a window of early
-/// messages every second costs no write each.
+/// waiting on the one before it) and since when the inbox waits. `warn`: this receiver logs
+/// the wait, once it has lasted 5 s (`GAP_SHOWN_AFTER`: a catch-up's gaps close sooner), then
+/// at most once a minute across every receiver; `failing_position`: the position of the
+/// mark's failing message, if one fails (the wait is for its handler, not for a redelivery).
+/// A refusal that changes nothing (a redelivery of a position already refused, before the
+/// wait is worth a warning or within its minute) writes nothing: a transport redelivering a
+/// window of early messages every second costs no write each.
 pub(crate) const NOTE_GAP: &str = r#"
 UPDATE ordo.inbox_watermarks AS w
 SET gap_position = GREATEST(w.gap_position, $3),
     gap_expected = LEAST(w.gap_expected, $5),
     gap_since = coalesce(w.gap_since, now()),
-    gap_warned_at = CASE WHEN w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute'
+    gap_warned_at = CASE WHEN w.gap_since <= now() - interval '5 seconds'
+                          AND (w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute')
                          THEN now() ELSE w.gap_warned_at END
 WHERE consumer = $1 AND source = $2 AND route = $4
   AND (w.gap_since IS NULL OR w.gap_position < $3 OR w.gap_expected > $5
-       OR w.gap_warned_at IS NULL
-       OR w.gap_warned_at <= now() - interval '1 minute')
-RETURNING gap_since, gap_warned_at = now() AS warn
+       OR (w.gap_since <= now() - interval '5 seconds'
+           AND (w.gap_warned_at IS NULL OR w.gap_warned_at <= now() - interval '1 minute')))
+RETURNING gap_since, coalesce(gap_warned_at = now(), false) AS warn, failing_position
 "#;
 
 /// A failed attempt at the next position (mark + 1, or further inside a rewound range), after

@@ -28,6 +28,10 @@ use crate::telemetry::metrics::INBOX_REWOUND_POSITIONS;
 use crate::telemetry::printable;
 
 /// SQLSTATE `lock_not_available`: `NOWAIT` found the row locked.
+mod gap;
+
+use gap::note_gap;
+
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 // UNNAMED_ALONE: sqlx runs an unnamed statement in two steps, each ended by a `Sync` (prepare
@@ -266,42 +270,6 @@ struct Mark {
 /// A history id as the table stores it (`BIGINT`).
 fn history_column(history: u64) -> i64 {
     i64::try_from(history).unwrap_or(i64::MAX)
-}
-
-/// Records on the mark's row (locked in `tx`) that `position` was refused as a gap, and logs
-/// the wait: when it starts, then at most once a minute across every receiver. A position
-/// that never comes (a relay moved past it, its event dropped) leaves the inbox waiting for
-/// ever: the log and `ordo inbox watermarks` say so, and `ordo inbox set-watermark` ends it.
-async fn note_gap(
-    mut tx: Transaction<'static, Postgres>,
-    consumer: &str,
-    place: &Place<'_>,
-    expected: u64,
-) -> Result<()> {
-    let noted: Option<(chrono::DateTime<chrono::Utc>, bool)> = sqlx::query_as(sql::NOTE_GAP)
-        .persistent(false)
-        .bind(consumer)
-        .bind(place.source)
-        .bind(position_column(place.position))
-        .bind(place.route)
-        .bind(position_column(expected))
-        .fetch_optional(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    if let Some((since, true)) = noted {
-        tracing::warn!(
-            consumer = %printable(consumer),
-            source = %printable(place.source),
-            route = %printable(place.route),
-            expected,
-            received = place.position,
-            since = %since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            "inbox waits on a gap: position {expected} from this source has not arrived, later \
-             ones are refused (Gap) until it does; if it never will (the sender skipped it), \
-             move the mark past it: ordo inbox set-watermark CONSUMER SOURCE POSITION"
-        );
-    }
-    Ok(())
 }
 
 /// A transaction holding the mark of the place's source and route locked, and the mark;

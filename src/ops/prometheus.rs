@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::status::OutboxStatus;
 use crate::consumer::{RunStatus, SubscriptionStatus};
+use crate::inbox::{FailedCount, MarkStatus, MarkWait};
 use crate::position::Ordering;
 use crate::telemetry::needs_escape;
 
@@ -21,6 +22,7 @@ pub fn prometheus_text(status: &OutboxStatus) -> String {
         .chain(lanes(status))
         .chain(subscriptions(status))
         .chain(dead_letters(status))
+        .chain(inbox(status))
         .chain([stalls(status)])
         .chain(schema(status));
     for (name, help, samples) in gauges {
@@ -195,6 +197,69 @@ fn dead_letters(status: &OutboxStatus) -> [Gauge; 2] {
                 .map(|oldest| (String::new(), age(status, oldest)))
                 .into_iter()
                 .collect(),
+        ),
+    ]
+}
+
+/// The receiving side: each consumer's failed messages, each watermark's position, and what
+/// holds it.
+fn inbox(status: &OutboxStatus) -> [Gauge; 5] {
+    let consumer = |name: &str| format!("{{consumer=\"{}\"}}", escape(name));
+    let failed = |value: &dyn Fn(&FailedCount) -> f64| {
+        status
+            .inbox
+            .failed
+            .iter()
+            .map(|failed| (consumer(&failed.consumer), value(failed)))
+            .collect()
+    };
+    let marks = |value: &dyn Fn(&MarkStatus) -> Option<f64>| {
+        status
+            .inbox
+            .marks
+            .iter()
+            .filter_map(|mark| {
+                let labels = format!(
+                    "{{consumer=\"{}\",source=\"{}\",route=\"{}\"}}",
+                    escape(&mark.consumer),
+                    escape(&mark.source),
+                    escape(&mark.route)
+                );
+                value(mark).map(|v| (labels, v))
+            })
+            .collect()
+    };
+    [
+        (
+            "ordo_inbox_failed_messages",
+            "Failed messages of an inbox consumer, waiting for an operator (ordo inbox failed).",
+            failed(&|failed| failed.count as f64),
+        ),
+        (
+            "ordo_inbox_oldest_failed_seconds",
+            "Age of an inbox consumer's oldest failed message.",
+            failed(&|failed| age(status, failed.oldest_at)),
+        ),
+        (
+            "ordo_inbox_watermark_position",
+            "The highest position a watermark consumer handled from a source's route.",
+            marks(&|mark| Some(mark.position as f64)),
+        ),
+        (
+            "ordo_inbox_watermark_failing_attempts",
+            "Failed attempts of the position a watermark waits on (0 when none fails).",
+            marks(&|mark| match &mark.waits_on {
+                Some(MarkWait::Failing { attempts, .. }) => Some(f64::from(*attempts)),
+                _ => Some(0.0),
+            }),
+        ),
+        (
+            "ordo_inbox_gap_seconds",
+            "How long a watermark consumer has waited on a position that has not arrived; absent when it waits on none (or for less than 5 s).",
+            marks(&|mark| match &mark.waits_on {
+                Some(MarkWait::Gap { seconds, .. }) => Some(*seconds),
+                _ => None,
+            }),
         ),
     ]
 }

@@ -1,24 +1,28 @@
 //! What operators read: [`OutboxStatus`], the subscriptions, dead letters and a retention
 //! report as tables, and any text made safe for a terminal.
 //!
-//! One file per topic: the status report in `status.rs`, the subscriptions, stalled keys and
-//! dead letters in `subscriptions.rs`, the inbox in `inbox.rs`, retention in `retention.rs`;
-//! the table layout they share is here.
+//! One file per topic: the status report in `status.rs` (its closing lines, what is stuck, in
+//! `stuck.rs`), the subscriptions, stalled keys and dead letters in `subscriptions.rs`, the
+//! inbox in `inbox.rs`, retention in `retention.rs`, the secret keys in `secrets.rs`; the table
+//! layout they share is here.
 
 use std::fmt::Write;
 
 #[cfg(doc)]
 use super::status::OutboxStatus;
 use crate::consumer::SubscriptionStatus;
-pub use crate::telemetry::printable;
+pub use crate::telemetry::{needs_escape, printable};
 
 mod inbox;
 mod retention;
+mod secrets;
 mod status;
+mod stuck;
 mod subscriptions;
 
 pub use inbox::{inbox_failed_table, watermarks_table};
 pub use retention::retention_table;
+pub use secrets::secret_keys_table;
 pub use status::status_table;
 pub use subscriptions::{dead_letters_table, stalled_keys_table, subscriptions_table};
 

@@ -191,7 +191,8 @@ pub async fn list_secret_keys(pool: &PgPool) -> Result<Vec<SecretKey>> {
 ///
 /// # Errors
 /// [`Error::Database`] if a step fails (SQLSTATE 42501: the role may not execute
-/// `ordo.scrub_secrets`; run `ordo grant` again after migrating). Steps done stay done.
+/// `ordo.scrub_secrets`: run it as a writer, consumer or operator role). Steps done stay
+/// done.
 pub async fn scrub_secrets(pool: &PgPool) -> Result<ScrubReport> {
     scrub(pool, u32::MAX, None).await
 }
@@ -226,10 +227,37 @@ pub(crate) async fn maintain(pool: &PgPool, stop: &StopSignal) {
             "secret keys removed from delivered events"
         ),
         Ok(_) => {}
+        Err(error)
+            if crate::ops::retention::sqlstate(&error).as_deref()
+                == Some(crate::ops::retention::INSUFFICIENT_PRIVILEGE) =>
+        {
+            refused(pool, &error).await;
+        }
         Err(error) => tracing::warn!(
             %error,
-            "removing secret keys from delivered events failed; will retry (a role refused \
-             ordo.scrub_secrets needs `ordo grant` again after migrating)"
+            "removing secret keys from delivered events failed; will retry"
         ),
     }
+}
+
+/// The maintainer's role may not run `ordo.scrub_secrets`: a sequencer (`ordo fold`) or reader
+/// role is not granted it, and needs it no more than it needs to say so while no key is
+/// secret. With keys configured, the keys stay in delivered events until a role that may
+/// scrubs them: that is worth a warning, naming who may.
+async fn refused(pool: &PgPool, error: &Error) {
+    let configured: std::result::Result<bool, sqlx::Error> =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM ordo.secret_keys)")
+            .fetch_one(pool)
+            .await;
+    if let Ok(false) = configured {
+        tracing::debug!(%error, "this role may not scrub secret keys, and none is configured");
+        return;
+    }
+    tracing::warn!(
+        %error,
+        "secret payload keys are configured but this outbox's database role may not remove them \
+         from delivered events (ordo.scrub_secrets): they stay until a role that may runs it, an \
+         Outbox of a writer or consumer role (`ordo grant --writer`, `--consumer`) or \
+         `ordo secrets scrub` as an operator"
+    );
 }

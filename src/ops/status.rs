@@ -137,6 +137,11 @@ pub struct OutboxStatus {
     /// are in its [`SubscriptionStatus::dead_letters`]. Normally 0: each is an event a handler
     /// gave up on, waiting for an operator (`ordo dead-letters list`, `retry`, `purge`).
     pub dead_letters: crate::consumer::DeadLetterCount,
+    /// The receiving side, where this database runs an inbox: consumers holding failed
+    /// messages, and each watermark consumer's marks with what holds them (a failing message,
+    /// a gap that outlived [`GAP_SHOWN_AFTER`](crate::inbox::GAP_SHOWN_AFTER)). Empty
+    /// elsewhere.
+    pub inbox: crate::inbox::InboxStatus,
     /// What an operator should act on that is not a stall, one sentence each (the default
     /// partition holding events, a schema migrated by a newer ordo); `ordo status` prints each
     /// as a `warning:` line. Normally empty.
@@ -178,6 +183,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
     let rows_above_head = rows_above_head(pool, at.sequence_head, at.committed_head).await?;
     let dead_letters = sql::dead_letters(pool).await?;
+    let inbox = crate::inbox::status::inbox_status(pool).await?;
     let (default_partition_events, default_warning) =
         crate::ops::retention::default_partition(pool).await?;
     let unknown_migrations = crate::migrate::unknown_migrations(pool).await?;
@@ -232,6 +238,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         default_partition_events,
         unknown_migrations,
         dead_letters,
+        inbox,
         warnings,
     })
 }

@@ -86,6 +86,13 @@ pub(crate) const HOLDERS: &str = r#"
 SELECT sequence FROM ordo.events WHERE id = $1 AND payload IS NOT NULL ORDER BY sequence
 "#;
 
+/// The head of the commit lane (`$1`) or the insert lane (the highest sequence drawn).
+pub(crate) const LANE_HEAD: &str = r#"
+SELECT CASE WHEN $1 THEN (SELECT last_commit_seq FROM ordo.sequencer_state)
+       ELSE (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM ordo.events_sequence)
+       END
+"#;
+
 /// This process, as an attempt records it.
 fn host() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
@@ -205,7 +212,8 @@ pub struct RelayEventAttempts {
 ///
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such relay; [`Error::InvalidConfig`] if no
-/// stored event has that id; [`Error::Database`] if a statement fails.
+/// stored event has that id; [`Error::BeyondHead`] if the position is past the head of the
+/// relay's lane (no event is there yet); [`Error::Database`] if a statement fails.
 pub async fn relay_attempts(
     pool: &PgPool,
     relay: &str,
@@ -282,6 +290,20 @@ pub async fn relay_attempts(
             .fetch_optional(pool)
             .await?;
         (event_id, sequence) = found.map_or((None, None), |(id, at)| (Some(id), Some(at)));
+    }
+    if event_id.is_none() && state == RelayEventState::Waiting {
+        let head: i64 = sqlx::query_scalar(LANE_HEAD)
+            .bind(lane == crate::Ordering::Commit)
+            .fetch_one(pool)
+            .await?;
+        if at > head {
+            return Err(Error::BeyondHead {
+                subscription: relay.to_owned(),
+                lane,
+                position,
+                head: u64::try_from(head).unwrap_or(0),
+            });
+        }
     }
     let id_holders = match event_id {
         Some(id) => holders(pool, id).await?,

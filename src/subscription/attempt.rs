@@ -79,18 +79,22 @@ where
             if unit.len() > 1 && matches!(self.config.batch, Batch::UpTo(_)) {
                 return self.one_by_one(unit, position).await;
             }
-            tracing::warn!(
-                subscription = %self.config.name, attempt, error = %failure.message,
-                "handler failed"
-            );
             // An event that does not decode fails the same way every time: not retried, and
-            // sent where `on_undecodable` says.
+            // sent where `on_undecodable` says. No handler ran, so none is blamed.
             if !failure.retryable {
+                tracing::warn!(
+                    subscription = %self.config.name, error = %failure.message,
+                    "an event does not decode as the subscription's payload type; no handler ran"
+                );
                 let policy = self.config.on_undecodable;
                 return self
                     .exhaust(policy, unit, position, attempt, &failure.message)
                     .await;
             }
+            tracing::warn!(
+                subscription = %self.config.name, attempt, error = %failure.message,
+                "handler failed"
+            );
             if attempt >= self.config.retry.max_attempts {
                 let policy = self.config.on_exhaustion;
                 return self

@@ -8,5 +8,5 @@ mod printable;
 pub(crate) mod trace;
 
 pub use hot::HotStatement;
-pub use printable::printable;
-pub(crate) use printable::{clipped, needs_escape};
+pub(crate) use printable::clipped;
+pub use printable::{needs_escape, printable};

@@ -1,8 +1,8 @@
 //! The shared test harness: a fresh database per test on a real PostgreSQL server.
 //!
 //! The server is `DATABASE_URL` when set. Otherwise, when Docker answers, one PostgreSQL
-//! container is started for the whole test binary (testcontainers). Otherwise the test fails
-//! with a message that says how to get a server.
+//! container is started for the whole test binary (with the `docker` command). Otherwise the
+//! test fails with a message that says how to get a server.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -109,7 +109,7 @@ impl Drop for TestDb {
 /// What to do without a server; printed once per test binary, not once per test.
 const NO_SERVER: &str = "ordo's tests need PostgreSQL 14+: set DATABASE_URL (for example \
     postgres://postgres@127.0.0.1:5432/postgres, a role that may CREATE DATABASE), \
-    or start Docker so that testcontainers can run one";
+    or start Docker so that the tests can run one (image postgres:16-alpine)";
 
 /// The server the tests run against. Without one, the first test to ask prints how to get one
 /// and every test fails with a one-line pointer to it.
@@ -133,52 +133,102 @@ pub fn server_url() -> &'static str {
     }
 }
 
+/// The image the tests start when no server is given: the oldest PostgreSQL ordo supports
+/// would do, a current one is what users run.
+const IMAGE: &str = "postgres:16-alpine";
+
+/// Starts one PostgreSQL container for this test binary with the `docker` command (no client
+/// library: the tests' dependencies stay those of the examples), waits until it takes
+/// connections, and leaves a watcher that removes it once this process has exited.
 fn start_container() -> Result<String, String> {
-    let docker = std::process::Command::new("docker")
-        .arg("info")
-        .output()
-        .map(|out| out.status.success())
-        .unwrap_or(false);
-    if !docker {
+    let docker = |args: &[&str]| -> Result<String, String> {
+        let output = std::process::Command::new("docker")
+            .args(args)
+            .output()
+            .map_err(|error| format!("docker {}: {error}; {NO_SERVER}", args.join(" ")))?;
+        if !output.status.success() {
+            return Err(format!(
+                "docker {} failed: {}; {NO_SERVER}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    if docker(&["info", "--format", "{{.ServerVersion}}"]).is_err() {
         return Err(NO_SERVER.to_owned());
     }
-    let (sender, receiver) = std::sync::mpsc::channel();
-    // The container lives as long as this thread, which parks for the rest of the test binary.
-    std::thread::spawn(move || {
-        use testcontainers_modules::postgres::Postgres;
-        use testcontainers_modules::testcontainers::runners::AsyncRunner;
-        let Ok(runtime) = tokio::runtime::Runtime::new() else {
-            let _ = sender.send(Err("no tokio runtime for testcontainers".to_owned()));
-            return;
-        };
-        runtime.block_on(async move {
-            let container = match Postgres::default().start().await {
-                Ok(container) => container,
-                Err(error) => {
-                    let _ = sender.send(Err(format!(
-                        "could not start a PostgreSQL container ({error}); {NO_SERVER}"
-                    )));
-                    return;
+    let id = docker(&[
+        "run",
+        "--detach",
+        "--rm",
+        "--publish",
+        "127.0.0.1::5432",
+        "--env",
+        "POSTGRES_PASSWORD=postgres",
+        IMAGE,
+        "-c",
+        "max_prepared_transactions=16",
+    ])?;
+    // Removes the container once this test binary has exited, however it ends.
+    let watcher = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 1; done; docker rm --force {id} >/dev/null 2>&1",
+        std::process::id()
+    );
+    let _ = std::process::Command::new("sh")
+        .args(["-c", &watcher])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let published = docker(&["port", &id, "5432/tcp"])?;
+    let port = published
+        .lines()
+        .next()
+        .and_then(|line| line.rsplit(':').next())
+        .and_then(|port| port.parse::<u16>().ok())
+        .ok_or_else(|| format!("docker port {id}: {published:?} names no port"))?;
+    let url = format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres");
+    wait_until_ready(&url)?;
+    Ok(url)
+}
+
+/// Waits up to a minute for the container's server to take a query (its first start runs
+/// initdb, then restarts the server once). On a thread of its own: the first test to ask may
+/// be running on a runtime already.
+fn wait_until_ready(url: &str) -> Result<(), String> {
+    let url = url.to_owned();
+    std::thread::spawn(move || ready_within_a_minute(&url))
+        .join()
+        .unwrap_or_else(|_| Err("the thread waiting for the container panicked".to_owned()))
+}
+
+fn ready_within_a_minute(url: &str) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("a runtime to wait for the container: {error}"))?;
+    runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = match PgPool::connect(url).await {
+                Ok(pool) => {
+                    let answered = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+                    pool.close().await;
+                    answered
                 }
+                Err(_) => false,
             };
-            let port = match container.get_host_port_ipv4(5432).await {
-                Ok(port) => port,
-                Err(error) => {
-                    let _ = sender.send(Err(format!("the container's port: {error}")));
-                    return;
-                }
-            };
-            let _ = sender.send(Ok(format!(
-                "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
-            )));
-            std::future::pending::<()>().await;
-            drop(container);
-        });
-    });
-    receiver.recv().unwrap_or_else(|_| {
-        Err(format!(
-            "the testcontainers thread ended early; {NO_SERVER}"
-        ))
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the PostgreSQL container at {url} took no connection within a minute"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     })
 }
 

@@ -75,6 +75,49 @@ async fn webhook_posts_each_event_signed_so_the_receiver_can_verify_it() {
     assert_eq!(k1, vec![&batch[0].payload[..], &batch[2].payload[..]]);
 }
 
+/// A key or type that is not ASCII goes as its UTF-8 bytes; one holding a control character,
+/// which no HTTP header carries, is left out of that request alone, and the relay says so.
+#[tokio::test]
+async fn webhook_headers_carry_utf8_and_a_value_no_header_can_carry_is_left_out_and_said() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let recorder = super::common::logs::Recorder::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(recorder.clone()));
+    let server = Responder::start(Vec::new()).await;
+    let mut sink = sink(server.url("/hooks/orders"));
+    let batch: Vec<Message> = batch(2)
+        .into_iter()
+        .zip(["müller", "line\nbreak"])
+        .map(|(message, key)| message.with_key(Some(key)))
+        .collect();
+    let result = send(&mut sink, &batch).await;
+    assert!(delivered(&result, 2), "{result:?}");
+    let requests = server.requests();
+    let key_of = |message: &Message| {
+        let id = message.id.to_string();
+        requests
+            .iter()
+            .find(|request| request.header("Ordo-Event-Id") == Some(id.as_str()))
+            .expect("a request per event")
+            .header("Ordo-Key")
+    };
+    assert_eq!(key_of(&batch[0]), Some("müller"));
+    assert_eq!(key_of(&batch[1]), None);
+    let said: Vec<String> = recorder
+        .events()
+        .into_iter()
+        .filter(|event| event.level == tracing::Level::WARN)
+        .map(|event| event.fields)
+        .collect();
+    assert!(
+        said.iter().any(|line| line.contains("Ordo-Key")
+            && line.contains(&batch[1].id.to_string())
+            && line.contains("left out")),
+        "{said:#?}"
+    );
+}
+
 #[tokio::test]
 async fn webhook_answers_map_to_transient_or_permanent() {
     let in_a_minute = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(90));

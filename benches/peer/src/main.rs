@@ -46,7 +46,7 @@
 //!   writer idle through the others' slices starts cold). On a machine whose load comes and
 //!   goes, a burst falls
 //!   on every variant alike, where `single`'s runs, one after another, each get their own
-//!   (`examples/single_writer --interleave` does the same for ordo's variants alone). Listeners
+//!   (`benches/tools/examples/single_writer --interleave` does the same for ordo's variants alone). Listeners
 //!   of the variants not taking their turn are idle, but each library's own tasks keep running.
 //!
 //! The first half second of every phase is warm-up and is not recorded. Options: `--phases
@@ -68,11 +68,11 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Json;
 use tokio::time::MissedTickBehavior;
 
-#[path = "../../../examples/support/measure.rs"]
+#[path = "../../tools/examples/support/measure.rs"]
 mod measure;
-#[path = "../../../examples/support/order.rs"]
+#[path = "../../tools/examples/support/order.rs"]
 mod order;
-#[path = "../../../examples/support/scratch.rs"]
+#[path = "../../tools/examples/support/scratch.rs"]
 mod scratch;
 
 use measure::{histogram, load, ms, nanos, quantiles};

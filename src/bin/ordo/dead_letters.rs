@@ -13,22 +13,30 @@ use crate::CliResult;
 use crate::parse::parse_duration;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct DeadLettersArgs {
     #[command(subcommand)]
     action: Option<DeadLetterAction>,
+    /// What `list` takes, for the bare command that lists.
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+/// The options of `ordo dead-letters [list]`.
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Only this subscription's.
+    #[arg(long)]
+    subscription: Option<String>,
+    /// Print JSON (one object per dead letter) instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
 enum DeadLetterAction {
     /// List dead letters, oldest first (the default).
-    List {
-        /// Only this subscription's.
-        #[arg(long)]
-        subscription: Option<String>,
-        /// Print JSON (one object per dead letter) instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(ListArgs),
     /// Hand a dead letter's event (or each of a subscription's) to its handler again, once.
     ///
     /// The runner of the subscription (serial or keyed, running and active) takes the request
@@ -58,12 +66,8 @@ enum DeadLetterAction {
 }
 
 pub(crate) async fn run(pool: PgPool, args: DeadLettersArgs) -> CliResult {
-    let action = args.action.unwrap_or(DeadLetterAction::List {
-        subscription: None,
-        json: false,
-    });
-    match action {
-        DeadLetterAction::List { subscription, json } => {
+    match args.action.unwrap_or(DeadLetterAction::List(args.list)) {
+        DeadLetterAction::List(ListArgs { subscription, json }) => {
             let rows = admin::list_dead_letters(&pool, subscription.as_deref()).await?;
             let mut out = io::stdout().lock();
             if json {

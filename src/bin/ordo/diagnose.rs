@@ -1,7 +1,9 @@
 //! Why a connection could not be made, in words an operator can act on.
 //!
 //! sqlx's pool retries a refused connection and a silent server alike until its acquire
-//! timeout, then says only "pool timed out". One direct attempt tells the cases apart.
+//! timeout, then says only "pool timed out". So the server is reached once before the pool
+//! is made ([`reach`]: refused is answered at once), and a pool that still fails is followed
+//! by one direct attempt that tells the cases apart.
 
 use std::io;
 use std::time::Duration;
@@ -34,14 +36,19 @@ fn socket(options: &PgConnectOptions) -> Option<String> {
         .then(|| format!("{host}/.s.PGSQL.{}", options.get_port()))
 }
 
+/// Whether anything listens where `options` points, within `timeout`: a refused connection or
+/// a missing socket is answered at once, a host that drops the packets after `timeout`.
+pub(crate) async fn reach(options: &PgConnectOptions, timeout: Duration) -> Result<(), String> {
+    match socket(options) {
+        Some(path) => reach_socket(&path, timeout).await,
+        None => reach_tcp(options.get_host(), options.get_port(), timeout).await,
+    }
+}
+
 /// The message for a pool that could not connect (`error`), after one direct attempt.
 pub(crate) async fn connect_failure(options: &PgConnectOptions, error: &sqlx::Error) -> String {
     let place = place(options);
-    let reached = match socket(options) {
-        Some(path) => reach_socket(&path).await,
-        None => reach_tcp(options.get_host(), options.get_port()).await,
-    };
-    if let Err(why) = reached {
+    if let Err(why) = reach(options, PROBE).await {
         return format!("cannot connect to the database {place}: {why}");
     }
     match tokio::time::timeout(PROBE, PgConnection::connect_with(options)).await {
@@ -62,11 +69,11 @@ pub(crate) async fn connect_failure(options: &PgConnectOptions, error: &sqlx::Er
     }
 }
 
-async fn reach_tcp(host: &str, port: u16) -> Result<(), String> {
-    match tokio::time::timeout(PROBE, tokio::net::TcpStream::connect((host, port))).await {
+async fn reach_tcp(host: &str, port: u16, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
         Err(_) => Err(format!(
             "no answer to a connection attempt within {}s (the host is down, or a firewall drops the packets)",
-            PROBE.as_secs()
+            timeout.as_secs_f64()
         )),
         Ok(Err(error)) => Err(io_reason(&error)),
         Ok(Ok(_)) => Ok(()),
@@ -74,11 +81,11 @@ async fn reach_tcp(host: &str, port: u16) -> Result<(), String> {
 }
 
 #[cfg(unix)]
-async fn reach_socket(path: &str) -> Result<(), String> {
-    match tokio::time::timeout(PROBE, tokio::net::UnixStream::connect(path)).await {
+async fn reach_socket(path: &str, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, tokio::net::UnixStream::connect(path)).await {
         Err(_) => Err(format!(
             "no answer on the socket within {}s",
-            PROBE.as_secs()
+            timeout.as_secs_f64()
         )),
         Ok(Err(error)) => Err(io_reason(&error)),
         Ok(Ok(_)) => Ok(()),
@@ -86,7 +93,7 @@ async fn reach_socket(path: &str) -> Result<(), String> {
 }
 
 #[cfg(not(unix))]
-async fn reach_socket(_path: &str) -> Result<(), String> {
+async fn reach_socket(_path: &str, _timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `ordo inbox`: the consumer inbox's failed messages, replays and watermarks.
 //!
 //! ```text
-//! ordo inbox                                     the watermarks, then the failed messages
+//! ordo inbox [--consumer C] [--json]            the watermarks, then the failed messages
 //! ordo inbox failed [--consumer C] [--json]      messages a consumer gave up on
 //! ordo inbox replay ID [--consumer C]            run a failed message again
 //! ordo inbox replay --all [--consumer C]         every failed message (of C)
@@ -25,9 +25,23 @@ use crate::output::json_lines;
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct InboxArgs {
     #[command(subcommand)]
     action: Option<InboxAction>,
+    /// Only this consumer's watermarks and failed messages.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Print one JSON object (`{"watermarks": [...], "failed": [...]}`) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the bare `ordo inbox --json` prints.
+#[derive(serde::Serialize)]
+struct Everything {
+    watermarks: Vec<inbox::Watermark>,
+    failed: Vec<inbox::FailedMessage>,
 }
 
 #[derive(Subcommand)]
@@ -101,8 +115,16 @@ enum InboxAction {
 pub(crate) async fn run(pool: PgPool, args: InboxArgs) -> CliResult {
     let mut out = io::stdout().lock();
     let Some(action) = args.action else {
-        let marks = inbox::list_watermarks(&pool, None).await?;
-        let failed = inbox::list_failed(&pool, None).await?;
+        let consumer = args.consumer.as_deref();
+        let marks = inbox::list_watermarks(&pool, consumer).await?;
+        let failed = inbox::list_failed(&pool, consumer).await?;
+        if args.json {
+            let everything = Everything {
+                watermarks: marks,
+                failed,
+            };
+            return Ok(json_lines(&mut out, &[everything])?);
+        }
         writeln!(out, "watermarks (ordo inbox watermarks):")?;
         write!(out, "{}", admin::watermarks_table(&marks))?;
         writeln!(out, "\nfailed messages (ordo inbox failed):")?;

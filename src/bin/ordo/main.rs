@@ -4,7 +4,7 @@
 //! ordo migrate                                   create or upgrade the ordo schema
 //! ordo tail --lane insert|commit [--after N] [--limit N] [--follow]
 //! ordo fold                                      run a sequencer until SIGINT/SIGTERM
-//! ordo status [--json|--prometheus] [--watch S]   positions, lag, stalls and their holders
+//! ordo status [--json|--prometheus] [--watch S]   positions, lag, the inbox, what is stuck
 //! ordo retention [--keep 30d] [--ahead N] [--apply] [--force]  partitions, and dropping old ones
 //! ordo subscriptions [list] [--json]             list subscriptions and relays
 //! ordo subscriptions resume|pause NAME
@@ -17,15 +17,18 @@
 //! ordo dead-letters purge [--subscription NAME] (--older-than 7d | --all)
 //! ordo grant [--writer R]... [--publisher R]... [--sequencer R]... [--consumer R]...
 //!            [--reader R]... [--operator R]...      least-privilege roles
-//! ordo inbox [failed|replay|watermarks|set-watermark]  the consumer inbox (inbox.rs)
-//! ordo relay [list]                              list relays
+//! ordo inbox [--consumer C] [--json]            the consumer inbox (inbox.rs): its
+//! ordo inbox failed|replay|watermarks|set-watermark  failed messages, replays, watermarks
+//! ordo relay [list] [--json]                     list relays
 //! ordo relay run NAME --sink S --key-from K ...   a relay until SIGINT/SIGTERM (relay/run.rs)
 //! ordo relay parked|requeue|replay|resume|attempts   relays' parked events (relay/mod.rs)
-//! ordo secrets [list|add|remove|scrub]           secret payload keys (secrets.rs)
+//! ordo secrets [list] [--json] | add|remove|scrub  secret payload keys (secrets.rs)
 //! ```
 //!
-//! Every list command lists when given no subcommand; every name, id and consumer that matches
-//! nothing is an error that names it.
+//! Every list command lists when given no subcommand, and takes there what its `list` takes;
+//! every name, key, position, id and consumer that matches nothing is an error that names it.
+//! What they print is safe for a terminal and tells look-alike names apart; a reader that
+//! closes the pipe ends a command quietly.
 //! Every command reads `DATABASE_URL`, or `--database-url`.
 //!
 //! One file per command (or folder, for `relay`); the value parsers they share are in
@@ -39,8 +42,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ordo::admin;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
 
 mod dead_letters;
 mod diagnose;
@@ -59,8 +62,11 @@ mod tail;
 #[derive(Parser)]
 #[command(name = "ordo", version, about = "Operate an ordo outbox on PostgreSQL")]
 struct Cli {
-    /// PostgreSQL URL of the database holding the `ordo` schema.
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    /// PostgreSQL URL of the database holding the `ordo` schema [default: $DATABASE_URL].
+    // Read from the environment by `run`, not by clap: an argument clap fills from the
+    // environment counts as given, and its error messages then show it in the usage line as if
+    // it were required.
+    #[arg(long, global = true, value_name = "URL")]
     database_url: Option<String>,
 
     /// Seconds to wait for a connection before saying why there is none.
@@ -103,19 +109,26 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // A standalone relay is a long-running service: its operator sees it start, change state
     // and progress. Every other command only warns. RUST_LOG overrides both.
+    // sqlx's own warnings (a statement slower than a second, on a database with ten thousand
+    // subscriptions) are not the operator's business: only its errors are shown.
     let quiet = match &cli.command {
-        Command::Relay(args) if args.runs_a_relay() => "warn,ordo=info",
-        _ => "warn",
+        Command::Relay(args) if args.runs_a_relay() => "warn,ordo=info,sqlx=error",
+        _ => "warn,sqlx=error",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet)),
         )
+        .fmt_fields(printable_fields())
+        // Colours for a terminal only: a log file or a pipe gets the text alone.
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_writer(io::stderr)
         .init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`ordo subscriptions --json | head`): nothing left to say.
+        Err(error) if closed_pipe(error.as_ref()) => ExitCode::SUCCESS,
         Err(error) => {
             // Errors can quote subscription names, handler errors and payload text: nothing
             // in them may drive the terminal.
@@ -127,8 +140,39 @@ async fn main() -> ExitCode {
 
 pub(crate) type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// How log lines show their fields: each value made [`admin::printable`], the message's
+/// too. A relay's or subscription's name, a handler's error and a sink's answer are someone
+/// else's text; on the operator's terminal none may drive it, forge a line or pass for
+/// another name.
+fn printable_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let shown = format!("{value:?}");
+        let shown = admin::printable(&shown);
+        if field.name() == "message" {
+            write!(writer, "{shown}")
+        } else {
+            write!(writer, "{field}={shown}")
+        }
+    })
+    .delimited(" ")
+}
+
+/// Whether `error` is a write to a reader that went away.
+fn closed_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|error| {
+        error
+            .downcast_ref::<io::Error>()
+            .is_some_and(|error| error.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
 async fn run(cli: Cli) -> CliResult {
-    let Some(url) = cli.database_url else {
+    let url = cli
+        .database_url
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .filter(|url| !url.is_empty());
+    let Some(url) = url else {
         return Err("no database: set DATABASE_URL or pass --database-url".into());
     };
     let database = connect(&url, cli.connect_timeout);
@@ -165,7 +209,16 @@ async fn connect(url: &str, timeout: f64) -> Result<PgPool, Box<dyn std::error::
         .filter(|t| !t.is_zero())
         .ok_or("--connect-timeout takes a positive number of seconds")?;
     let options = PgConnectOptions::from_str(url)
-        .map_err(|_| "DATABASE_URL (or --database-url) is not a valid PostgreSQL URL")?;
+        .map_err(|_| "DATABASE_URL (or --database-url) is not a valid PostgreSQL URL")?
+        .disable_statement_logging();
+    // A refused connection is answered at once: the pool would retry it until the timeout.
+    if let Err(why) = diagnose::reach(&options, timeout).await {
+        return Err(format!(
+            "cannot connect to the database {}: {why}",
+            diagnose::place(&options)
+        )
+        .into());
+    }
     let pooled = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(timeout)

@@ -3,29 +3,31 @@
 
 use std::io::{self, Write};
 
+use ordo::admin;
 use serde::Serialize;
 
 /// `value` as one line of JSON that is also safe on a terminal: serde_json escapes C0 controls,
-/// and DEL, C1 controls (8-bit CSI among them) and bidirectional overrides are escaped here too
-/// (still valid JSON, the same string once parsed).
+/// and DEL, C1 controls (8-bit CSI among them), bidirectional overrides and what a reader
+/// cannot see (zero-width characters, spaces other than ASCII's) are escaped here too (still
+/// valid JSON, the same string once parsed), as `ordo::admin::printable` shows them in tables.
 pub(crate) fn json_line(value: &impl Serialize) -> serde_json::Result<String> {
     let line = serde_json::to_string(value)?;
-    if !line.chars().any(|c| c.is_control() || is_bidi_override(c)) {
+    if !line.chars().any(admin::needs_escape) {
         return Ok(line);
     }
     let mut out = String::with_capacity(line.len() + 16);
+    let mut units = [0u16; 2];
     for c in line.chars() {
-        if c.is_control() || is_bidi_override(c) {
-            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        if admin::needs_escape(c) {
+            // JSON escapes UTF-16 code units: a character past U+FFFF takes two.
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
         } else {
             out.push(c);
         }
     }
     Ok(out)
-}
-
-fn is_bidi_override(c: char) -> bool {
-    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Writes one JSON line; `false` when the reader went away (a closed pipe is not an error).

@@ -19,19 +19,27 @@ use crate::output::json_lines;
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct SecretsArgs {
     #[command(subcommand)]
     action: Option<SecretsAction>,
+    /// What `list` takes, for the bare command that lists.
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+/// The options of `ordo secrets [list]`.
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Print JSON (one object per key) instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
 enum SecretsAction {
     /// List the secret payload keys (the default).
-    List {
-        /// Print JSON (one object per key) instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(ListArgs),
     /// Name top-level payload keys secret.
     ///
     /// They are removed from a stored event once every subscription and relay has passed it
@@ -58,19 +66,14 @@ enum SecretsAction {
 }
 
 pub(crate) async fn run(pool: PgPool, args: SecretsArgs) -> CliResult {
-    match args.action.unwrap_or(SecretsAction::List { json: false }) {
-        SecretsAction::List { json } => {
+    match args.action.unwrap_or(SecretsAction::List(args.list)) {
+        SecretsAction::List(ListArgs { json }) => {
             let secrets = admin::list_secret_keys(&pool).await?;
             let mut out = io::stdout().lock();
-            for secret in &secrets {
-                if json {
-                    json_lines(&mut out, std::slice::from_ref(secret))?;
-                } else {
-                    let scope = secret.event_type.as_deref().unwrap_or("(every type)");
-                    let line = format!("{scope}\t{}", secret.key);
-                    writeln!(out, "{}", admin::printable(&line))?;
-                }
+            if json {
+                return Ok(json_lines(&mut out, &secrets)?);
             }
+            write!(out, "{}", admin::secret_keys_table(&secrets))?;
             Ok(())
         }
         SecretsAction::Add { keys, event_type } => {

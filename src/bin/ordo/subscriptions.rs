@@ -10,9 +10,18 @@ use crate::CliResult;
 use crate::output::json_lines;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct SubscriptionsArgs {
     #[command(subcommand)]
     action: Option<SubscriptionAction>,
+    /// What `list` takes, for the bare command that lists.
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+/// The options of `ordo subscriptions [list]`.
+#[derive(clap::Args)]
+struct ListArgs {
     /// Print JSON (one object per subscription) instead of a table.
     #[arg(long)]
     json: bool,
@@ -21,7 +30,7 @@ pub(crate) struct SubscriptionsArgs {
 #[derive(Subcommand)]
 enum SubscriptionAction {
     /// List every subscription and relay (the default).
-    List,
+    List(ListArgs),
     /// Let a paused or halted subscription run again (a halted one retries its event).
     Resume { name: String },
     /// Stop a subscription after the event in hand, until resumed.
@@ -50,7 +59,11 @@ enum SubscriptionAction {
     ///
     /// The subscription's runner takes the request; the events waiting behind the stalled one
     /// follow in order.
-    #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
+    #[command(
+        group = clap::ArgGroup::new("which").required(true).args(["key", "all"]),
+        // clap puts a required group before the positionals it holds.
+        override_usage = "ordo subscriptions retry-keys [OPTIONS] <NAME> <KEY|--all>"
+    )]
     RetryKeys {
         name: String,
         /// The stalled key (`ordo subscriptions stalled NAME`).
@@ -79,11 +92,11 @@ enum SubscriptionAction {
 }
 
 pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
-    match args.action.unwrap_or(SubscriptionAction::List) {
-        SubscriptionAction::List => {
+    match args.action.unwrap_or(SubscriptionAction::List(args.list)) {
+        SubscriptionAction::List(ListArgs { json }) => {
             let rows = admin::list_subscriptions(&pool).await?;
             let mut out = io::stdout().lock();
-            if args.json {
+            if json {
                 return Ok(json_lines(&mut out, &rows)?);
             }
             write!(out, "{}", admin::subscriptions_table(&rows))?;

@@ -8,7 +8,7 @@ use ordo::{
     Start,
 };
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::output::emit;
@@ -35,7 +35,9 @@ pub(crate) struct TailArgs {
 pub(crate) async fn run(pool: PgPool, args: TailArgs) -> CliResult {
     // A tail only reads; folding is left to the application's processes or `ordo fold`.
     let config = OutboxConfig::default().sequencer(false);
-    let outbox = Outbox::<Value>::new(pool, config).await?;
+    // Payloads as stored, never parsed into a tree: PostgreSQL takes JSON nested deeper than
+    // serde_json's recursion limit of 128, and a tail must print whatever a relay delivers.
+    let outbox = Outbox::<Payload>::new(pool, config).await?;
     let printed = match args.lane {
         Ordering::Commit => {
             let end = outbox.commit_head().get();
@@ -86,6 +88,9 @@ where
     Ok(())
 }
 
+/// A payload as stored.
+type Payload = Box<RawValue>;
+
 /// An item of either lane, as `tail` prints it.
 trait TailItem {
     /// Its position in its lane.
@@ -93,7 +98,7 @@ trait TailItem {
     fn line(&self) -> TailLine<'_>;
 }
 
-impl TailItem for std::sync::Arc<Envelope<Value>> {
+impl TailItem for std::sync::Arc<Envelope<Payload>> {
     fn position(&self) -> u64 {
         self.sequence.get()
     }
@@ -111,7 +116,7 @@ impl TailItem for std::sync::Arc<Envelope<Value>> {
     }
 }
 
-impl TailItem for CommitOrderedEnvelope<Value> {
+impl TailItem for CommitOrderedEnvelope<Payload> {
     fn position(&self) -> u64 {
         self.commit_sequence.get()
     }
@@ -122,7 +127,9 @@ impl TailItem for CommitOrderedEnvelope<Value> {
             commit_sequence: self.commit_sequence,
             sequence: self.event.sequence,
             boundary: self.boundary,
+            id: self.event.id,
             commit_xid: self.event.commit_xid,
+            recorded_at: self.event.recorded_at,
             event_type: self.event.event_type.as_deref(),
             payload: &self.event.payload,
         })
@@ -155,18 +162,21 @@ struct InsertLine<'a> {
     recorded_at: chrono::DateTime<chrono::Utc>,
     /// `null` when untyped.
     event_type: Option<&'a str>,
-    payload: &'a Value,
+    payload: &'a RawValue,
 }
 
-/// One `tail --lane commit` line; fields in this order.
+/// One `tail --lane commit` line; fields in this order, the insert lane's with the commit
+/// lane's position and boundary.
 #[derive(Serialize)]
 struct CommitLine<'a> {
     lane: &'static str,
     commit_sequence: CommitSequence,
     sequence: EventSequence,
     boundary: bool,
+    id: uuid::Uuid,
     commit_xid: i64,
+    recorded_at: chrono::DateTime<chrono::Utc>,
     /// `null` when untyped.
     event_type: Option<&'a str>,
-    payload: &'a Value,
+    payload: &'a RawValue,
 }

@@ -1,8 +1,10 @@
-//! The status report of `ordo status`: the lanes, the subscriptions, dead letters, warnings
-//! and stalls.
+//! The status report of `ordo status`: the lanes, the subscriptions, the inbox, dead letters,
+//! warnings, and what is stuck.
 
 use std::fmt::Write;
 
+use super::inbox::inbox_section;
+use super::stuck::{NOTHING_STUCK, stuck_lines};
 use super::subscriptions::subscription_rows;
 use super::{age, printable, seconds_since};
 use crate::consumer::SubscriptionStatus;
@@ -50,6 +52,7 @@ pub fn status_table(status: &OutboxStatus) -> String {
     );
     let _ = writeln!(out);
     write_subscriptions(&mut out, &status.subscriptions, status.measured_at);
+    inbox_section(&mut out, &status.inbox, status.measured_at);
     if let Some(oldest) = status.dead_letters.oldest_at {
         let _ = writeln!(
             out,
@@ -71,11 +74,15 @@ pub fn status_table(status: &OutboxStatus) -> String {
         let _ = writeln!(out, "\nwarning: {warning}");
     }
     let _ = writeln!(out);
-    if status.stalls.is_empty() {
-        let _ = writeln!(out, "no stalls");
+    let stuck = stuck_lines(status);
+    if status.stalls.is_empty() && stuck.is_empty() {
+        let _ = writeln!(out, "{NOTHING_STUCK}");
     }
     for stall in &status.stalls {
         write_stall(&mut out, stall);
+    }
+    for line in stuck {
+        let _ = writeln!(out, "STUCK {line}");
     }
     out
 }

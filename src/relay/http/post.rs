@@ -2,6 +2,9 @@
 //! and the batch grouped by key.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
 
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use tokio::time::Instant;
@@ -112,7 +115,8 @@ impl WebhookSink {
         if let Some(previous) = message.previous {
             request = request.header(wire::PREVIOUS, previous.to_string());
         }
-        // Optional headers whose text a header cannot carry are left out rather than failing.
+        // Optional headers go as their UTF-8 bytes; one whose text a header cannot carry at
+        // all (a control character) is left out, and said, rather than failing the event.
         // (A route a relay computed is always printable: `relay::chain::route_name`.)
         let optional = [
             (wire::EVENT_TYPE, message.event_type.as_deref()),
@@ -122,8 +126,10 @@ impl WebhookSink {
             (crate::wire::TRACEPARENT, message.traceparent()),
         ];
         for (name, value) in optional {
-            if let Some(value) = value.and_then(|text| HeaderValue::from_str(text).ok()) {
-                request = request.header(name, value);
+            let Some(text) = value else { continue };
+            match HeaderValue::from_bytes(text.as_bytes()) {
+                Ok(value) => request = request.header(name, value),
+                Err(_) => left_out(name, message),
             }
         }
         let response = request
@@ -133,6 +139,28 @@ impl WebhookSink {
             .map_err(|error| request_failed(&error, url))?;
         answer(response, url, self.max_response_bytes).await
     }
+}
+
+/// Says that `header` was left out of `message`'s request: at most once a minute per process
+/// (with how many were left out since), so that a stream of such events cannot flood the log.
+fn left_out(header: &str, message: &Message) {
+    static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
+    static LAST_SAID: Mutex<Option<Instant>> = Mutex::new(None);
+    let count = LEFT_OUT.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+    let Ok(mut last) = LAST_SAID.lock() else {
+        return;
+    };
+    if last.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    tracing::warn!(
+        header,
+        event = %message.id,
+        left_out_since_start = count,
+        "a header's text holds a control character, which HTTP cannot carry: the header is left \
+         out of the event's request (the body and the other headers go as usual)"
+    );
 }
 
 /// The batch's messages grouped by key, each group in batch order, groups in order of first

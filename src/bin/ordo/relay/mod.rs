@@ -34,9 +34,21 @@ mod sinks;
 type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct RelayArgs {
     #[command(subcommand)]
     action: Option<RelayAction>,
+    /// What `list` takes, for the bare command that lists.
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+/// The options of `ordo relay [list]`.
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Print JSON (one object per relay) instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 impl RelayArgs {
@@ -49,11 +61,7 @@ impl RelayArgs {
 #[derive(Subcommand)]
 enum RelayAction {
     /// List the relays (the default), as `ordo subscriptions` shows them.
-    List {
-        /// Print JSON (one object per relay) instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(ListArgs),
     /// Run a relay until SIGINT or SIGTERM.
     ///
     /// It delivers every event of `ordo.events` (however it was written, plain SQL included)
@@ -72,7 +80,11 @@ enum RelayAction {
     /// Deliver the parked event holding KEY again (or every parked event, with --all).
     ///
     /// Its attempts count from zero; the events waiting behind it follow in order.
-    #[command(group = clap::ArgGroup::new("which").required(true).args(["key", "all"]))]
+    #[command(
+        group = clap::ArgGroup::new("which").required(true).args(["key", "all"]),
+        // clap puts a required group before the positionals it holds.
+        override_usage = "ordo relay requeue [OPTIONS] <NAME> <KEY|--all>"
+    )]
     Requeue {
         name: String,
         /// The key (`ordo relay parked NAME`).
@@ -116,7 +128,7 @@ pub(crate) async fn run<D>(database: D, args: RelayArgs) -> CliResult
 where
     D: Future<Output = Result<PgPool, Box<dyn std::error::Error>>>,
 {
-    let action = args.action.unwrap_or(RelayAction::List { json: false });
+    let action = args.action.unwrap_or(RelayAction::List(args.list));
     if let RelayAction::Run(run) = action {
         let plan = run.plan()?;
         return run::serve(database.await?, plan).await;
@@ -126,7 +138,7 @@ where
     let named = |name: &str| relay_named(&relays, name);
     match action {
         RelayAction::Run(_) => Ok(()),
-        RelayAction::List { json } => {
+        RelayAction::List(ListArgs { json }) => {
             let relays: Vec<_> = relays
                 .into_iter()
                 .filter(|row| row.kind.as_deref() != Some("subscription"))
@@ -161,7 +173,17 @@ where
                 Ordering::Commit => Position::Commit(CommitSequence::new(to)),
                 _ => Position::Insert(EventSequence::new(to)),
             };
-            admin::reset_subscription(&pool, &name, position, false).await?;
+            match admin::reset_subscription(&pool, &name, position, false).await {
+                Ok(()) => {}
+                // The library answers for `subscriptions reset --to`: say it in replay's terms.
+                Err(ordo::Error::PastHead { lane, head, .. }) => {
+                    return Err(format!(
+                        "relay {name:?} has nothing to deliver from {lane} position {from}: its lane ends at {head}; --from takes 1 to {head}"
+                    )
+                    .into());
+                }
+                Err(error) => return Err(error.into()),
+            }
             eprintln!(
                 "ordo: relay {name:?} delivers again from {} position {from}",
                 row.lane

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-#[path = "../../tests/common/databases.rs"]
+#[path = "../../../../tests/common/databases.rs"]
 mod databases;
 use databases::{create_database, drop_database, drop_database_from_drop, with_database};
 

@@ -1,7 +1,7 @@
 //! Relay throughput and latency against RabbitMQ, next to the raw client in the same run.
 //!
 //! ```sh
-//! cargo run --release --features rabbitmq --example relay_load_rabbitmq
+//! cargo run --release --example relay_load_rabbitmq
 //! ```
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`, a scratch
 //! database per run) and RabbitMQ at `AMQP_URL` (default

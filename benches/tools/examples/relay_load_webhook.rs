@@ -1,7 +1,7 @@
 //! Relay throughput and latency through HTTP webhooks, next to a raw HTTP client in the same run.
 //!
 //! ```sh
-//! cargo run --release --features http --example relay_load_webhook
+//! cargo run --release --example relay_load_webhook
 //! ```
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`, a scratch
 //! database per run). The receiver is the tool's own: a minimal HTTP/1.1 server on 127.0.0.1
@@ -32,7 +32,7 @@ use futures::StreamExt;
 use ordo::relay::http::WebhookSink;
 
 #[allow(dead_code)]
-#[path = "../tests/common/http_responder.rs"]
+#[path = "../../../tests/common/http_responder.rs"]
 mod http_responder;
 #[path = "support/relay_bench.rs"]
 mod relay_bench;

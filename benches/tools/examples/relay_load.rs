@@ -1,7 +1,7 @@
 //! Relay throughput and latency against NATS JetStream, next to the raw client in the same run.
 //!
 //! ```sh
-//! cargo run --release --features nats --example relay_load
+//! cargo run --release --example relay_load
 //! ```
 //! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`, a scratch
 //! database per run) and NATS at `NATS_URL` (default `nats://127.0.0.1:4222`, a stream per run,
