@@ -395,3 +395,45 @@ async fn a_message_lost_from_the_stream_is_still_refused_as_a_gap_and_shown() {
         "the wait is shown: {out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_copy_of_an_events_id_leaves_no_hole_in_its_routes_chain() {
+    let sides = sides().await;
+    publish(&sides.outbox, Orders::Placed { id: 1 }).await;
+    let real: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM ordo.events ORDER BY sequence LIMIT 1")
+            .fetch_one(&sides.a.pool)
+            .await
+            .expect("the real event's id");
+    // A publisher's copy of that id, of the same type (so on the same route), then more events.
+    sqlx::query(
+        "INSERT INTO ordo.events (id, payload, event_type) VALUES ($1, '{\"Placed\": {\"id\": 666}}', 'Placed')",
+    )
+    .bind(real)
+    .execute(&sides.a.pool)
+    .await
+    .expect("the copy");
+    for id in 2..6 {
+        publish(&sides.outbox, Orders::Placed { id }).await;
+    }
+    let b_inbox = inbox(&sides.b.pool, "b-orders");
+    let stop = receive(adapter(&sides.stream, "b-orders", None), b_inbox);
+    let done = eventually(PATIENCE, || async {
+        projected(&sides.b.pool).await.len() >= 5
+    })
+    .await;
+    let marks = ordo::inbox::list_watermarks(&sides.b.pool, None).await;
+    assert!(
+        done,
+        "the inbox waits on the refused copy's position: {marks:?}"
+    );
+    drop(stop);
+    let rows = projected(&sides.b.pool).await;
+    let positions: Vec<i64> = rows.iter().map(|row| row.1).collect();
+    assert_eq!(
+        positions,
+        [1, 3, 4, 5, 6],
+        "every real event, the copy (2) never"
+    );
+    assert_eq!(rows[0].2, real.to_string());
+}

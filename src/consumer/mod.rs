@@ -23,6 +23,7 @@ mod handle;
 mod keys;
 pub(crate) mod lanes;
 pub(crate) mod progress;
+pub(crate) mod reused_ids;
 mod schedule;
 mod shutdown;
 pub(crate) mod source;

@@ -29,6 +29,9 @@ pub(crate) struct Item<P> {
     pub(crate) event: std::result::Result<Arc<Envelope<P>>, Arc<Undecodable>>,
     /// Its type is not selected: the handler never sees it, the position moves past it.
     pub(crate) skipped: bool,
+    /// Its id belongs to an earlier event, at this insert sequence (a relay's source only, see
+    /// [`Source::refusing_reused_ids`]): it is skipped, never sent.
+    pub(crate) refused: Option<u64>,
 }
 
 impl<P> Item<P> {
@@ -48,6 +51,7 @@ impl<P> Item<P> {
             sequence,
             boundary,
             skipped: !filter.takes(event_type),
+            refused: None,
             event,
         }
     }
@@ -65,6 +69,9 @@ pub(crate) struct Source<P> {
     /// Pages read from the table are sized to weigh about this much (see
     /// [`Source::page_bytes`]).
     page_bytes: Option<(usize, Weigh<P>)>,
+    /// Where events whose id an earlier event holds are looked up (see
+    /// [`Source::refusing_reused_ids`]).
+    reused_ids: Option<sqlx::PgPool>,
 }
 
 /// What an item weighs in memory, in bytes.
@@ -105,7 +112,17 @@ where
             buffered: VecDeque::new(),
             filter,
             page_bytes: None,
+            reused_ids: None,
         }
+    }
+
+    /// Marks every event whose id an earlier event (a lower insert sequence) also holds as
+    /// refused and skipped, looked up in `pool` as it is read (`relay::reused_ids`): a relay
+    /// never sends it, and never counts it in a route chain. Looked up before any event of the
+    /// read is handed on, so none is passed on unchecked; a failed look-up is a failed read.
+    pub(crate) fn refusing_reused_ids(mut self, pool: sqlx::PgPool) -> Self {
+        self.reused_ids = Some(pool);
+        self
     }
 
     /// Sizes each page read from the table to weigh about `bytes` (by `weigh`), from what the
@@ -163,7 +180,7 @@ where
                         Ok(slots) => slots,
                         Err(error) => return Some(Err(error)),
                     };
-                    let before = self.buffered.len();
+                    let mut read = Vec::with_capacity(slots.len());
                     for slot in slots {
                         let Some(event) = slot.item.into_event() else {
                             continue;
@@ -171,7 +188,7 @@ where
                         // On the insert lane the position is the sequence, and every event
                         // is a boundary.
                         let sequence = EventSequence::new(slot.sequence);
-                        self.buffered.push_back(Item::new(
+                        read.push(Item::new(
                             Position::Insert(sequence),
                             sequence,
                             true,
@@ -179,30 +196,47 @@ where
                             &self.filter,
                         ));
                     }
-                    self.resize_pages(self.buffered.len() - before);
+                    if let Err(error) = self.take(read).await {
+                        return Some(Err(error));
+                    }
                 }
                 Reader::Commit(reader) => {
                     let items = match reader.next_batch().await? {
                         Ok(items) => items,
                         Err(error) => return Some(Err(error)),
                     };
-                    let before = self.buffered.len();
                     let filter = &self.filter;
-                    self.buffered.extend(items.into_iter().map(|item| {
-                        let entry = item.entry;
-                        Item::new(
-                            Position::Commit(CommitSequence::new(entry.commit_seq)),
-                            EventSequence::new(entry.sequence),
-                            entry.group_last,
-                            item.event,
-                            filter,
-                        )
-                    }));
-                    self.resize_pages(self.buffered.len() - before);
+                    let read = items
+                        .into_iter()
+                        .map(|item| {
+                            let entry = item.entry;
+                            Item::new(
+                                Position::Commit(CommitSequence::new(entry.commit_seq)),
+                                EventSequence::new(entry.sequence),
+                                entry.group_last,
+                                item.event,
+                                filter,
+                            )
+                        })
+                        .collect();
+                    if let Err(error) = self.take(read).await {
+                        return Some(Err(error));
+                    }
                 }
             }
         }
         Some(Ok(()))
+    }
+
+    /// Buffers what a read returned, its reused ids refused first (when asked).
+    async fn take(&mut self, mut read: Vec<Item<P>>) -> Result<()> {
+        if let Some(pool) = &self.reused_ids {
+            super::reused_ids::refuse(pool, &mut read).await?;
+        }
+        let count = read.len();
+        self.buffered.extend(read);
+        self.resize_pages(count);
+        Ok(())
     }
 }
 

@@ -10,12 +10,13 @@
 
 use crate::commit_lane::sql as commit;
 use crate::consumer::progress as keyed;
+use crate::consumer::reused_ids;
 use crate::consumer::sql as sub;
 use crate::insert_lane::{heads, resolve, rows};
 use crate::latest::sql as latest;
 use crate::ops::secrets;
 use crate::ops::sql as ops;
-use crate::relay::{attempts, chain, histories, marks, reused_ids};
+use crate::relay::{attempts, chain, histories, marks};
 use crate::subscription::sql as serial;
 use crate::telemetry::HotStatement;
 use crate::write::sql as write;
@@ -213,7 +214,7 @@ const HOT_PATH: &[HotStatement] = &[
         "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000, ARRAY['a'], ARRAY[10]::bigint[]",
     ),
     s(
-        "relay: ids reused by a batch",
+        "relay: ids reused by a read",
         reused_ids::REUSED,
         "uuid[], bigint[]",
         "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY[10]::bigint[]",

@@ -174,7 +174,9 @@ impl<K: Sink> RelayRunner<K> {
         // Up to a page read ahead, beside the runner (see `ReadAhead`); pages, and what is
         // read ahead, each weigh at most about a quarter of the window's bytes.
         let quarter = (self.config.window_bytes / 4).max(1);
-        let source = source.page_bytes(quarter, item_weight);
+        let source = source
+            .page_bytes(quarter, item_weight)
+            .refusing_reused_ids(self.core.pool.clone());
         let mut source =
             ReadAhead::spawn_weighed(source, self.lane.page_size, quarter, item_weight);
         let lanes = match self.config.on_parked {
@@ -241,10 +243,6 @@ impl<K: Sink> RelayRunner<K> {
                 let Some((slots, messages)) = self.take_batch(work) else {
                     break;
                 };
-                let Some((slots, messages)) = self.refuse_reused_ids(work, slots, messages).await
-                else {
-                    continue;
-                };
                 let Some(carrier) = self.idle.pop() else {
                     break;
                 };
@@ -305,6 +303,9 @@ impl<K: Sink> RelayRunner<K> {
     /// whose payload does not decode as the key function's type is still sent as stored, as a
     /// barrier: its keys cannot be known, so it is ordered with every event.
     fn admit(&self, work: &mut Work, item: Item<RawPayload>) {
+        if let Some(first) = item.refused {
+            self.refused(&item, first);
+        }
         let keys = &self.keys;
         let position = item.position.get();
         work.admitted = work.admitted.max(position);
