@@ -44,12 +44,14 @@ mod batch;
 pub(crate) mod chain;
 mod config;
 mod flight;
+mod format;
 pub(crate) mod histories;
 pub(crate) mod marks;
 mod message;
 mod outage;
 mod outcomes;
 pub(crate) mod reused_ids;
+mod routing;
 mod runner;
 mod sink;
 mod sink_down;
@@ -58,6 +60,8 @@ mod timers;
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -65,10 +69,17 @@ pub mod rabbitmq;
 
 pub use attempts::{RelayAttempt, RelayEvent, RelayEventAttempts, RelayEventState};
 pub use config::{DEFAULT_WINDOW_BYTES, OnParked, RelayConfig};
+pub use format::Format;
 pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 pub use outcomes::Outcomes;
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+pub use routing::{MAX_HEADER_VALUE, PayloadForm, Template, TemplateError};
+#[cfg(any(
+    feature = "http",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq"
+))]
 pub(crate) use sink::fitted_timeout;
 pub use sink::{Router, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;
