@@ -64,6 +64,8 @@ mod adapter;
 mod admin;
 mod config;
 mod handler;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 mod owner;
 mod purge;
@@ -95,6 +97,8 @@ pub use purge::InboxPurger;
 pub(crate) use sql::HOT_PATH;
 pub use transport::{MAX_REDELIVERY_DELAY, Redelivery};
 
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaInbox, KafkaInboxBuilder};
 #[cfg(feature = "nats")]
 pub use nats::{NatsInbox, NatsInboxBuilder};
 #[cfg(feature = "rabbitmq")]

@@ -23,3 +23,5 @@ impl rdkafka::ClientContext for Logs {
         tracing::debug!(%error, reason = %super::printable(reason), "librdkafka");
     }
 }
+
+impl rdkafka::consumer::ConsumerContext for Logs {}

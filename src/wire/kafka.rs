@@ -46,3 +46,37 @@ pub(crate) const OWNED_PROPERTIES: [&str; 14] = [
     "enable.auto.offset.store",
     "auto.offset.reset",
 ];
+
+/// The longest topic name Kafka takes.
+pub(crate) const MAX_TOPIC: usize = 249;
+
+/// Whether `topic` is a name Kafka takes: 1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..`;
+/// else why not (the name escaped and cut, as it may come from an event).
+pub(crate) fn check_topic(topic: &str) -> Result<(), String> {
+    let valid = !topic.is_empty()
+        && topic.len() <= MAX_TOPIC
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        return Ok(());
+    }
+    if topic.is_empty() {
+        return Err("no topic: set the sink's `topic`, or a destination template".to_owned());
+    }
+    let shown: String = topic
+        .chars()
+        .take(120)
+        .flat_map(char::escape_debug)
+        .collect();
+    Err(format!(
+        "\"{shown}\"{} is not a Kafka topic name: 1 to {MAX_TOPIC} of a-z, A-Z, 0-9, `.`, `_`, `-`",
+        if topic.chars().count() > 120 {
+            format!("... ({} bytes)", topic.len())
+        } else {
+            String::new()
+        }
+    ))
+}

@@ -217,3 +217,22 @@ pub fn assert_each_once_in_key_order(
         "every event, once after deduplication"
     );
 }
+
+/// The offset group `group` has committed for partition 0 of `topic`, if any (blocking).
+pub fn committed(bootstrap: &str, group: &str, topic: &str) -> Option<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("a client of the group");
+    let mut partitions = TopicPartitionList::new();
+    partitions.add_partition(topic, 0);
+    let committed = consumer
+        .committed_offsets(partitions, Duration::from_secs(10))
+        .expect("the group's offsets");
+    let offset = committed.find_partition(topic, 0)?.offset();
+    match offset {
+        Offset::Offset(offset) => Some(offset),
+        _ => None,
+    }
+}

@@ -5,32 +5,11 @@ use rdkafka::message::{Header, OwnedHeaders};
 use super::{Framing, Message, SendError};
 use crate::wire::kafka as wire;
 
-/// The longest topic name Kafka takes.
-const MAX_TOPIC: usize = 249;
-
-/// A topic name Kafka takes: 1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..`. Checked before
-/// a record is produced, so that a destination an event's fields made invalid is that
-/// message's permanent failure, named, rather than librdkafka's local error.
+/// A topic name Kafka takes (`wire::kafka::check_topic`). Checked before a record is
+/// produced, so that a destination an event's fields made invalid is that message's permanent
+/// failure, named, rather than librdkafka's local error.
 pub(crate) fn check_topic(topic: &str) -> Result<(), SendError> {
-    let valid = !topic.is_empty()
-        && topic.len() <= MAX_TOPIC
-        && topic != "."
-        && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if valid {
-        return Ok(());
-    }
-    let reason = if topic.is_empty() {
-        "the message has no topic: set the sink's `topic`, or a destination template".to_owned()
-    } else {
-        format!(
-            "{} is not a Kafka topic name: 1 to {MAX_TOPIC} of a-z, A-Z, 0-9, `.`, `_`, `-`",
-            crate::relay::quoted(topic)
-        )
-    };
-    Err(SendError::permanent(reason))
+    wire::check_topic(topic).map_err(SendError::permanent)
 }
 
 /// The record's headers: ordo's own, the relay's header templates, and the envelope's.
