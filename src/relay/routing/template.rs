@@ -84,13 +84,15 @@ pub struct TemplateError {
 
 impl fmt::Display for TemplateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One line (a CLI escapes line breaks): the position, and the text up to it.
         let shown = crate::telemetry::printable(&self.template);
+        let before: String = self.template.chars().take(self.at).collect();
         write!(
             f,
-            "template \"{shown}\": {} at character {}\n  {shown}\n  {}^",
-            self.reason,
+            "template \"{shown}\", at character {} (after \"{}\"): {}",
             self.at + 1,
-            " ".repeat(self.at)
+            crate::telemetry::printable(&before),
+            self.reason
         )
     }
 }
@@ -218,12 +220,11 @@ impl Template {
                     (Some(value), _) => out.push_str(&value),
                     (None, Some(default)) => out.push_str(default),
                     (None, None) => {
+                        let written = crate::telemetry::printable(written);
                         return Err(format!(
-                            "the event has no {} (template {}, field {{{}}}; a default is written {{{}|DEFAULT}})",
+                            "the event has no {} (template {}, field {{{written}}}; a default is written {{{written}|DEFAULT}})",
                             missing(field),
                             crate::relay::quoted(&self.text),
-                            crate::relay::quoted(written),
-                            crate::relay::quoted(written),
                         ));
                     }
                 },
@@ -390,8 +391,9 @@ mod tests {
             assert_eq!(error.at, at, "{text}");
             let shown = error.to_string();
             assert!(shown.contains(reason), "{shown}");
-            let caret = shown.lines().last().unwrap_or_default();
-            assert_eq!(caret.find('^'), Some(at + 2), "{shown}");
+            let before: String = text.chars().take(at).collect();
+            assert!(shown.contains(&format!("(after \"{before}\")")), "{shown}");
+            assert!(!shown.contains('\n'), "{shown}");
         }
     }
 }

@@ -27,6 +27,7 @@ use sqlx::PgPool;
 use crate::output::json_lines;
 
 mod keys;
+mod routing;
 mod run;
 mod settings;
 mod sinks;
