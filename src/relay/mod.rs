@@ -11,6 +11,11 @@
 //! | [`nats::NatsSink`] | `nats` | the JetStream stream acknowledged it (a duplicate ack counts) |
 //! | [`rabbitmq::RabbitSink`] | `rabbitmq` | the broker confirmed it (publisher confirms) |
 //! | [`http::WebhookSink`] | `http` | the endpoint answered 2xx |
+//! | [`kafka::KafkaSink`] | `kafka` | every in-sync replica has the record (idempotent producer, `acks=all`) |
+//!
+//! A relay routes without code by [`Template`]s ([`RelayConfig::destination`],
+//! [`RelayConfig::header`]) and frames its messages in ordo's own envelope or CloudEvents
+//! ([`Format`]).
 //!
 //! `docs/relays.md` is the guide: the contract, each sink's settings, the webhook signature
 //! scheme and how a receiver checks it.
