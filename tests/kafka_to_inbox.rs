@@ -1,9 +1,10 @@
 //! End to end between two ordo databases over Kafka (librdkafka's mock cluster in a process of
 //! its own): A's relay sends its commit lane to a topic, B's Kafka inbox adapter takes it into
 //! B's inbox in watermark mode, whose handler keeps a projection. Writers keep committing (and
-//! rolling back) on A while A's relay is killed mid-stream, and B's adapter is killed after its
-//! inbox committed position 40 and before the group's offset was committed. B's projection must
-//! hold A's committed events exactly once, each at its commit position.
+//! rolling back) on A while A's relay is killed mid-stream, and B's adapter is killed twice: in
+//! its handler before the inbox committed position 20 (offsets committed every 10 ms), then
+//! after its inbox committed position 40 and before the group's offset was committed. B's
+//! projection must hold A's committed events exactly once, each at its commit position.
 #![cfg(all(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
 
 mod common;
@@ -191,43 +192,35 @@ async fn a_relay_over_kafka_into_a_watermark_inbox_projects_each_event_once_acro
         .await
         .expect("relay");
 
-    // B's adapter, killed after its inbox committed position 40 and before any offset commit:
-    // it commits offsets once an hour, so the group holds none when it dies.
-    let (b_url, victim_adapter) = (
-        b.url.clone(),
-        adapter(&kafka, &topic, Duration::from_secs(3600)),
+    // B's first adapter commits offsets every 10 ms and is killed inside its handler at
+    // position 20, before the inbox committed it: the group's offset must not be past it (an
+    // offset committed on receipt would lose position 20 for good).
+    kill_adapter_at(
+        &b.url,
+        adapter(&kafka, &topic, Duration::from_millis(10)),
+        20,
+        false,
+    )
+    .await;
+    let offset = group_offset(&kafka, &topic).await;
+    assert!(
+        offset.is_some(),
+        "the first adapter committed offsets before position 20"
     );
-    tokio::task::spawn_blocking(move || {
-        run_then_kill(move || async move {
-            // The victim's own pool: its connections die with its runtime.
-            let b_pool = PgPool::connect(&b_url).await.expect("victim pool on B");
-            let inbox = b_inbox(b_pool.clone());
-            let (entered, mut entering) = mpsc::unbounded_channel();
-            let go = Arc::new(Notify::new());
-            let gated = Project {
-                gate: Some((40, entered, Arc::clone(&go))),
-            };
-            let consuming = tokio::spawn(async move {
-                let _ = victim_adapter
-                    .run(&inbox, &gated, std::future::pending())
-                    .await;
-            });
-            let at_40 = tokio::time::timeout(PATIENCE, entering.recv()).await;
-            assert!(at_40.is_ok(), "the first adapter reached position 40");
-            go.notify_one();
-            let committed = eventually(PATIENCE, || async { projected(&b_pool).await >= 40 }).await;
-            assert!(committed, "position 40 committed");
-            drop(consuming);
-        });
-    })
-    .await
-    .expect("the killed adapter");
-    let (reader, group_topic) = (Arc::clone(&kafka), topic.clone());
-    let offset =
-        tokio::task::spawn_blocking(move || committed(&reader.bootstrap, GROUP, &group_topic))
-            .await
-            .expect("the group's offset");
-    assert_eq!(offset, None, "the adapter died before committing an offset");
+    // B's second adapter commits offsets once an hour and is killed after its inbox committed
+    // position 40: between the inbox commit and the offset commit.
+    kill_adapter_at(
+        &b.url,
+        adapter(&kafka, &topic, Duration::from_secs(3600)),
+        40,
+        true,
+    )
+    .await;
+    assert_eq!(
+        group_offset(&kafka, &topic).await,
+        offset,
+        "the second adapter died before committing an offset"
+    );
 
     while let Some(written) = writers.join_next().await {
         written.expect("a writer");
@@ -281,14 +274,54 @@ async fn a_relay_over_kafka_into_a_watermark_inbox_projects_each_event_once_acro
     assert_eq!(watermarks[0].source, SOURCE);
     assert_eq!(watermarks[0].position, committed as u64);
     // The clean stop committed the survivor's offsets.
-    let (reader, group_topic) = (Arc::clone(&kafka), topic.clone());
-    let offset = tokio::task::spawn_blocking(move || committed_offset(&reader, &group_topic))
-        .await
-        .expect("the group's offset");
+    let offset = group_offset(&kafka, &topic).await;
     assert!(offset.is_some_and(|o| o >= committed), "{offset:?}");
     drop(outbox);
 }
 
-fn committed_offset(kafka: &MockKafka, topic: &str) -> Option<i64> {
-    committed(&kafka.bootstrap, GROUP, topic)
+async fn group_offset(kafka: &Arc<MockKafka>, topic: &str) -> Option<i64> {
+    let (reader, topic) = (Arc::clone(kafka), topic.to_owned());
+    tokio::task::spawn_blocking(move || committed(&reader.bootstrap, GROUP, &topic))
+        .await
+        .expect("the group's offset")
+}
+
+/// Runs `victim` on B until its handler reaches `position`, then kills it (drops its runtime):
+/// inside the handler, or (`after_commit`) once the inbox committed that position.
+async fn kill_adapter_at(b_url: &str, victim: KafkaInbox, position: u64, after_commit: bool) {
+    let b_url = b_url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        run_then_kill(move || async move {
+            // The victim's own pool: its connections die with its runtime.
+            let b_pool = PgPool::connect(&b_url).await.expect("victim pool on B");
+            let inbox = b_inbox(b_pool.clone());
+            let (entered, mut entering) = mpsc::unbounded_channel();
+            let go = Arc::new(Notify::new());
+            let gated = Project {
+                gate: Some((position, entered, Arc::clone(&go))),
+            };
+            let consuming = tokio::spawn(async move {
+                let _ = victim.run(&inbox, &gated, std::future::pending()).await;
+            });
+            let reached = tokio::time::timeout(PATIENCE, entering.recv()).await;
+            assert!(reached.is_ok(), "the adapter reached position {position}");
+            if after_commit {
+                go.notify_one();
+                let committed = eventually(PATIENCE, || async {
+                    let at: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM projection WHERE position = $1")
+                            .bind(i64::try_from(position).unwrap_or(i64::MAX))
+                            .fetch_one(&b_pool)
+                            .await
+                            .expect("the projection");
+                    at > 0
+                })
+                .await;
+                assert!(committed, "position {position} committed");
+            }
+            drop(consuming);
+        });
+    })
+    .await
+    .expect("the killed adapter");
 }
