@@ -111,10 +111,10 @@ async fn one_standalone_relay_fans_three_types_to_three_topics_and_parks_only_an
         if n == 13 {
             // The one event its template cannot route: no aggregate. (A key of its own: a
             // parked event holds its key, and this test is about the other events.)
-            payload.as_object_mut().map(|fields| {
+            if let Some(fields) = payload.as_object_mut() {
                 fields.remove("aggregate");
                 fields.insert("customer".to_owned(), serde_json::json!("lonely"));
-            });
+            }
         }
         insert(&db.pool, kind, payload).await;
     }

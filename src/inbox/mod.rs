@@ -65,7 +65,7 @@ mod admin;
 mod config;
 mod handler;
 #[cfg(feature = "kafka")]
-mod kafka;
+pub mod kafka;
 mod message;
 mod owner;
 mod purge;
