@@ -2,6 +2,17 @@
 //! (binary or structured content mode), and the CloudEvents attributes of a message, which
 //! each built-in sink writes under its protocol binding's names (`wire/`).
 
+// Without a sink feature only `Format` is reachable (it is public either way).
+#![cfg_attr(
+    not(any(
+        feature = "http",
+        feature = "kafka",
+        feature = "nats",
+        feature = "rabbitmq"
+    )),
+    allow(dead_code)
+)]
+
 use bytes::Bytes;
 
 use super::{Message, SendError};
