@@ -8,7 +8,7 @@
 //! each partition in the order produced under retries and reconnects), consumer groups, TLS
 //! and SASL, maintained alongside the Java client's features. Pure-Rust clients
 //! (`rskafka`, `kafka`) have no idempotent producer or no consumer groups. Its cost is a C
-//! build of librdkafka (about three minutes on two cores, once). The feature `kafka` builds it
+//! build of librdkafka (about a minute and a half on two cores, once). The feature `kafka` builds it
 //! without TLS; `kafka-tls` adds TLS and SASL (PLAIN, SCRAM, OAUTHBEARER) through the system's
 //! OpenSSL (`libssl-dev`), configured with [`property`](KafkaSinkBuilder::property).
 //!
