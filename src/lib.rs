@@ -68,8 +68,9 @@
 //!   log entries; the subscription and dead-letter functions list and steer consumers. The
 //!   `ordo` CLI (feature `cli`) wraps all of it; `docs/operations.md` says what to do when a
 //!   figure is bad.
-//! - **Relays** ([`relay`]): events delivered to NATS JetStream, RabbitMQ or HTTP webhooks (each
-//!   behind a cargo feature: `nats`, `rabbitmq`, `http`), or to your own [`relay::Sink`], at
+//! - **Relays** ([`relay`]): events delivered to NATS JetStream, RabbitMQ, Kafka or HTTP webhooks
+//!   (each behind a cargo feature: `nats`, `rabbitmq`, `kafka`, `http`), routed by templates
+//!   and framed as CloudEvents where asked, or to your own [`relay::Sink`], at
 //!   least once, the event id travelling as the message id, in order per key
 //!   ([`Outbox::relay`]): batches under one deadline with no transaction open, blameless
 //!   expiries, parking after the attempts; `docs/relays.md` is the guide.

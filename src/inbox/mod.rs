@@ -59,11 +59,13 @@
 //! send in commit order: give every event the same key (`|_| Keys::one("all")`); with per-key
 //! order, messages of different keys overtake each other and wait out `Gap` redeliveries.
 
-#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
 mod adapter;
 mod admin;
 mod config;
 mod handler;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod message;
 mod owner;
 mod purge;
@@ -99,6 +101,8 @@ pub(crate) use sql::HOT_PATH;
 pub use status::{FailedCount, GAP_SHOWN_AFTER, InboxStatus, MarkStatus, MarkWait};
 pub use transport::{MAX_REDELIVERY_DELAY, Redelivery};
 
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaInbox, KafkaInboxBuilder};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use nats::{NatsInbox, NatsInboxBuilder};
@@ -232,7 +236,7 @@ impl Inbox {
     }
 
     /// The error for a transport message that cannot become an [`InboxMessage`].
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn refused(&self, id: Option<&str>, reason: String) -> crate::Error {
         crate::Error::InvalidInboxMessage {
             consumer: self.config.consumer.clone(),
@@ -247,7 +251,7 @@ impl Inbox {
 
     /// One more `ordo_inbox_receipts_total{receipt="rejected"}`: a message an adapter rejected
     /// for good because the inbox cannot store it.
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn count_rejected(&self) {
         let consumer = self.config.consumer.clone();
         metrics::counter!(INBOX_RECEIPTS, "consumer" => consumer, "receipt" => "rejected")

@@ -11,7 +11,10 @@
 //! | a message the inbox cannot store (no id, a payload that is not UTF-8 text, bad ordo headers) | rejects it for good: NATS `TERM`, RabbitMQ dead-letters it |
 
 // Without a broker feature only `Redelivery` is reachable (it is public either way).
-#![cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "kafka", feature = "nats", feature = "rabbitmq")),
+    allow(dead_code)
+)]
 
 use std::time::Duration;
 

@@ -49,6 +49,8 @@ pub struct RelayConfig {
     pub(crate) start: StartFrom,
     pub(crate) source: Option<String>,
     pub(crate) on_parked: OnParked,
+    pub(crate) routing: super::routing::Routing,
+    pub(crate) format: super::Format,
 }
 
 /// What the later events of a parked event's keys do, set with [`RelayConfig::on_parked`].
@@ -101,6 +103,8 @@ impl RelayConfig {
             start: StartFrom::Beginning,
             source: None,
             on_parked: OnParked::HoldKeys,
+            routing: super::routing::Routing::default(),
+            format: super::Format::Ordo,
         }
     }
 
@@ -325,7 +329,7 @@ impl RelayConfig {
                 "the maximum backoff must be at most half the lease",
             );
         }
-        Ok(())
+        self.routing.validate()
     }
 
     /// How often the lease is renewed: every third of it, sooner when a batch deadline and

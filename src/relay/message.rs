@@ -53,6 +53,13 @@ pub struct Message {
     pub headers: Headers,
     /// When the writing transaction started (`now()` at insert time).
     pub recorded_at: DateTime<Utc>,
+    /// Where the relay's [destination template](super::RelayConfig::destination) sends it: the
+    /// NATS subject, the Kafka topic, the RabbitMQ routing key or the path after the webhook's
+    /// URL, used by each built-in sink's default routing; `None` without a template.
+    pub destination: Option<String>,
+    /// The fields the relay's [header templates](super::RelayConfig::header) chose, as
+    /// `(name, value)`: each built-in sink sends them as headers of the message.
+    pub header_fields: Vec<(String, String)>,
 }
 
 impl Message {
@@ -81,7 +88,15 @@ impl Message {
             payload: payload.into(),
             headers: Headers::new(),
             recorded_at: Utc::now(),
+            destination: None,
+            header_fields: Vec::new(),
         }
+    }
+
+    /// The same message sent to `destination` (see [`destination`](Self::destination)).
+    pub fn with_destination(mut self, destination: Option<&str>) -> Self {
+        self.destination = destination.map(str::to_owned);
+        self
     }
 
     /// The same message from server history `history` (see [`history`](Self::history)).
@@ -157,7 +172,7 @@ impl Message {
 
     /// The header map as JSON text, or `None` when it is empty: how the built-in sinks carry
     /// it (one `Ordo-Headers` header), so no header name has to pass a broker's rules.
-    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(feature = "kafka", feature = "nats", feature = "rabbitmq"))]
     pub(crate) fn headers_json(&self) -> Option<String> {
         if self.headers.is_empty() {
             return None;
@@ -168,7 +183,12 @@ impl Message {
     /// The W3C `traceparent` header, when the publisher stored one (see
     /// [`TRACEPARENT`](crate::TRACEPARENT)): the built-in sinks forward it under its own name
     /// so a receiver's tracing joins the publisher's trace.
-    #[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+    #[cfg(any(
+        feature = "http",
+        feature = "kafka",
+        feature = "nats",
+        feature = "rabbitmq"
+    ))]
     pub(crate) fn traceparent(&self) -> Option<&str> {
         self.headers
             .get(crate::telemetry::trace::TRACEPARENT)

@@ -11,6 +11,11 @@
 //! | [`nats::NatsSink`] | `nats` | the JetStream stream acknowledged it (a duplicate ack counts) |
 //! | [`rabbitmq::RabbitSink`] | `rabbitmq` | the broker confirmed it (publisher confirms) |
 //! | [`http::WebhookSink`] | `http` | the endpoint answered 2xx |
+//! | [`kafka::KafkaSink`] | `kafka` | every in-sync replica has the record (idempotent producer, `acks=all`) |
+//!
+//! A relay routes without code by [`Template`]s ([`RelayConfig::destination`],
+//! [`RelayConfig::header`]) and frames its messages in ordo's own envelope or CloudEvents
+//! ([`Format`]).
 //!
 //! `docs/relays.md` is the guide: the contract, each sink's settings, the webhook signature
 //! scheme and how a receiver checks it.
@@ -44,12 +49,14 @@ mod batch;
 pub(crate) mod chain;
 mod config;
 mod flight;
+mod format;
 pub(crate) mod histories;
 pub(crate) mod marks;
 mod message;
 mod outage;
 mod outcomes;
 pub(crate) mod reused_ids;
+mod routing;
 mod runner;
 mod sink;
 mod sink_down;
@@ -59,6 +66,8 @@ mod timers;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
@@ -68,10 +77,17 @@ pub mod rabbitmq;
 
 pub use attempts::{RelayAttempt, RelayEvent, RelayEventAttempts, RelayEventState};
 pub use config::{DEFAULT_WINDOW_BYTES, OnParked, RelayConfig};
+pub use format::Format;
 pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 pub use outcomes::Outcomes;
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+pub use routing::{MAX_HEADER_VALUE, PayloadForm, Template, TemplateError};
+#[cfg(any(
+    feature = "http",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq"
+))]
 pub(crate) use sink::fitted_timeout;
 pub use sink::{Router, SendError, Sink, SinkTiming};
 pub(crate) use start::message_of;

@@ -207,6 +207,8 @@ pub struct NatsSink {
     probe: Option<Probe>,
     require_duplicate_window: bool,
     connection: Option<Connection>,
+    /// The relay's envelope, learned in `prepare`.
+    framing: crate::relay::format::Framing,
     /// A `send` began and did not finish (its future was dropped): the connection's state is
     /// unknown, so the next `send` rebuilds it even if nobody called `reset`.
     dirty: bool,
@@ -342,6 +344,7 @@ impl Sink for NatsSink {
     /// Fits the ack timeout to the deadline, then checks the stream's duplicate window (see
     /// [Duplicate window](self#duplicate-window)).
     async fn prepare(&mut self, timing: &SinkTiming) -> Result<()> {
+        self.framing = crate::relay::format::Framing::of(timing);
         self.fit_to_deadline(timing.batch_deadline)?;
         self.check_duplicate_window(timing).await
     }

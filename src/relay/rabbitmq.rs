@@ -188,6 +188,8 @@ pub struct RabbitSink {
     configured_confirm_timeout: Option<Duration>,
     confirm_timeout: Duration,
     connection: Option<Open>,
+    /// The relay's envelope, learned in `prepare`.
+    framing: crate::relay::format::Framing,
     /// A `send` began and did not finish (its future was dropped): the channel may hold
     /// confirms nobody awaits, so the next `send` rebuilds the connection.
     dirty: bool,
@@ -258,6 +260,11 @@ impl Sink for RabbitSink {
 
     fn describe(&self) -> String {
         format!("rabbitmq {}", crate::wire::redact_url(&self.uri))
+    }
+
+    async fn prepare(&mut self, timing: &super::SinkTiming) -> Result<()> {
+        self.framing = crate::relay::format::Framing::of(timing);
+        self.fit_to_deadline(timing.batch_deadline)
     }
 
     fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {

@@ -329,6 +329,7 @@ impl<K: Sink> RelayRunner<K> {
                 }
             };
             // Linked in lane order, as read: every event that will be sent, whatever its fate.
+            // One its templates cannot route is in no chain: it can never be sent.
             let message = chains.routed().then(|| {
                 let none = Keys::none();
                 super::start::message_of_event(
@@ -338,7 +339,9 @@ impl<K: Sink> RelayRunner<K> {
                     config,
                     None,
                 )
+                .ok()
             });
+            let message = message.flatten();
             chains.link(position, message.as_ref());
             keys
         };

@@ -333,8 +333,8 @@ pub trait Sink: Send + 'static {
 /// an exchange and routing key, a URL). See [`Sink::router`].
 pub type Router = Arc<dyn Fn(&Message) -> String + Send + Sync>;
 
-/// What a relay tells its sinks about its timing when it starts ([`Sink::prepare`]), derived
-/// from its [`RelayConfig`](super::RelayConfig).
+/// What a relay tells its sinks when it starts ([`Sink::prepare`]): its timing and the envelope
+/// of its messages, derived from its [`RelayConfig`](super::RelayConfig).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SinkTiming {
@@ -349,6 +349,10 @@ pub struct SinkTiming {
     /// event"). A receiver that drops repeats within a window (JetStream's `duplicate_window`)
     /// drops every copy of one owner's retries when the window is at least this long.
     pub resend_span: Duration,
+    /// The envelope of the relay's messages ([`RelayConfig::format`](super::RelayConfig::format)):
+    /// the built-in sinks write CloudEvents attributes under their protocol's names when it
+    /// says so. A sink of your own may ignore it (and should say so in its docs).
+    pub format: super::Format,
 }
 
 impl SinkTiming {
@@ -370,6 +374,7 @@ impl SinkTiming {
             relay: config.name.clone(),
             batch_deadline: config.batch_deadline,
             resend_span: config.resend_span(),
+            format: config.format,
         }
     }
 }
@@ -377,7 +382,12 @@ impl SinkTiming {
 /// The per-message timeout a built-in sink uses under a relay whose batch deadline is
 /// `deadline`: the one its user set (refused at or past the deadline, naming `setting`), or
 /// half the deadline, at most `default`.
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "http",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq"
+))]
 pub(crate) fn fitted_timeout(
     configured: Option<Duration>,
     default: Duration,

@@ -138,7 +138,7 @@ pub(crate) fn message_of(
             ));
         }
     };
-    let mut message = message_of_event(event, item.position.get(), keys, config, history);
+    let mut message = message_of_event(event, item.position.get(), keys, config, history)?;
     if let Some(link) = link {
         message.route = link.route.as_deref().map(str::to_owned);
         message.previous = Some(link.previous);
@@ -146,18 +146,20 @@ pub(crate) fn message_of(
     Ok(message)
 }
 
-/// The message for `event` at `position`, without its chain (see [`message_of`]). The payload
-/// is not copied: the message's bytes are the stored text the event holds.
+/// The message for `event` at `position`, without its chain (see [`message_of`]), routed by
+/// the relay's templates; or why its templates cannot route it (its permanent failure). The
+/// payload is not copied unless it is expanded: the message's bytes are the stored text the
+/// event holds.
 pub(crate) fn message_of_event(
     event: &Arc<Envelope<RawPayload>>,
     position: u64,
     keys: &Keys,
     config: &RelayConfig,
     history: Option<crate::position::ServerHistory>,
-) -> Message {
+) -> std::result::Result<Message, String> {
     // Built whole, not from `Message::new`, whose fresh id and clock reading would be
     // replaced at once (a relay builds one message per event).
-    Message {
+    let mut message = Message {
         id: event.id,
         sequence: event.sequence,
         position,
@@ -171,7 +173,11 @@ pub(crate) fn message_of_event(
         payload: bytes::Bytes::from_owner(StoredText(Arc::clone(event))),
         headers: event.headers.clone(),
         recorded_at: event.recorded_at,
-    }
+        destination: None,
+        header_fields: Vec::new(),
+    };
+    config.routing.apply(&mut message)?;
+    Ok(message)
 }
 
 /// An event's stored payload text as the bytes of its message, shared with the event.

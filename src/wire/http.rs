@@ -26,3 +26,11 @@ pub(crate) const ROUTE: &str = "Ordo-Route";
 pub(crate) const PREVIOUS: &str = "Ordo-Previous";
 /// The relay's source name.
 pub(crate) const SOURCE: &str = "Ordo-Source";
+/// CloudEvents attributes in binary mode (the HTTP binding: `ce-id`, `ce-type`, ...).
+pub(crate) const CE_PREFIX: &str = "ce-";
+/// Standard Webhooks: the message id (the event id).
+pub(crate) const WEBHOOK_ID: &str = "webhook-id";
+/// Standard Webhooks: when the request was signed, Unix seconds.
+pub(crate) const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
+/// Standard Webhooks: `v1,<base64 signature>`, one per secret, separated by spaces.
+pub(crate) const WEBHOOK_SIGNATURE: &str = "webhook-signature";

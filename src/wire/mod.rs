@@ -8,18 +8,30 @@
 
 #[cfg(feature = "http")]
 pub(crate) mod http;
+#[cfg(feature = "kafka")]
+pub(crate) mod kafka;
 #[cfg(feature = "nats")]
 pub(crate) mod nats;
 #[cfg(feature = "rabbitmq")]
 pub(crate) mod rabbitmq;
 
 /// The W3C trace context, under the same name on every broker.
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "http",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq"
+))]
 pub(crate) const TRACEPARENT: &str = crate::telemetry::trace::TRACEPARENT;
 
 /// `url` with any password replaced by `***`, for a sink's or an adapter's description and logs. A URL that does
 /// not parse is shown as its scheme and host part only, or `<unparsable URL>`.
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "http",
+    feature = "kafka",
+    feature = "nats",
+    feature = "rabbitmq"
+))]
 pub(crate) fn redact_url(url: &str) -> String {
     // scheme://user:password@host/... → scheme://user:***@host/...
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -39,7 +51,15 @@ pub(crate) fn redact_url(url: &str) -> String {
     format!("{scheme}://{authority}{path}")
 }
 
-#[cfg(all(test, any(feature = "http", feature = "nats", feature = "rabbitmq")))]
+#[cfg(all(
+    test,
+    any(
+        feature = "http",
+        feature = "kafka",
+        feature = "nats",
+        feature = "rabbitmq"
+    )
+))]
 mod tests {
     use super::redact_url;
 

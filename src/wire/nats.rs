@@ -28,3 +28,5 @@ pub(crate) const SEQUENCE: &str = "Ordo-Sequence";
 pub(crate) const RECORDED_AT: &str = "Ordo-Recorded-At";
 /// Detail: the payload's media type.
 pub(crate) const CONTENT_TYPE: &str = "Content-Type";
+/// CloudEvents attributes in binary mode (the NATS binding's draft 1.0.3: `ce-id`, `ce-type`, ...).
+pub(crate) const CE_PREFIX: &str = "ce-";

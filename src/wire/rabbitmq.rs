@@ -20,3 +20,5 @@ pub(crate) const SOURCE: &str = "ordo-source";
 pub(crate) const KEY: &str = "ordo-key";
 /// The event's own headers as a JSON object.
 pub(crate) const HEADERS: &str = "ordo-headers";
+/// CloudEvents attributes in binary mode (the AMQP binding's application properties: `cloudEvents_id`, ...).
+pub(crate) const CE_PREFIX: &str = "cloudEvents_";

@@ -311,6 +311,8 @@ mod databases;
 pub mod http_responder;
 pub mod inbox;
 pub mod invariants;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod keyed;
 pub mod logs;
 pub mod lost;

@@ -10,7 +10,7 @@ use reqwest::Client;
 #[cfg(doc)]
 use super::DEFAULT_MAX_RESPONSE_BYTES;
 use super::destinations::Destinations;
-use super::{DEFAULT_TIMEOUT, MIN_SECRET_BYTES, Message, UrlFn, WebhookSink};
+use super::{DEFAULT_TIMEOUT, MIN_SECRET_BYTES, Message, Signature, UrlFn, WebhookSink};
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::relay::Sink;
@@ -21,6 +21,8 @@ pub struct WebhookSinkBuilder {
     pub(super) url: String,
     pub(super) secret: Vec<u8>,
     pub(super) route: Option<UrlFn>,
+    pub(super) more_secrets: Vec<Vec<u8>>,
+    pub(super) signature: Signature,
     pub(super) timeout: Option<Duration>,
     pub(super) connect_timeout: Duration,
     pub(super) concurrency: usize,
@@ -33,6 +35,8 @@ impl fmt::Debug for WebhookSinkBuilder {
             .field("url", &crate::wire::redact_url(&self.url))
             .field("secret", &"***")
             .field("custom_route", &self.route.is_some())
+            .field("more_secrets", &self.more_secrets.len())
+            .field("signature", &self.signature)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("concurrency", &self.concurrency)
@@ -46,6 +50,23 @@ impl WebhookSinkBuilder {
     /// endpoint per recipient). A URL that does not parse fails that message permanently.
     pub fn route(mut self, url: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
         self.route = Some(Arc::new(url));
+        self
+    }
+
+    /// Also signs every request with `secret`: for a rotation, the receivers accept either
+    /// secret while they move to the new one (`Ordo-Signature` carries one signature per
+    /// secret, separated by `,`; `webhook-signature` by spaces). At least
+    /// [`MIN_SECRET_BYTES`](super::MIN_SECRET_BYTES), as the first.
+    pub fn also_sign_with(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.more_secrets.push(secret.into());
+        self
+    }
+
+    /// The signature scheme: ordo's own ([`Signature::Ordo`], the default) or Standard
+    /// Webhooks 1.0 ([`Signature::StandardWebhooks`]: `webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`).
+    pub fn signature(mut self, signature: Signature) -> Self {
+        self.signature = signature;
         self
     }
 
@@ -101,6 +122,19 @@ impl WebhookSinkBuilder {
                 "is empty; receivers could not tell your requests from anyone's",
             );
         }
+        if let Some(short) = self
+            .more_secrets
+            .iter()
+            .find(|secret| secret.len() < MIN_SECRET_BYTES)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "webhook secret",
+                reason: format!(
+                    "a secret given to also_sign_with is {} bytes; at least {MIN_SECRET_BYTES} are needed",
+                    short.len()
+                ),
+            });
+        }
         if self.secret.len() < MIN_SECRET_BYTES {
             return Err(Error::InvalidConfig {
                 setting: "webhook secret",
@@ -127,13 +161,21 @@ impl WebhookSinkBuilder {
         let probe_url = self.route.is_none().then(|| url.clone());
         let route = self.route.unwrap_or_else(|| {
             let url = url.clone();
-            Arc::new(move |_: &Message| url.clone())
+            Arc::new(move |message: &Message| match &message.destination {
+                Some(path) => super::framing::joined(&url, path),
+                None => url.clone(),
+            })
         });
         Ok(WebhookSink {
             client,
             url,
             route,
-            secret: Arc::from(self.secret),
+            secrets: std::iter::once(self.secret)
+                .chain(self.more_secrets)
+                .collect::<Vec<_>>()
+                .into(),
+            signature: self.signature,
+            framing: crate::relay::format::Framing::default(),
             configured_timeout: self.timeout,
             timeout,
             open_for: None,

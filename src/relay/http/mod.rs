@@ -172,8 +172,10 @@ mod answer;
 mod blame;
 mod builder;
 mod destinations;
+mod framing;
 mod post;
 mod signature;
+mod signing;
 
 use std::fmt;
 use std::sync::Arc;
@@ -187,6 +189,9 @@ use builder::client;
 use destinations::Destinations;
 use post::by_key;
 pub use signature::{sign, verify_signature};
+pub use signing::{
+    Signature, decode_standard_webhooks_secret, sign_standard_webhook, standard_webhooks_secret,
+};
 
 use super::{Message, Outcomes, SendError, Sink};
 use crate::error::Result;
@@ -229,7 +234,11 @@ pub struct WebhookSink {
     client: Client,
     url: String,
     route: UrlFn,
-    secret: Arc<[u8]>,
+    /// Every secret each request is signed with (the first, and those of a rotation).
+    secrets: Arc<[Vec<u8>]>,
+    signature: Signature,
+    /// The relay's envelope, learned in `prepare`.
+    framing: crate::relay::format::Framing,
     /// The timeout its user set, if any; otherwise `timeout` is derived.
     configured_timeout: Option<Duration>,
     timeout: Duration,
@@ -260,6 +269,8 @@ impl WebhookSink {
             url: url.into(),
             secret: secret.into(),
             route: None,
+            more_secrets: Vec::new(),
+            signature: Signature::Ordo,
             timeout: None,
             connect_timeout: Duration::from_secs(5),
             concurrency: 16,
@@ -318,6 +329,11 @@ impl Sink for WebhookSink {
         } else {
             format!("webhook {}", crate::wire::redact_url(&self.url))
         }
+    }
+
+    async fn prepare(&mut self, timing: &super::SinkTiming) -> Result<()> {
+        self.framing = crate::relay::format::Framing::of(timing);
+        self.fit_to_deadline(timing.batch_deadline)
     }
 
     fn fit_to_deadline(&mut self, batch_deadline: Duration) -> Result<()> {

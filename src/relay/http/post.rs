@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::answer::{answer, request_failed};
 use super::blame::{Failed, probe};
-use super::{Message, SendError, WebhookSink, sign};
+use super::{Message, SendError, WebhookSink, framing, signing};
 use crate::wire::http as wire;
 
 impl WebhookSink {
@@ -95,18 +95,24 @@ impl WebhookSink {
     }
 
     async fn post_to(&self, url: &str, message: &Message) -> Result<(), Failed> {
+        let body = self.framing.body(message).map_err(Failed::Unsent)?;
+        if let Some(path) = &message.destination {
+            framing::check_path(path).map_err(Failed::Unsent)?;
+        }
         let timestamp = chrono::Utc::now().timestamp().to_string();
-        let signature = sign(&self.secret, &timestamp, &message.payload);
+        let id = message.id.to_string();
+        let signed = signing::headers(self.signature, &self.secrets, &id, &timestamp, &body);
         let mut request = self
             .client
             .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .header(wire::EVENT_ID, message.id.to_string())
+            .header(CONTENT_TYPE, self.framing.content_type())
+            .header(wire::EVENT_ID, id.as_str())
             .header(wire::SEQUENCE, message.sequence.get().to_string())
             .header(wire::POSITION, message.position.to_string())
-            .header(wire::LANE, message.lane.as_str())
-            .header(wire::TIMESTAMP, timestamp)
-            .header(wire::SIGNATURE, signature);
+            .header(wire::LANE, message.lane.as_str());
+        for (name, value) in signed {
+            request = request.header(name, value);
+        }
         if let Some(history) = message.history {
             request = request
                 .header(wire::HISTORY, history.id.to_string())
@@ -132,8 +138,22 @@ impl WebhookSink {
                 Err(_) => left_out(name, message),
             }
         }
+        // The headers the relay's templates chose: one an HTTP header cannot carry fails the
+        // message, which was asked to carry it.
+        for (name, value) in &message.header_fields {
+            let value = HeaderValue::from_str(value).map_err(|_| {
+                Failed::Unsent(SendError::permanent(format!(
+                    "header {name} {} holds characters an HTTP header cannot carry",
+                    crate::relay::quoted(value)
+                )))
+            })?;
+            request = request.header(name.as_str(), value);
+        }
+        for (name, value) in self.framing.binary_attributes(message, wire::CE_PREFIX) {
+            request = request.header(name, framing::header_value(&value));
+        }
         let response = request
-            .body(message.payload.clone())
+            .body(body)
             .send()
             .await
             .map_err(|error| request_failed(&error, url))?;

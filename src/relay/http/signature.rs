@@ -23,10 +23,12 @@ pub fn sign(secret: &[u8], timestamp: &str, body: &[u8]) -> String {
     hex
 }
 
-/// Whether `header` (the `Ordo-Signature` value a receiver got) is the signature of `body` at
-/// `timestamp` (the `Ordo-Timestamp` value) with `secret`. The comparison takes the same time
-/// whichever byte differs, so it leaks nothing about the expected signature. Hex in either
-/// case is accepted; surrounding whitespace is ignored.
+/// Whether `header` (the `Ordo-Signature` value a receiver got) holds the signature of `body`
+/// at `timestamp` (the `Ordo-Timestamp` value) with `secret`. A sink that signs with several
+/// secrets (while they are rotated) sends one signature per secret, separated by `,`: any one
+/// that matches is enough. The comparison takes the same time whichever byte differs, so it
+/// leaks nothing about the expected signature. Hex in either case is accepted; surrounding
+/// whitespace is ignored.
 ///
 /// It does not judge the timestamp: a receiver should also refuse a request whose
 /// `Ordo-Timestamp` is far from its clock (five minutes, say), so that a captured request
@@ -43,6 +45,12 @@ pub fn sign(secret: &[u8], timestamp: &str, body: &[u8]) -> String {
 /// assert!(!verify_signature(b"another secret", "1767225600", body, &header));
 /// ```
 pub fn verify_signature(secret: &[u8], timestamp: &str, body: &[u8], header: &str) -> bool {
+    header
+        .split(',')
+        .any(|one| verify_one(secret, timestamp, body, one))
+}
+
+fn verify_one(secret: &[u8], timestamp: &str, body: &[u8], header: &str) -> bool {
     let Some(expected) = decode_hex(header.trim()) else {
         return false;
     };
@@ -52,6 +60,15 @@ pub fn verify_signature(secret: &[u8], timestamp: &str, body: &[u8], header: &st
     mac.update(body);
     // `verify_slice` compares in constant time (and refuses a wrong length).
     mac.verify_slice(&expected).is_ok()
+}
+
+/// HMAC-SHA256 keyed with `secret` over `parts`, one after another.
+pub(super) fn hmac(secret: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = keyed(secret);
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().to_vec()
 }
 
 fn keyed(secret: &[u8]) -> HmacSha256 {

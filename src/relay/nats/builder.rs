@@ -141,7 +141,10 @@ impl NatsSinkBuilder {
         };
         let subject = self.subject.unwrap_or_else(|| {
             let prefix = self.subject_prefix;
-            Arc::new(move |message: &Message| format!("{prefix}.{}", message.type_or_untyped()))
+            Arc::new(move |message: &Message| match &message.destination {
+                Some(destination) => destination.clone(),
+                None => format!("{prefix}.{}", message.type_or_untyped()),
+            })
         });
         Ok(NatsSink {
             url: self.url,
@@ -154,6 +157,7 @@ impl NatsSinkBuilder {
             probe,
             require_duplicate_window: self.require_duplicate_window,
             connection: None,
+            framing: crate::relay::format::Framing::default(),
             dirty: false,
         })
     }

@@ -5,6 +5,9 @@ use async_nats::{HeaderMap, HeaderValue};
 #[cfg(doc)]
 use super::NatsSinkBuilder;
 use super::{Message, SendError};
+use crate::relay::Format;
+use crate::relay::format::Framing;
+use crate::wire::nats as wire;
 
 mod names {
     use crate::wire::nats as wire;
@@ -32,7 +35,13 @@ mod names {
 /// with `detail`, the [detail headers](NatsSinkBuilder::detail_headers) too.
 /// A message with a header value NATS cannot carry (a line break) is refused as its permanent
 /// failure before anything is sent.
-pub(super) fn headers(message: &Message, detail: bool) -> Result<HeaderMap, SendError> {
+/// The relay's [header templates](crate::relay::RelayConfig::header) and, in a CloudEvents
+/// format, the envelope's headers come after ordo's own.
+pub(super) fn headers(
+    message: &Message,
+    detail: bool,
+    framing: &Framing,
+) -> Result<HeaderMap, SendError> {
     let mut headers = HeaderMap::new();
     let mut id = uuid::Uuid::encode_buffer();
     headers.insert(
@@ -69,7 +78,20 @@ pub(super) fn headers(message: &Message, detail: bool) -> Result<HeaderMap, Send
     if detail {
         headers.insert(names::SEQUENCE, message.sequence.get().to_string());
         headers.insert(names::RECORDED_AT, message.recorded_at.to_rfc3339());
-        headers.insert(names::CONTENT_TYPE, "application/json");
+    }
+    if detail || framing.format != Format::Ordo {
+        headers.insert(names::CONTENT_TYPE, framing.content_type());
+    }
+    let chosen = message.header_fields.iter().cloned();
+    for (name, value) in chosen.chain(framing.binary_attributes(message, wire::CE_PREFIX)) {
+        let name = name.parse::<async_nats::HeaderName>().map_err(|_| {
+            SendError::permanent(format!(
+                "{} is not a NATS header name",
+                crate::relay::quoted(&name)
+            ))
+        })?;
+        let value = header_value(&name, &value)?;
+        headers.insert(name, value);
     }
     Ok(headers)
 }

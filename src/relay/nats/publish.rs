@@ -52,6 +52,7 @@ impl NatsSink {
     ) -> Result<(), SendError> {
         let subject = Arc::clone(&self.subject);
         let (detail, ack_timeout) = (self.detail_headers, self.ack_timeout);
+        let framing = self.framing.clone();
         let connection = self.connect().await?;
         let (client, jetstream) = (connection.client.clone(), connection.jetstream.clone());
         if let Some(lost) = self.lost(&client) {
@@ -77,16 +78,16 @@ impl NatsSink {
                     continue;
                 }
             };
-            let headers = match headers(message, detail) {
-                Ok(headers) => headers,
+            let framed = headers(message, detail, &framing)
+                .and_then(|headers| Ok((headers, framing.body(message)?)));
+            let (headers, body) = match framed {
+                Ok(framed) => framed,
                 Err(refused) => {
                     failures.push((index, refused));
                     continue;
                 }
             };
-            let publish = PublishMessage::build()
-                .payload(message.payload.clone())
-                .headers(headers);
+            let publish = PublishMessage::build().payload(body).headers(headers);
             let due = Instant::now() + ack_timeout;
             match jetstream.send_publish(subject, publish).await {
                 Ok(ack) => in_flight.push_back(InFlight { index, ack, due }),

@@ -2,6 +2,7 @@
 
 use super::headers::{check_subject, headers};
 use crate::relay::Message;
+use crate::relay::format::Framing;
 
 #[test]
 fn what_nats_cannot_carry_is_refused_before_it_is_sent() {
@@ -9,7 +10,7 @@ fn what_nats_cannot_carry_is_refused_before_it_is_sent() {
     let long = format!("orders.{}", "x".repeat(4_000));
     assert!(check_subject(&long).is_err_and(|error| error.is_permanent()));
     let message = Message::new(&b"{}"[..]).with_key(Some("customer\n42"));
-    assert!(headers(&message, false).is_err_and(|error| error.is_permanent()));
+    assert!(headers(&message, false, &Framing::default()).is_err_and(|error| error.is_permanent()));
     let fine = Message::new(&b"{}"[..]).with_key(Some("customer-42"));
-    assert!(headers(&fine, true).is_ok());
+    assert!(headers(&fine, true, &Framing::default()).is_ok());
 }

@@ -108,7 +108,11 @@ impl RabbitSinkBuilder {
         let route = self.route.unwrap_or_else(|| {
             let exchange = self.exchange;
             Arc::new(move |message: &Message| {
-                (exchange.clone(), message.type_or_untyped().to_owned())
+                let key = match &message.destination {
+                    Some(destination) => destination.clone(),
+                    None => message.type_or_untyped().to_owned(),
+                };
+                (exchange.clone(), key)
             })
         });
         Ok(RabbitSink {
@@ -120,6 +124,7 @@ impl RabbitSinkBuilder {
             configured_confirm_timeout: self.confirm_timeout,
             confirm_timeout: self.confirm_timeout.unwrap_or(DEFAULT_CONFIRM_TIMEOUT),
             connection: None,
+            framing: crate::relay::format::Framing::default(),
             dirty: false,
         })
     }

@@ -4,9 +4,12 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
 use super::{Message, SHORT_STRING_MAX};
+use crate::relay::format::Framing;
 use crate::wire::rabbitmq as wire;
 
-pub(super) fn properties(message: &Message) -> BasicProperties {
+/// ordo's headers, the relay's header templates and, in a CloudEvents format, the AMQP
+/// binding's `cloudEvents_*` application properties and content type.
+pub(super) fn properties(message: &Message, framing: &Framing) -> BasicProperties {
     let mut headers = FieldTable::default();
     let sequence = i64::try_from(message.sequence.get()).unwrap_or(i64::MAX);
     headers.insert(wire::SEQUENCE.into(), AMQPValue::LongLongInt(sequence));
@@ -52,10 +55,14 @@ pub(super) fn properties(message: &Message) -> BasicProperties {
     if let Some(json) = message.headers_json() {
         headers.insert(wire::HEADERS.into(), AMQPValue::LongString(json.into()));
     }
+    let chosen = message.header_fields.iter().cloned();
+    for (name, value) in chosen.chain(framing.binary_attributes(message, wire::CE_PREFIX)) {
+        headers.insert(name.into(), AMQPValue::LongString(value.into()));
+    }
     let timestamp = u64::try_from(message.recorded_at.timestamp()).unwrap_or(0);
     let mut properties = BasicProperties::default()
         .with_message_id(message.id.to_string().into())
-        .with_content_type("application/json".into())
+        .with_content_type(framing.content_type().into())
         .with_delivery_mode(2)
         .with_timestamp(timestamp)
         .with_headers(headers);

@@ -66,6 +66,13 @@ impl RabbitSink {
                     continue;
                 }
             };
+            let body = match self.framing.body(message) {
+                Ok(body) => body,
+                Err(refused) => {
+                    outcomes.failed(index, refused);
+                    continue;
+                }
+            };
             let due = Instant::now() + self.confirm_timeout;
             let published = channel
                 .basic_publish(
@@ -73,8 +80,8 @@ impl RabbitSink {
                     routing_key,
                     // No `mandatory`: see the module docs.
                     BasicPublishOptions::default(),
-                    &message.payload,
-                    properties(message),
+                    &body,
+                    properties(message, &self.framing),
                 )
                 .await;
             match published {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! ordo relay [list] [--json]                  the relays (rows of kind relay), as `ordo subscriptions`
-//! ordo relay run NAME --sink nats|rabbitmq|webhook --key-from SOURCE [...] [--config FILE]
+//! ordo relay run NAME --sink nats|rabbitmq|webhook|kafka --key-from SOURCE [...] [--config FILE]
 //!                                             a relay until SIGINT/SIGTERM (see relay_run.rs)
 //! ordo relay parked NAME [--json]             parked events, by key, with their errors
 //! ordo relay requeue NAME KEY | --all         deliver the parked event of KEY (or every one) again
@@ -27,6 +27,7 @@ use sqlx::PgPool;
 use crate::output::json_lines;
 
 mod keys;
+mod routing;
 mod run;
 mod settings;
 mod sinks;
@@ -65,7 +66,7 @@ enum RelayAction {
     /// Run a relay until SIGINT or SIGTERM.
     ///
     /// It delivers every event of `ordo.events` (however it was written, plain SQL included)
-    /// to NATS JetStream, RabbitMQ or a webhook, at least once, the event id as the message
+    /// to NATS JetStream, RabbitMQ, Kafka or a webhook, at least once, the event id as the message
     /// id, in order per key. Settings by flags or --config FILE (flags win); secrets only from
     /// the environment. Any number of processes may run the same relay: one delivers, the
     /// others stand by.

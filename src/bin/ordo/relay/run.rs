@@ -75,6 +75,19 @@ impl RunArgs {
             .ok_or("the relay's NAME is required (or `name` in the --config file)")?;
         let mut flags = self.settings;
         let flag_url = flags.url.take();
+        if let Some(secret) = flags
+            .routing
+            .kafka_properties
+            .iter()
+            .flatten()
+            .find(|pair| names_a_secret(pair))
+        {
+            let name = secret.split('=').next().unwrap_or_default();
+            return Err(format!(
+                "--kafka-property {name}=... carries a secret, which `ps` and shell history would \
+                 show: put it in the --config file (`kafka-property = {name}=...`)"
+            ));
+        }
         if flag_url.as_deref().is_some_and(sinks::has_credentials) {
             return Err(format!(
                 "--url carries credentials, which `ps` and shell history would show: put the URL \
@@ -92,7 +105,7 @@ impl RunArgs {
                 format!("--url is required (or {URL_ENV}, or `url` in the --config file)")
             })?;
         let kind = s.sink.ok_or(
-            "--sink is required (or `sink` in the --config file): nats, rabbitmq or webhook",
+            "--sink is required (or `sink` in the --config file): nats, rabbitmq, webhook or kafka",
         )?;
         let keys = s.key_from.clone().ok_or(
             "--key-from is required (or `key-from` in the --config file): event-type, none, \
@@ -115,7 +128,7 @@ impl RunArgs {
         let lane = s.lane.unwrap_or(Ordering::Commit);
         Ok(Plan {
             target: describe(&sinks),
-            config: relay_config(&name, lane, &s),
+            config: s.routing.apply(relay_config(&name, lane, &s))?,
             name,
             lane,
             keys,
@@ -124,6 +137,19 @@ impl RunArgs {
             progress: progress(s.progress)?,
         })
     }
+}
+
+/// Whether a `NAME=VALUE` librdkafka setting holds a secret (`sasl.password`,
+/// `ssl.key.password`, `sasl.oauthbearer.client.secret`, ...).
+fn names_a_secret(pair: &str) -> bool {
+    let name = pair
+        .split('=')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    ["password", "secret", "ssl.key.pem", "sasl.jaas"]
+        .iter()
+        .any(|word| name.contains(word))
 }
 
 /// The period of the progress lines: `0` (none), or [`MIN_PROGRESS`] to [`MAX_PROGRESS`].
@@ -181,7 +207,12 @@ fn relay_config(name: &str, lane: Ordering, s: &Settings) -> RelayConfig {
 
 fn describe(sinks: &Sinks) -> String {
     #[cfg_attr(
-        not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+        not(any(
+            feature = "nats",
+            feature = "rabbitmq",
+            feature = "http",
+            feature = "kafka"
+        )),
         allow(dead_code)
     )]
     fn first<K: Sink>(sinks: &[K]) -> String {
@@ -194,6 +225,8 @@ fn describe(sinks: &Sinks) -> String {
         Sinks::Rabbit(ref sinks) => first(sinks),
         #[cfg(feature = "http")]
         Sinks::Webhook(ref sinks) => first(sinks),
+        #[cfg(feature = "kafka")]
+        Sinks::Kafka(ref sinks) => first(sinks),
     }
 }
 
@@ -207,10 +240,12 @@ pub(crate) fn refusal(error: &ordo::Error) -> String {
         .trim_start_matches("nats ")
         .trim_start_matches("rabbitmq ")
         .trim_start_matches("webhook ")
+        .trim_start_matches("kafka ")
         .split('/')
         .map(|part| match part {
             "RelayConfig::new" => "NAME".to_owned(),
-            "uri" | "url" => "--url".to_owned(),
+            "uri" | "url" | "bootstrap" => "--url".to_owned(),
+            "property" => "--kafka-property".to_owned(),
             "secret" => "--secret-env".to_owned(),
             "timeout" => "--request-timeout".to_owned(),
             "connect_timeout" => "--sink-connect-timeout".to_owned(),
@@ -225,7 +260,12 @@ pub(crate) fn refusal(error: &ordo::Error) -> String {
 /// batches in flight finish (bounded by the batch deadline) and are recorded, and the lease is
 /// released, so a standby elsewhere takes over at once. A second signal exits without waiting.
 #[cfg_attr(
-    not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+    not(any(
+        feature = "nats",
+        feature = "rabbitmq",
+        feature = "http",
+        feature = "kafka"
+    )),
     allow(unreachable_code, unused_variables)
 )]
 pub(crate) async fn serve(pool: PgPool, plan: Plan) -> CliResult {
@@ -247,6 +287,8 @@ pub(crate) async fn serve(pool: PgPool, plan: Plan) -> CliResult {
         Sinks::Rabbit(sinks) => start(&outbox, config, sinks, keys.clone()).await,
         #[cfg(feature = "http")]
         Sinks::Webhook(sinks) => start(&outbox, config, sinks, keys.clone()).await,
+        #[cfg(feature = "kafka")]
+        Sinks::Kafka(sinks) => start(&outbox, config, sinks, keys.clone()).await,
     };
     let relay = match started {
         Ok(relay) => relay,
@@ -280,7 +322,12 @@ pub(crate) async fn serve(pool: PgPool, plan: Plan) -> CliResult {
 }
 
 #[cfg_attr(
-    not(any(feature = "nats", feature = "rabbitmq", feature = "http")),
+    not(any(
+        feature = "nats",
+        feature = "rabbitmq",
+        feature = "http",
+        feature = "kafka"
+    )),
     allow(dead_code)
 )]
 async fn start<K: Sink>(

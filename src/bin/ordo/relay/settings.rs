@@ -23,6 +23,8 @@ pub(crate) enum SinkKind {
     Rabbitmq,
     /// HTTP POST, signed (cargo feature `http`).
     Webhook,
+    /// Kafka, idempotent producer (cargo feature `kafka`).
+    Kafka,
 }
 
 impl SinkKind {
@@ -31,6 +33,7 @@ impl SinkKind {
             SinkKind::Nats => "nats",
             SinkKind::Rabbitmq => "rabbitmq",
             SinkKind::Webhook => "webhook",
+            SinkKind::Kafka => "kafka",
         }
     }
 
@@ -40,6 +43,7 @@ impl SinkKind {
             SinkKind::Nats => "nats",
             SinkKind::Rabbitmq => "rabbitmq",
             SinkKind::Webhook => "http",
+            SinkKind::Kafka => "kafka",
         }
     }
 }
@@ -58,10 +62,11 @@ pub(crate) enum StartAt {
 #[derive(clap::Args, Debug, Default, Clone)]
 pub(crate) struct Settings {
     /// Where events go. Each sink needs ordo built with its cargo feature: nats, rabbitmq, http
-    /// (for webhook).
+    /// (for webhook), kafka.
     #[arg(long, value_enum)]
     pub(crate) sink: Option<SinkKind>,
-    /// The sink's address: nats://HOST:4222, amqp://HOST:5672/%2f, https://HOST/PATH. Default:
+    /// The sink's address: nats://HOST:4222, amqp://HOST:5672/%2f, https://HOST/PATH,
+    /// kafka://HOST:9092[,HOST:9092...]. Default:
     /// the environment variable ORDO_RELAY_URL. Refused here when it carries credentials
     /// (they would show in `ps` and shell history): put such a URL in ORDO_RELAY_URL or the
     /// file.
@@ -155,6 +160,9 @@ pub(crate) struct Settings {
     /// Keys sent at once [default: 16].
     #[arg(long, help_heading = "Webhook", value_name = "KEYS")]
     pub(crate) concurrency: Option<usize>,
+
+    #[command(flatten)]
+    pub(crate) routing: super::routing::Routing,
 }
 
 /// A size in bytes: a number with an optional unit, `B`, `KiB`, `MiB` or `GiB` (`64MiB`).
@@ -198,7 +206,7 @@ impl Settings {
             sinks, progress, batch_size,
             per_event_budget, batch_deadline, lease, max_attempts, backoff_initial, backoff_max,
             sink_connect_timeout, subject_prefix, ack_timeout, max_in_flight, detail_headers, exchange,
-            pipeline_depth, secret_env, request_timeout, concurrency)
+            pipeline_depth, secret_env, request_timeout, concurrency, routing)
     }
 
     /// A setting given for another sink than `sink`: most likely a mistake (a NATS relay told
@@ -235,8 +243,20 @@ impl Settings {
             ),
             (self.concurrency.is_some(), "concurrency", SinkKind::Webhook),
         ];
+        let routed = self
+            .routing
+            .owned()
+            .into_iter()
+            .map(|(given, name, owner)| {
+                let owner = match owner {
+                    "kafka" => SinkKind::Kafka,
+                    _ => SinkKind::Webhook,
+                };
+                (given, name, owner)
+            });
         owned
             .into_iter()
+            .chain(routed)
             .find(|(given, _, owner)| *given && *owner != sink)
             .map(|(_, name, owner)| (name, owner))
     }

@@ -16,6 +16,8 @@ pub(crate) enum Sinks {
     Rabbit(Vec<ordo::relay::rabbitmq::RabbitSink>),
     #[cfg(feature = "http")]
     Webhook(Vec<ordo::relay::http::WebhookSink>),
+    #[cfg(feature = "kafka")]
+    Kafka(Vec<ordo::relay::kafka::KafkaSink>),
 }
 
 /// `count` sinks of `kind` to `url`, with `settings`; or why not, naming the setting (or the
@@ -30,12 +32,18 @@ pub(crate) fn build(
         SinkKind::Nats => nats::sinks(url, settings, count),
         SinkKind::Rabbitmq => rabbitmq::sinks(url, settings, count),
         SinkKind::Webhook => webhook::sinks(url, settings, count),
+        SinkKind::Kafka => kafka::sinks(url, settings, count),
     }
 }
 
 /// The refusal of a sink whose cargo feature this build lacks.
 #[cfg_attr(
-    all(feature = "nats", feature = "rabbitmq", feature = "http"),
+    all(
+        feature = "nats",
+        feature = "rabbitmq",
+        feature = "http",
+        feature = "kafka"
+    ),
     allow(dead_code)
 )]
 fn missing_feature(kind: SinkKind) -> String {
@@ -48,7 +56,12 @@ fn missing_feature(kind: SinkKind) -> String {
     )
 }
 
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "http"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "http",
+    feature = "kafka"
+))]
 fn many<K>(count: usize, one: impl Fn() -> ordo::Result<K>) -> Result<Vec<K>, String> {
     (0..count)
         .map(|_| one().map_err(|error| super::run::refusal(&error)))
@@ -56,7 +69,12 @@ fn many<K>(count: usize, one: impl Fn() -> ordo::Result<K>) -> Result<Vec<K>, St
 }
 
 /// `setter(builder, value)` when the value was given: the builder's default otherwise.
-#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "http"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "http",
+    feature = "kafka"
+))]
 fn set<B, T>(builder: B, value: Option<T>, setter: fn(B, T) -> B) -> B {
     match value {
         Some(value) => setter(builder, value),
@@ -122,14 +140,28 @@ mod rabbitmq {
 
 #[cfg(feature = "http")]
 mod webhook {
-    use ordo::relay::http::{MIN_SECRET_BYTES, WebhookSink, WebhookSinkBuilder as B};
+    use ordo::relay::http::{
+        MIN_SECRET_BYTES, Signature, WebhookSink, WebhookSinkBuilder as B,
+        decode_standard_webhooks_secret,
+    };
 
+    use super::super::routing::SignatureArg;
     use super::{DEFAULT_SECRET_ENV, Settings, Sinks, many, set};
 
     pub(super) fn sinks(url: &str, s: &Settings, count: usize) -> Result<Sinks, String> {
-        let secret = secret(s)?;
+        let variable = s.secret_env.as_deref().unwrap_or(DEFAULT_SECRET_ENV);
+        let first = secret(variable)?;
+        let also = match s.routing.also_secret_env.as_deref() {
+            Some(variable) => Some(secret(variable)?),
+            None => None,
+        };
+        let signature = match s.routing.signature {
+            Some(SignatureArg::StandardWebhooks) => Signature::StandardWebhooks,
+            Some(SignatureArg::Ordo) | None => Signature::Ordo,
+        };
         let one = || {
-            let builder = WebhookSink::builder(url, secret.clone());
+            let builder = WebhookSink::builder(url, first.clone()).signature(signature);
+            let builder = set(builder, also.clone(), B::also_sign_with);
             let builder = set(builder, s.concurrency, B::concurrency);
             let builder = set(builder, s.request_timeout, B::timeout);
             set(builder, s.sink_connect_timeout, B::connect_timeout).build()
@@ -137,13 +169,18 @@ mod webhook {
         many(count, one).map(Sinks::Webhook)
     }
 
-    /// The signing secret, from the environment variable `--secret-env` names: never a flag,
-    /// which `ps` and shell history would show. At least [`MIN_SECRET_BYTES`], as the sink's
-    /// builder requires; said here in the variable's name.
-    fn secret(s: &Settings) -> Result<Vec<u8>, String> {
-        let variable = s.secret_env.as_deref().unwrap_or(DEFAULT_SECRET_ENV);
-        match std::env::var_os(variable) {
-            Some(secret) if secret.len() >= MIN_SECRET_BYTES => Ok(secret.into_encoded_bytes()),
+    /// A signing secret, from the environment `variable` (`--secret-env`, `--also-secret-env`):
+    /// never a flag, which `ps` and shell history would show. Written `whsec_...` (as Standard
+    /// Webhooks libraries take it), its base64 is decoded; otherwise its bytes are the secret.
+    /// At least [`MIN_SECRET_BYTES`], as the sink's builder requires; said here in the
+    /// variable's name.
+    fn secret(variable: &str) -> Result<Vec<u8>, String> {
+        let decoded = std::env::var(variable)
+            .ok()
+            .and_then(|text| decode_standard_webhooks_secret(&text));
+        let raw = std::env::var_os(variable).map(|secret| secret.into_encoded_bytes());
+        match decoded.or(raw) {
+            Some(secret) if secret.len() >= MIN_SECRET_BYTES => Ok(secret),
             Some(secret) if !secret.is_empty() => Err(format!(
                 "--sink webhook: the signing secret in {variable} is {} bytes, and at least \
                  {MIN_SECRET_BYTES} are needed (a shorter one is guessed from one signed \
@@ -164,6 +201,40 @@ mod webhook {
 
     pub(super) fn sinks(_: &str, _: &Settings, _: usize) -> Result<Sinks, String> {
         Err(missing_feature(SinkKind::Webhook))
+    }
+}
+
+#[cfg(feature = "kafka")]
+mod kafka {
+    use ordo::relay::kafka::{KafkaSink, KafkaSinkBuilder as B};
+
+    use super::{Settings, Sinks, many, set};
+
+    pub(super) fn sinks(url: &str, s: &Settings, count: usize) -> Result<Sinks, String> {
+        let bootstrap = url
+            .strip_prefix("kafka://")
+            .unwrap_or(url)
+            .trim_end_matches('/');
+        let properties = s.routing.kafka_properties()?;
+        let one = || {
+            let mut builder = KafkaSink::builder(bootstrap);
+            for (name, value) in &properties {
+                builder = builder.property(name, value);
+            }
+            let builder = set(builder, s.routing.topic.clone(), |b, t| b.topic(t));
+            let builder = set(builder, s.routing.delivery_timeout, B::delivery_timeout);
+            set(builder, s.sink_connect_timeout, B::connect_timeout).build()
+        };
+        many(count, one).map(Sinks::Kafka)
+    }
+}
+
+#[cfg(not(feature = "kafka"))]
+mod kafka {
+    use super::{Settings, SinkKind, Sinks, missing_feature};
+
+    pub(super) fn sinks(_: &str, _: &Settings, _: usize) -> Result<Sinks, String> {
+        Err(missing_feature(SinkKind::Kafka))
     }
 }
 
