@@ -230,14 +230,20 @@ impl Consumer {
         });
     }
 
-    /// What the stored progress says above the watermark `at` (a keyed executor's first read
-    /// after a claim); a failure is logged and paused on, and the flow says what next.
+    /// What the stored progress says above the watermark `at`, and the stuck keys (a keyed
+    /// executor's first read after a claim); a failure is logged and paused on, and the flow
+    /// says what next.
     pub(crate) async fn progress_above(
         &mut self,
         at: Position,
-    ) -> Result<HashMap<u64, Known>, Flow> {
-        match progress::load(&self.pool, &self.name, at).await {
-            Ok(known) => Ok(known),
+    ) -> Result<(HashMap<u64, Known>, super::backlog::Backlogs), Flow> {
+        let loaded = async {
+            let known = progress::load(&self.pool, &self.name, at).await?;
+            let backlogs = super::backlog::Backlogs::load(&self.pool, &self.name).await?;
+            Ok::<_, sqlx::Error>((known, backlogs))
+        };
+        match loaded.await {
+            Ok(loaded) => Ok(loaded),
             Err(error) => {
                 tracing::warn!(%error, subscription = %self.name, kind = self.kind.as_str(), "reading the stored progress failed");
                 Err(self.pause(ERROR_BACKOFF).await)

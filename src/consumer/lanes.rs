@@ -37,6 +37,9 @@ pub(crate) enum State {
     Backoff(Instant),
     /// Attempts exhausted under `Halt`: first in its lanes until retried.
     Stalled,
+    /// Its key is stuck: out of its lanes while its copy is written to the backlog
+    /// (`backlog.rs`), then done here.
+    Aside,
     Done,
 }
 
@@ -58,6 +61,9 @@ pub(crate) struct Entry<T> {
     detached: bool,
     /// When this runner stalled it (`None` when it arrived stalled, or is not).
     pub(crate) stalled_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Taken back from a stuck key's backlog: its position is below the watermark, which it
+    /// never moves.
+    pub(crate) aside: bool,
 }
 
 /// How an event enters the window (a restarted runner knows some from the stored progress).
@@ -85,6 +91,11 @@ pub(crate) struct Lanes<T> {
     detached: usize,
     /// What the items held weigh (see [`Lanes::push`]).
     held_bytes: usize,
+    /// Entries taken back from a backlog in the window, finished or not (positions out of
+    /// order: [`find`](Self::find) searches them one by one).
+    aside_present: usize,
+    /// Those not finished yet.
+    aside_unfinished: usize,
 }
 
 impl<T> Lanes<T> {
@@ -101,6 +112,8 @@ impl<T> Lanes<T> {
             let_stalled_go: false,
             detached: 0,
             held_bytes: 0,
+            aside_present: 0,
+            aside_unfinished: 0,
         }
     }
 
@@ -110,6 +123,11 @@ impl<T> Lanes<T> {
     pub(crate) fn let_stalled_go(mut self) -> Self {
         self.let_stalled_go = true;
         self
+    }
+
+    /// Whether a stalled event leaves its lanes (see [`let_stalled_go`](Self::let_stalled_go)).
+    pub(crate) fn lets_stalled_go(&self) -> bool {
+        self.let_stalled_go
     }
 
     /// Every event at or below this position is finished.
@@ -138,7 +156,7 @@ impl<T> Lanes<T> {
         item: T,
         arrival: Arrival,
     ) {
-        self.push_weighed(position, keys, barrier, item, arrival, 0);
+        let _ = self.push_weighed(position, keys, barrier, item, arrival, 0);
     }
 
     /// Adds the next event of the lane (positions must grow); its item weighs `weight` bytes
@@ -151,7 +169,7 @@ impl<T> Lanes<T> {
         item: T,
         arrival: Arrival,
         weight: usize,
-    ) {
+    ) -> Slot {
         debug_assert!(
             self.window
                 .back()
@@ -181,6 +199,7 @@ impl<T> Lanes<T> {
             error,
             detached,
             stalled_at: None,
+            aside: false,
         });
         self.detached += usize::from(detached);
         if done {
@@ -188,6 +207,73 @@ impl<T> Lanes<T> {
         } else {
             self.check(slot);
         }
+        slot
+    }
+
+    /// Adds an event taken back from a stuck key's backlog (`backlog.rs`): at the end of its
+    /// keys' lanes (behind the events of its keys held now), after `attempts` failed tries.
+    /// Its position is below the watermark, which it never moves.
+    pub(crate) fn push_aside(
+        &mut self,
+        position: u64,
+        keys: Keys,
+        item: T,
+        attempts: u32,
+        weight: usize,
+    ) -> Slot {
+        let slot = self.first + self.window.len() as u64;
+        self.join_lanes(slot, &keys, false);
+        self.held_bytes += weight;
+        self.window.push_back(Entry {
+            position,
+            keys,
+            barrier: false,
+            weight,
+            item: Some(item),
+            attempts,
+            state: State::Waiting,
+            error: None,
+            detached: false,
+            stalled_at: None,
+            aside: true,
+        });
+        self.aside_present += 1;
+        self.aside_unfinished += 1;
+        self.check(slot);
+        slot
+    }
+
+    /// Takes a waiting or stalled event out of its lanes because its key is stuck: it waits
+    /// ([`State::Aside`]) until its copy is in the backlog, then [`complete`](Self::complete)
+    /// finishes it here. False (nothing changed) for an event running, backing off or done.
+    pub(crate) fn set_aside(&mut self, slot: Slot) -> bool {
+        let Some(index) = self.index(slot) else {
+            return false;
+        };
+        let entry = &mut self.window[index];
+        if !matches!(entry.state, State::Waiting | State::Stalled) {
+            return false;
+        }
+        entry.state = State::Aside;
+        let was_detached = std::mem::take(&mut entry.detached);
+        let (keys, barrier) = (entry.keys.clone(), entry.barrier);
+        self.ready.remove(&slot);
+        if was_detached {
+            self.detached -= 1;
+        } else {
+            self.leave_lanes(slot, &keys, barrier);
+        }
+        true
+    }
+
+    /// Every event held, with its slot, oldest first.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (Slot, &Entry<T>)> {
+        (self.first..).zip(self.window.iter())
+    }
+
+    /// How many events taken back from a backlog are held and not finished.
+    pub(crate) fn aside_unfinished(&self) -> usize {
+        self.aside_unfinished
     }
 
     /// The oldest event that may run now, marked running.
@@ -210,6 +296,12 @@ impl<T> Lanes<T> {
 
     /// The slot of the event at `position`, if the window holds it.
     pub(crate) fn find(&self, position: u64) -> Option<Slot> {
+        if self.aside_present > 0 {
+            return self
+                .entries()
+                .find(|(_, entry)| entry.position == position)
+                .map(|(slot, _)| slot);
+        }
         let index = self
             .window
             .binary_search_by_key(&position, |entry| entry.position)
@@ -227,6 +319,7 @@ impl<T> Lanes<T> {
         if entry.state == State::Done {
             return false;
         }
+        let out_of_lanes = entry.state == State::Aside;
         entry.state = State::Done;
         entry.item = None;
         entry.error = None;
@@ -234,10 +327,13 @@ impl<T> Lanes<T> {
         let was_detached = std::mem::take(&mut entry.detached);
         let keys = entry.keys.clone();
         let barrier = entry.barrier;
+        if entry.aside {
+            self.aside_unfinished -= 1;
+        }
         self.ready.remove(&slot);
         if was_detached {
             self.detached -= 1;
-        } else {
+        } else if !out_of_lanes {
             self.leave_lanes(slot, &keys, barrier);
         }
         let before = self.watermark;
@@ -351,7 +447,11 @@ impl<T> Lanes<T> {
             .is_some_and(|entry| entry.state == State::Done)
         {
             if let Some(entry) = self.window.pop_front() {
-                self.watermark = entry.position;
+                if entry.aside {
+                    self.aside_present -= 1;
+                } else {
+                    self.watermark = entry.position;
+                }
                 self.first += 1;
             }
         }

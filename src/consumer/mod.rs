@@ -8,6 +8,8 @@
 //!   halt below the retention floor; `tenure.rs`: until when this owner certainly holds the
 //!   lease.
 //! - `source.rs`: reading the lane (either ordering) from a position, with read-ahead.
+//! - `backlog.rs`: stuck keys, whose events leave the window for `ordo.key_backlogs` until a
+//!   retry takes them back in order.
 //! - `lanes.rs`: the keyed schedule (which buffered events may run), with no I/O; `keys.rs`:
 //!   [`Keys`]; `schedule.rs`: one claim's keyed work (the schedule, the stored watermark, its
 //!   timers, operators' retries); `progress.rs`: the stored low watermark and completions above
@@ -18,6 +20,7 @@
 //! It imports neither `subscription/` nor `relay/`: both import it.
 
 mod adopt;
+pub(crate) mod backlog;
 mod claim;
 mod handle;
 mod keys;

@@ -20,12 +20,19 @@ use uuid::Uuid;
 use super::status::RunStatus;
 use crate::position::Position;
 
-/// The rows above the watermark, as a runner finds them when it takes the lease.
+/// The rows above the watermark, as a runner finds them when it takes the lease; an event
+/// moved aside to a stuck key's backlog (`backlog.rs`) reads as `aside`, whatever its row says.
 pub(crate) const LOAD: &str = r#"
-SELECT position, state, attempts, coalesce(last_error, '') AS last_error,
-       retry_requested_at IS NOT NULL AS retry_requested
-FROM ordo.subscription_progress
-WHERE subscription = $1 AND position > $2
+SELECT p.position, p.state, p.attempts, coalesce(p.last_error, '') AS last_error,
+       p.retry_requested_at IS NOT NULL AS retry_requested
+FROM ordo.subscription_progress AS p
+WHERE p.subscription = $1 AND p.position > $2
+  AND NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+                  WHERE b.subscription = $1 AND b.position = p.position)
+UNION ALL
+SELECT b.position, 'aside', 0, '', FALSE
+FROM ordo.key_backlogs AS b
+WHERE b.subscription = $1 AND b.position > $2
 "#;
 
 /// The completion, in the handler's transaction: `done` at `$3`, fenced by the lease (`$2`),
@@ -54,8 +61,8 @@ SET state = excluded.state, attempts = excluded.attempts, keys = excluded.keys,
 WHERE ordo.subscription_progress.state <> 'done'
 "#;
 
-/// Moves the watermark from `$4` to `$3`, deletes the rows it passed and extends the lease,
-/// in one statement; with `$3 = $4` it is the idle renewal. Returns the status, NULL when the
+/// Moves the watermark from `$4` to `$3`, deletes the rows it passed (but a stalled event's in
+/// a backlog, `backlog.rs`) and extends the lease, in one statement; with `$3 = $4` it is the idle renewal. Returns the status, NULL when the
 /// fence refused (lease lost, or an operator moved the position).
 pub(crate) const FLUSH: &str = r#"
 WITH moved AS (
@@ -68,8 +75,23 @@ WITH moved AS (
 ), pruned AS (
     DELETE FROM ordo.subscription_progress AS p
     WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
+      AND (p.state = 'done' OR NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+                                           WHERE b.subscription = $1 AND b.position = p.position))
 )
 SELECT (SELECT status FROM moved) AS status
+"#;
+
+/// [`FAILED`] for an event taken back from a backlog (below the watermark): fenced by the lease
+/// and by its copy being there.
+pub(crate) const FAILED_ASIDE: &str = r#"
+INSERT INTO ordo.subscription_progress (subscription, position, state, attempts, keys, last_error)
+SELECT s.name, $3, $4, $5, $6, $7
+FROM ordo.subscriptions AS s
+WHERE s.name = $1 AND s.lease_owner = $2
+  AND EXISTS (SELECT 1 FROM ordo.key_backlogs AS b WHERE b.subscription = $1 AND b.position = $3)
+ON CONFLICT (subscription, position) DO UPDATE
+SET state = excluded.state, attempts = excluded.attempts, keys = excluded.keys,
+    last_error = excluded.last_error, retry_requested_at = NULL, updated_at = now()
 "#;
 
 /// Stalled events an operator asked to retry, made `failing` again with no attempts (fenced).
@@ -96,8 +118,15 @@ SELECT EXISTS (
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Known {
     Done,
-    Failing { attempts: u32 },
-    Stalled { attempts: u32, error: String },
+    /// In a stuck key's backlog: finished as far as the window goes.
+    Aside,
+    Failing {
+        attempts: u32,
+    },
+    Stalled {
+        attempts: u32,
+        error: String,
+    },
 }
 
 /// [`LOAD`]: the events above `watermark` the stored progress knows, by position. A stalled
@@ -120,6 +149,7 @@ pub(crate) async fn load(
         let state: String = row.try_get("state")?;
         let entry = match state.as_str() {
             "done" => Known::Done,
+            "aside" => Known::Aside,
             "stalled" if !row.try_get::<bool, _>("retry_requested")? => Known::Stalled {
                 attempts,
                 error: row.try_get("last_error")?,
@@ -155,6 +185,8 @@ pub(crate) struct Failed<'a> {
     pub(crate) attempts: u32,
     pub(crate) keys: Vec<String>,
     pub(crate) error: &'a str,
+    /// Taken back from a backlog ([`FAILED_ASIDE`]).
+    pub(crate) aside: bool,
 }
 
 /// [`FAILED`]; false when the fence refused.
@@ -176,7 +208,8 @@ pub(crate) async fn failed_in(
     failed: Failed<'_>,
 ) -> Result<bool, sqlx::Error> {
     let state = if failed.stalled { "stalled" } else { "failing" };
-    let done = sqlx::query(FAILED)
+    let statement = if failed.aside { FAILED_ASIDE } else { FAILED };
+    let done = sqlx::query(statement)
         .bind(name)
         .bind(owner)
         .bind(failed.at)

@@ -32,6 +32,9 @@ pub(crate) struct Item<P> {
     /// Its id belongs to an earlier event, at this insert sequence (a relay's source only, see
     /// [`Source::refusing_reused_ids`]): it is skipped, never sent.
     pub(crate) refused: Option<u64>,
+    /// Taken back from a stuck key's backlog (`backlog.rs`), not read from the lane: its
+    /// delivery takes its copy out of the backlog instead of recording a completion.
+    pub(crate) aside: bool,
 }
 
 impl<P> Item<P> {
@@ -52,6 +55,7 @@ impl<P> Item<P> {
             boundary,
             skipped: !filter.takes(event_type),
             refused: None,
+            aside: false,
             event,
         }
     }

@@ -203,6 +203,14 @@ impl<K: Sink> RelayRunner<K> {
                 continue;
             };
             let step = match verdict {
+                Verdict::Delivered if entry.aside => {
+                    to_store
+                        .taken
+                        .push(i64::try_from(position.get()).unwrap_or(i64::MAX));
+                    work.isolation.remove(&position.get());
+                    work.chains.forget(position.get());
+                    Step::Done
+                }
                 Verdict::Delivered => {
                     to_store.delivered.push(position);
                     work.isolation.remove(&position.get());
@@ -233,6 +241,7 @@ impl<K: Sink> RelayRunner<K> {
                         attempts,
                         keys: entry.keys.iter().map(str::to_owned).collect(),
                         error: why.clone(),
+                        aside: entry.aside,
                     });
                     if park {
                         work.isolation.remove(&position.get());
@@ -321,8 +330,7 @@ impl<K: Sink> RelayRunner<K> {
                 }
                 Step::Park { attempts, why } => {
                     tracing::error!(relay = %name, error = %why, attempts, "event parked until an operator requeues it");
-                    work.schedule.lanes.stall(slot, attempts, why);
-                    work.schedule.stalled_changed = true;
+                    work.schedule.stall(slot, attempts, why);
                     parked += 1;
                 }
             }

@@ -68,6 +68,8 @@ WITH moved AS (
 ), pruned AS (
     DELETE FROM ordo.subscription_progress AS p
     WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
+      AND (p.state = 'done' OR NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+                                           WHERE b.subscription = $1 AND b.position = p.position))
 ), routed AS (
     INSERT INTO ordo.relay_routes (relay, route, position)
     SELECT $1, r.route, r.position
@@ -155,6 +157,17 @@ impl Chains {
     /// The link of the event at `position`, if it has one.
     pub(crate) fn link_of(&self, position: u64) -> Option<&Link> {
         self.links.get(&position)
+    }
+
+    /// The link of an event taken back from a stuck key's backlog, as stored with its copy
+    /// (the watermark passed it long ago): its sends carry the link every earlier send did.
+    pub(crate) fn restore(&mut self, position: u64, link: Link) {
+        self.links.insert(position, link);
+    }
+
+    /// An event taken back from a backlog was delivered: its link is not needed again.
+    pub(crate) fn forget(&mut self, position: u64) {
+        self.links.remove(&position);
     }
 
     /// The watermark is about to move to `watermark`: the routes it passes, with the last

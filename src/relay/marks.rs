@@ -45,6 +45,8 @@ WITH moved AS (
 ), pruned AS (
     DELETE FROM ordo.subscription_progress AS p
     WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
+      AND (p.state = 'done' OR NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+                                           WHERE b.subscription = $1 AND b.position = p.position))
 ), routed AS (
     INSERT INTO ordo.relay_routes AS r (relay, route, position)
     SELECT $1, p.route, p.position
@@ -64,6 +66,8 @@ pub(crate) struct Mark {
     pub(crate) attempts: u32,
     pub(crate) keys: Vec<String>,
     pub(crate) error: String,
+    /// Taken back from a stuck key's backlog.
+    pub(crate) aside: bool,
 }
 
 /// What one batch stores.
@@ -75,6 +79,8 @@ pub(crate) struct Marks {
     pub(crate) advance_to: Option<Position>,
     /// With `advance_to`: the routes it passes and the last position of each.
     pub(crate) routes: (Vec<String>, Vec<i64>),
+    /// Delivered events taken back from a backlog: their copies leave it.
+    pub(crate) taken: Vec<i64>,
 }
 
 /// Writes marks for one relay owner (owned, so a task of its own can run it).
@@ -96,6 +102,13 @@ impl Writer {
     /// Stores `marks` in one transaction; false (nothing stored) when the fence refused.
     pub(crate) async fn write(self, marks: Marks) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        if !marks.taken.is_empty()
+            && !crate::consumer::backlog::taken(&mut tx, &self.name, self.owner, &marks.taken)
+                .await?
+        {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         let fenced = match marks.advance_to {
             Some(to) => Some(
                 sqlx::query_scalar(ADVANCE)
@@ -138,6 +151,7 @@ impl Writer {
                 attempts: mark.attempts,
                 keys: mark.keys,
                 error: &mark.error,
+                aside: mark.aside,
             };
             if !progress::failed_in(&mut tx, &self.name, self.owner, failed).await? {
                 tx.rollback().await?;

@@ -146,8 +146,8 @@ impl<K: Sink> Executor for RelayRunner<K> {
 
 impl<K: Sink> RelayRunner<K> {
     async fn process_from(&mut self, watermark: Position) -> Flow {
-        let known = match self.core.progress_above(watermark).await {
-            Ok(known) => known,
+        let (known, backlogs) = match self.core.progress_above(watermark).await {
+            Ok(loaded) => loaded,
             Err(flow) => return flow,
         };
         let chains = Chains::load(
@@ -184,7 +184,7 @@ impl<K: Sink> RelayRunner<K> {
             OnParked::Continue => Lanes::new(watermark.get()).let_stalled_go(),
         };
         let mut work = Work {
-            schedule: Schedule::new(lanes, known, watermark, self.config.renew_every()),
+            schedule: Schedule::new(lanes, known, watermark, self.config.renew_every(), backlogs),
             recording: Recording::new(watermark.get()),
             isolation: HashMap::new(),
             held: None,
@@ -232,6 +232,11 @@ impl<K: Sink> RelayRunner<K> {
             {
                 return self.read_failed(&error.into(), work).await;
             }
+            if work.schedule.needs_tending()
+                && let Some(flow) = self.tend(work).await
+            {
+                return flow;
+            }
             while !self.idle.is_empty() && (work.held.is_some() || work.schedule.lanes.has_ready())
             {
                 // Only a flight that ends while this owner certainly holds the lease starts.
@@ -278,6 +283,45 @@ impl<K: Sink> RelayRunner<K> {
                         return flow;
                     }
                 }
+            }
+        }
+    }
+
+    /// Stuck keys' events to the backlog (each with its route chain link), or a page of one
+    /// back into the window ([`Schedule::tend`]); a flow when processing must end.
+    async fn tend(&mut self, work: &mut Work) -> Option<Flow> {
+        let keys = &self.keys;
+        let chains = &work.chains;
+        let link_of = |position: u64| {
+            chains.link_of(position).map(|link| {
+                let route = link.route.as_deref().map(str::to_owned);
+                (route, link.previous)
+            })
+        };
+        let keys_of =
+            |event: &Arc<Envelope<RawPayload>>| match super::guarded("key", || keys(event)) {
+                Ok(Ok(keys)) => keys,
+                _ => Keys::none(),
+            };
+        let tended = work
+            .schedule
+            .tend(&self.core, &link_of, keys_of, item_weight)
+            .await;
+        match tended {
+            Ok(Some(links)) => {
+                for (position, link) in links {
+                    if let Some((route, previous)) = link {
+                        let route = route.map(|route| Arc::from(route.as_str()));
+                        work.chains
+                            .restore(position, super::chain::Link { route, previous });
+                    }
+                }
+                None
+            }
+            Ok(None) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(relay = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
+                Some(self.core.pause(ERROR_BACKOFF).await)
             }
         }
     }

@@ -45,6 +45,10 @@ WITH forgotten AS (
     -- A relay's route chains start over from what lies at or below the new position; a
     -- route last sent to above it is not known there (its next message says 0 came before).
     DELETE FROM ordo.relay_routes WHERE relay = $1 AND position > $2
+), unbacklogged AS (
+    -- Stuck keys' events above the new position are read again from the lane; those at or
+    -- below it stay, and are taken back at the next claim (no stalled event holds them now).
+    DELETE FROM ordo.key_backlogs WHERE subscription = $1 AND position > $2
 )
 UPDATE ordo.subscriptions
 SET position = $2, attempts = 0, last_error = NULL,
@@ -151,7 +155,8 @@ pub async fn resume_subscription(pool: &PgPool, name: &str) -> Result<()> {
 /// takes over before the old owner's lease expires, so a relay's batch in flight never travels
 /// beside a new owner's. A keyed
 /// subscription's progress above the old position (finished, failing and stalled events) is
-/// forgotten with it.
+/// forgotten with it; of its stuck keys' backlogs, the events above `to` go (they are read
+/// again from the lane) and those at or below it are taken back at the next claim.
 ///
 /// `to` must be of the subscription's lane ([`Position::Insert`] with an
 /// [`EventSequence`](crate::EventSequence), [`Position::Commit`] with a

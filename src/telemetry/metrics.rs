@@ -24,6 +24,8 @@
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) or below the retention floor |
+//! | `ordo_backlog_moved_total` | counter | `subscription`, `kind` | events of stuck keys moved out of a keyed subscription's or relay's window into `ordo.key_backlogs` |
+//! | `ordo_backlog_taken_back_total` | counter | `subscription`, `kind` | events taken back from a backlog after a retry or requeue |
 //! | `ordo_relay_lag` | gauge | `relay` | positions between its stored results and the lane head: the events not yet delivered |
 //! | `ordo_relay_halts_total` | counter | `relay` | times it halted below the retention floor |
 //! | `ordo_relay_delivery_latency_seconds` | histogram | `relay` | from an event's `recorded_at` to the sink confirming it |
@@ -76,6 +78,10 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+/// The metric `ordo_backlog_moved_total` (see the table above).
+pub const BACKLOG_MOVED: &str = "ordo_backlog_moved_total";
+/// The metric `ordo_backlog_taken_back_total` (see the table above).
+pub const BACKLOG_TAKEN_BACK: &str = "ordo_backlog_taken_back_total";
 /// The metric `ordo_relay_lag` (see the table above).
 pub const RELAY_LAG: &str = "ordo_relay_lag";
 /// The metric `ordo_relay_halts_total` (see the table above).
@@ -207,6 +213,16 @@ pub fn describe() {
         DEAD_LETTERS,
         Unit::Count,
         "Events a subscription moved to ordo.dead_letters."
+    );
+    describe_counter!(
+        BACKLOG_MOVED,
+        Unit::Count,
+        "Events of stuck keys a keyed subscription or relay moved aside to ordo.key_backlogs."
+    );
+    describe_counter!(
+        BACKLOG_TAKEN_BACK,
+        Unit::Count,
+        "Events a keyed subscription or relay took back from a stuck key's backlog after a retry."
     );
     describe_counter!(
         SUBSCRIPTION_HALTS,

@@ -53,8 +53,8 @@ where
         row: &Stored,
         keyed: Keyed,
     ) -> Flow {
-        let known = match self.core.progress_above(row.position).await {
-            Ok(known) => known,
+        let (known, backlogs) = match self.core.progress_above(row.position).await {
+            Ok(loaded) => loaded,
             Err(flow) => return flow,
         };
         let source = Source::new(
@@ -68,7 +68,13 @@ where
         let mut source = ReadAhead::spawn(source, self.lane.page_size);
         let lanes = Lanes::new(row.position.get());
         let mut work = Work {
-            schedule: Schedule::new(lanes, known, row.position, self.core.renew_every()),
+            schedule: Schedule::new(
+                lanes,
+                known,
+                row.position,
+                self.core.renew_every(),
+                backlogs,
+            ),
             tasks: JoinSet::new(),
             redelivery: Redelivery::new(),
         };
@@ -111,6 +117,11 @@ where
                     None => break,
                 }
             }
+            if work.schedule.needs_tending()
+                && let Some(flow) = self.tend(work).await
+            {
+                return flow;
+            }
             if let Some(flow) = self.start_ready(work, context, keyed.concurrency).await {
                 return flow;
             }
@@ -145,6 +156,29 @@ where
                         return flow;
                     }
                 }
+            }
+        }
+    }
+
+    /// Stuck keys' events to the backlog, or a page of one back into the window
+    /// ([`Schedule::tend`]); a flow when processing must end.
+    async fn tend(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let subscriber = &self.subscriber;
+        let tended = work
+            .schedule
+            .tend(
+                &self.core,
+                &|_| None,
+                |event: &Arc<Envelope<P>>| subscriber.keys(event),
+                |_| 0,
+            )
+            .await;
+        match tended {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(subscription = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
+                Some(self.core.pause(ERROR_BACKOFF).await)
             }
         }
     }
@@ -265,8 +299,7 @@ where
                 tracing::error!(subscription = %self.config.name, position, error = %message, "event stalled: its keys wait for an operator's retry");
                 metrics::counter!(crate::telemetry::metrics::SUBSCRIPTION_HALTS, "subscription" => self.config.name.clone())
                     .increment(1);
-                work.schedule.lanes.stall(slot, attempts, message);
-                work.schedule.stalled_changed = true;
+                work.schedule.stall(slot, attempts, message);
                 None
             }
             OnExhaustion::DeadLetter => {
@@ -305,6 +338,7 @@ where
             attempts,
             keys: entry.keys.iter().map(str::to_owned).collect(),
             error: message,
+            aside: entry.aside,
         };
         self.core.status.send_modify(|status| {
             status.attempts = attempts;
@@ -337,6 +371,7 @@ where
         else {
             return Ok(true);
         };
+        let aside = item.aside;
         let name = &self.config.name;
         let mut tx = self
             .core
@@ -352,7 +387,13 @@ where
             attempts,
         )
         .await?;
-        if !progress::complete(&mut tx, name, self.core.owner, item.position).await? {
+        let done = if aside {
+            let at = [i64::try_from(item.position.get()).unwrap_or(i64::MAX)];
+            crate::consumer::backlog::taken(&mut tx, name, self.core.owner, &at).await?
+        } else {
+            progress::complete(&mut tx, name, self.core.owner, item.position).await?
+        };
+        if !done {
             tx.rollback().await?;
             return Ok(false);
         }

@@ -32,6 +32,8 @@ pub(super) struct Context<S> {
 pub(super) struct Attempt<P> {
     delivery: Delivery<P>,
     position: Position,
+    /// Taken back from a stuck key's backlog: its copy leaves the backlog on success.
+    aside: bool,
 }
 
 /// How a task ended.
@@ -56,6 +58,7 @@ impl<P> Attempt<P> {
                     .with_ends_group(item.boundary)
                     .with_attempt(attempt),
                 position: item.position,
+                aside: item.aside,
             }),
             Err(row) => Err(format!(
                 "the payload of ordo.events sequence {} does not decode: {}",
@@ -113,12 +116,17 @@ impl<S> Context<S> {
             sql::roll_back(tx).await;
             return failure;
         }
-        let outcome =
-            match progress::complete(&mut tx, &self.name, self.owner, attempt.position).await {
-                Ok(true) => None,
-                Ok(false) => Some(Outcome::Fenced),
-                Err(error) => Some(failed(&error)),
-            };
+        let completed = if attempt.aside {
+            let at = [i64::try_from(attempt.position.get()).unwrap_or(i64::MAX)];
+            crate::consumer::backlog::taken(&mut tx, &self.name, self.owner, &at).await
+        } else {
+            progress::complete(&mut tx, &self.name, self.owner, attempt.position).await
+        };
+        let outcome = match completed {
+            Ok(true) => None,
+            Ok(false) => Some(Outcome::Fenced),
+            Err(error) => Some(failed(&error)),
+        };
         if let Some(outcome) = outcome {
             sql::roll_back(tx).await;
             return outcome;

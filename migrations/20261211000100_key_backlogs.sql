@@ -1,0 +1,132 @@
+-- ordo: stuck keys' backlogs (2026-12-07).
+--
+-- A keyed subscription or relay whose event stalls (a relay's parked event, a subscription's
+-- event whose attempts ran out under `Halt`) used to keep that event, and every later event of
+-- its keys, in its window: the low watermark stopped at the stalled event, the window filled
+-- with the events behind it, and after a window's worth of events every other key waited too.
+-- Now the stalled event and every later event of its keys are copied here, fenced by the
+-- lease, and the watermark moves past them: the window holds only live keys, and retention
+-- goes on (a copy survives the pruning of `ordo.events`).
+--
+-- A row is a copy of the `ordo.events` row as stored (payload bytes, headers with their trace
+-- context, type, id, transaction, time) with the consumer's lane position and the event's keys:
+-- all that delivering it again needs. The stalled event's own state (attempts, error, an
+-- operator's retry) stays in `ordo.subscription_progress`, which no longer prunes a row the
+-- watermark passed while its event is here. Rows leave when the event is delivered (in the
+-- handler's transaction, or with the relay's marks), or by an operator's purge.
+
+CREATE TABLE ordo.key_backlogs (
+    subscription TEXT        NOT NULL REFERENCES ordo.subscriptions (name) ON DELETE CASCADE,
+    position     BIGINT      NOT NULL,
+    keys         TEXT[]      NOT NULL,
+    moved_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    sequence     BIGINT      NOT NULL,
+    commit_xid   BIGINT      NOT NULL,
+    id           UUID        NOT NULL,
+    payload      JSONB       NOT NULL,
+    headers      JSONB       NOT NULL,
+    recorded_at  TIMESTAMPTZ NOT NULL,
+    event_type   TEXT,
+    -- A relay's route chain link (`Ordo-Route`, `Ordo-Previous`) as first read: a message sent
+    -- from the backlog carries the same link as any earlier send of it.
+    route        TEXT,
+    previous     BIGINT,
+    CONSTRAINT key_backlogs_pkey PRIMARY KEY (subscription, position)
+);
+CREATE INDEX key_backlogs_keys_idx ON ordo.key_backlogs USING gin (keys);
+
+COMMENT ON TABLE ordo.key_backlogs IS
+    'ordo: events of stuck keys moved out of a keyed subscription''s or relay''s window, copied as stored, until delivered or purged';
+
+-- Written by the roles that run subscriptions, as their progress is.
+ALTER TABLE ordo.key_backlogs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY key_backlogs_read ON ordo.key_backlogs FOR SELECT USING (TRUE);
+CREATE POLICY key_backlogs_own ON ordo.key_backlogs FOR ALL
+    USING (EXISTS (SELECT 1 FROM ordo.subscriptions AS s
+                   WHERE s.name = subscription
+                     AND (s.role = current_user::text
+                          OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                                     WHERE r.rolname::text = s.role
+                                       AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')))))
+    WITH CHECK (EXISTS (SELECT 1 FROM ordo.subscriptions AS s
+                        WHERE s.name = subscription
+                          AND (s.role = current_user::text
+                               OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                                          WHERE r.rolname::text = s.role
+                                            AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')))));
+
+-- Roles that read or write the progress get the same here, so an upgraded deployment goes on
+-- without running `ordo grant` again. Explicit grants only, never the owner's.
+DO $$
+DECLARE
+    grantee TEXT;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT r.rolname::text
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+        WHERE c.oid = 'ordo.subscription_progress'::regclass
+          AND a.privilege_type = 'SELECT'
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT ON ordo.key_backlogs TO %I', grantee);
+    END LOOP;
+    FOR grantee IN
+        SELECT DISTINCT r.rolname::text
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        JOIN pg_catalog.pg_roles AS r ON r.oid = a.grantee
+        WHERE c.oid = 'ordo.subscription_progress'::regclass
+          AND a.privilege_type = 'INSERT'
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.key_backlogs TO %I', grantee);
+    END LOOP;
+END
+$$;
+
+-- The grant functions (newest versions before these: migration 20261210000500) with the
+-- backlogs added.
+CREATE OR REPLACE FUNCTION ordo.grant_reader(grantee TEXT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ordo.check_grantee(grantee, 'reader');
+    EXECUTE format('GRANT USAGE ON SCHEMA ordo TO %I', grantee);
+    EXECUTE format('GRANT SELECT ON ordo.events, ordo.commit_log, ordo.commit_chunks, '
+                   'ordo.sequencer_state, ordo.subscriptions, ordo.dead_letters, '
+                   'ordo.partitioning, ordo.subscription_progress, ordo.latest_values, '
+                   'ordo.inbox, ordo.inbox_watermarks, ordo.inbox_consumers, ordo.secret_keys, '
+                   'ordo.secret_scrub, ordo.relay_attempts, ordo.relay_routes, ordo.key_backlogs TO %I',
+                   grantee);
+    EXECUTE format('GRANT SELECT ON SEQUENCE ordo.events_sequence TO %I', grantee);
+    IF to_regclass('ordo._sqlx_migrations') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON ordo._sqlx_migrations TO %I', grantee);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION ordo.grant_consumer(grantee TEXT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ordo.check_grantee(grantee, 'consumer');
+    PERFORM ordo.grant_sequencer(grantee);
+    EXECUTE format('GRANT INSERT, UPDATE ON ordo.subscriptions TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.dead_letters TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.subscription_progress TO %I', grantee);
+    EXECUTE format('GRANT INSERT, DELETE ON ordo.relay_attempts TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.relay_routes TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.key_backlogs TO %I', grantee);
+    -- Row security keeps it to the consumers named for its role in ordo.inbox_consumers.
+    EXECUTE format('GRANT INSERT ON ordo.inbox_consumers TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON ordo.inbox TO %I', grantee);
+    EXECUTE format('GRANT INSERT, UPDATE ON ordo.inbox_watermarks TO %I', grantee);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ordo.scrub_secrets(BIGINT, BOOLEAN) TO %I', grantee);
+END
+$$;
