@@ -320,7 +320,7 @@ impl OutboxConfig {
     /// the database a transaction that the writers' next commits wait behind now and then:
     /// one writer back to back had a transaction p99 of 1.20 to 1.28 ms with 25 ms between
     /// appends, 0.78 to 1.06 ms with 1 s, as with the commit lane off (0.81 to 0.84 ms in the
-    /// same runs; `PERFORMANCE.md`). Whoever starts waiting (a subscription that claims, a listener
+    /// same runs; `docs/performance-history.md`, 2026-12-06). Whoever starts waiting (a subscription that claims, a listener
     /// without early positions, another process that connects) ends the spacing at once. A
     /// process that reads the log without listening on the channel (with
     /// [`cross_process_wakeups`](Self::cross_process_wakeups) off, it polls every

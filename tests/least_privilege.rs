@@ -1,4 +1,4 @@
-//! Least privilege that holds (issue 29). Each forgery found against the old grants is tried
+//! Least privilege that holds. Each forgery found against the old grants is tried
 //! again as every role `ordo grant` makes, on a database owned by a dedicated owner:
 //! - rewriting the commit log (its state row, its chunks) is refused by privilege, and the
 //!   fold's function appends only what it finds in `ordo.events` over a resolved range;

@@ -1,4 +1,4 @@
-//! Issue 30, an operator's morning in a shared database: rows nobody planned for leave every
+//! An operator's morning in a shared database: rows nobody planned for leave every
 //! reader moving and are counted, dead letters show in every status output, a watermark inbox
 //! waiting on a gap says so and a command ends the wait, and PostgreSQL's C source line never
 //! reaches a stored error.

@@ -1,4 +1,4 @@
-//! Relays forward bytes (issue 27, items 5 and 8): a relay of a typed outbox sends each
+//! Relays forward bytes : a relay of a typed outbox sends each
 //! payload's stored text unchanged and never parks a row for not decoding, passes over rows of
 //! types its payload type does not have, and holds a window bounded by bytes behind a parked
 //! event. Against an HTTP server the test runs, which records every request.
@@ -95,7 +95,7 @@ fn event_id(request: &Request) -> String {
         .to_owned()
 }
 
-/// Issue 27, "typed library relay": fields `Orders` does not know, and `1.10` as written,
+/// A typed library relay: fields `Orders` does not know, and `1.10` as written,
 /// reach the receiver exactly as stored; the relay never re-encodes through `Orders`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typed_relay_sends_each_payload_as_stored() {
@@ -144,7 +144,7 @@ async fn a_typed_relay_sends_each_payload_as_stored() {
     outbox.shutdown().await;
 }
 
-/// Issue 27, "typed library relay" and issue 30's foreign row: a row of another service's type
+/// A typed library relay and a foreign row: a row of another service's type
 /// is passed over by default (never sent, never parked), and a row of `Orders`' own type whose
 /// payload does not decode as `Orders` is sent as stored (its key cannot be known, so it is
 /// ordered with every event) instead of parking and holding every key behind it. With
@@ -252,7 +252,7 @@ fn by_key(event: &Envelope<Document>) -> Keys {
     Keys::one(event.payload.key.clone())
 }
 
-/// Issue 27, "400 events of 1 MB waiting behind one parked event" (item 8): the events the
+/// 400 events of 1 MB waiting behind one parked event: the events the
 /// relay holds behind a parked event are bounded by bytes, not only by count. Behind a parked
 /// event of key `a`, 40 documents of 64 KB of the same key fill a 256 KiB window, so an event
 /// of key `b` written after them is not even read while the parked one holds them (with a

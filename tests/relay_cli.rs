@@ -276,7 +276,7 @@ async fn bad_settings_are_refused_naming_the_setting_before_anything_runs() {
         budget.contains("--batch-size/--per-event-budget/--batch-deadline"),
         "{budget}"
     );
-    // A sink's per-message timeout at or past the deadline (issue 27): never blamed.
+    // A sink's per-message timeout at or past the deadline: never blamed.
     let patient = refused(
         &db,
         &with(&["--ack-timeout", "20s", "--batch-deadline", "5s"]),

@@ -1,4 +1,4 @@
-//! The relays' failure model (issue 27, `docs/relays.md` "The failure model"), against an HTTP
+//! The relays' failure model (`docs/relays.md`, "The failure model"), against an HTTP
 //! server the test runs and the real NATS JetStream: outcomes in hand survive the batch
 //! deadline, a message that never answers is blamed (never re-sent for ever), a panic in user
 //! code is its event's permanent failure, one key-less message's failure charges no other, and
@@ -99,7 +99,7 @@ async fn parked(relay: &SubscriptionHandle) -> (u64, u32) {
     (key.position.get(), key.attempts)
 }
 
-/// Issue 27, row 1 (item 1). An endpoint that answers each POST slowly, one request at a
+/// An endpoint that answers each POST slowly, one request at a
 /// time: a batch cannot finish within its deadline. What it answered before the deadline is
 /// kept (delivered), only the rest is released, and the relay reaches the head with each event
 /// sent a bounded number of times, no attempt counted (one would park: `max_attempts(1)`).
@@ -130,7 +130,7 @@ async fn answers_in_hand_when_the_deadline_expires_are_kept_and_the_relay_reache
     assert!(most <= 6, "an event was sent {most} times: {sends:?}");
 }
 
-/// Issue 27, row 2 (item 2). One event's endpoint never answers; the others of its batch
+/// One event's endpoint never answers; the others of its batch
 /// answer at once. They are delivered once each; the hanging event is blamed by its own
 /// request timeout (derived from the deadline) and parks after the maximum attempts, holding
 /// its key only.
@@ -195,7 +195,7 @@ async fn a_message_that_never_answers_is_blamed_and_parks_while_its_batch_is_del
     );
 }
 
-/// Issue 27, row 3 (item 3). A `route` function that panics on one event: that event is parked
+/// A `route` function that panics on one event: that event is parked
 /// at once (a permanent failure, one attempt) and never posted; every other event is posted
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +238,7 @@ async fn a_route_that_panics_on_one_event_parks_that_event_and_spares_the_others
     assert_eq!(sends.len(), 39, "parcel 7 was never posted");
 }
 
-/// Issue 27, item 3. A key function that panics on one event parks that event (one attempt)
+/// A key function that panics on one event parks that event (one attempt)
 /// instead of stopping the relay; every other event is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_function_that_panics_on_one_event_parks_that_event_only() {
@@ -278,7 +278,7 @@ async fn a_key_function_that_panics_on_one_event_parks_that_event_only() {
     relay.shutdown().await;
 }
 
-/// Issue 27, row 6 (item 4). A key-less batch in which one event is answered 400: that event
+/// A key-less batch in which one event is answered 400: that event
 /// is parked (permanent); no other event is charged an attempt, and each is posted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_keyless_message_refused_charges_no_other() {
@@ -332,7 +332,7 @@ async fn one_keyless_message_refused_charges_no_other() {
     assert!(sends.values().all(|count| *count == 1), "{sends:?}");
 }
 
-/// Issue 27, row 10 (item 2). A sink timeout at or past the batch deadline is refused when the
+/// A sink timeout at or past the batch deadline is refused when the
 /// relay starts, naming both settings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_timeout_at_or_past_the_batch_deadline_is_refused_naming_both() {
@@ -353,7 +353,7 @@ async fn a_sink_timeout_at_or_past_the_batch_deadline_is_refused_naming_both() {
     }
 }
 
-/// Issue 27, row 4 (item 3, the outage). The relay's NATS stream is deleted while events keep
+/// The relay's NATS stream is deleted while events keep
 /// coming, then created again: no attempt is counted and nothing parked (one attempt would
 /// park: `max_attempts(1)`), the status says the sink is down meanwhile, and every event is
 /// delivered once the stream is back, with no operator command.
@@ -481,7 +481,7 @@ async fn a_message_a_sink_never_answers_is_halved_down_to_alone_and_parked_withi
     );
 }
 
-/// Issue 27, items 5 and 9. A row whose payload does not decode as the relay's payload type
+/// A row whose payload does not decode as the relay's payload type
 /// (plain SQL) is neither parked nor charged an attempt (it was parked, with two attempts and
 /// then one): a relay forwards bytes, so it is sent as stored, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,7 +510,7 @@ async fn an_undecodable_row_is_sent_as_stored_with_no_attempt() {
     relay.shutdown().await;
 }
 
-/// Issue 27, row 8 (item 3). An event whose key holds a line break (plain SQL can write one),
+/// An event whose key holds a line break (plain SQL can write one),
 /// which a NATS header cannot carry: refused before it is sent, parked at once with one
 /// attempt; the events before and after it on other keys are in the stream once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,7 +545,7 @@ async fn a_key_nats_cannot_carry_parks_its_event_before_it_is_sent() {
     assert_eq!(stream.len().await, 19, "each other event once");
 }
 
-/// Issue 27, row 4 (item 3, the outage), RabbitMQ. The relay's exchange is deleted while
+/// RabbitMQ. The relay's exchange is deleted while
 /// events keep coming, then declared again: no attempt counted, nothing parked
 /// (`max_attempts(1)`), the status says the sink is down meanwhile, and every event reaches
 /// the queue once the exchange is back, with no operator command.
@@ -593,7 +593,7 @@ async fn a_deleted_exchange_is_an_outage_that_parks_nothing_and_ends_by_itself()
     assert_eq!(ids.len(), 40, "every event reached the queue");
 }
 
-/// Issue 27, item 3: an outage is per destination. One customer's endpoint answers 503 to
+/// An outage is per destination. One customer's endpoint answers 503 to
 /// everything (its probe too) while another's works: the working one gets all its events, the
 /// dead one's are charged nothing and parked nowhere (`max_attempts(1)`), and once it answers
 /// again every event is delivered, with no operator command.
@@ -669,7 +669,7 @@ async fn one_dead_endpoint_holds_only_its_own_messages_and_resumes_by_itself() {
     );
 }
 
-/// Issue 27, row 8, at the relay: one event written by plain SQL whose stored
+/// At the relay: one event written by plain SQL whose stored
 /// `headers.traceparent` holds a line break, and one whose key does (neither can travel in a
 /// NATS header). Each parks as its own permanent failure (one attempt), its error quoting the
 /// text escaped; every other event of every key (`OnParked::Continue`: the poisoned events'
@@ -795,7 +795,7 @@ fn keyed_by_three(id: u32) -> Parcel {
     Parcel::new(id, &[&format!("k{}", id % 3)])
 }
 
-/// Issue 27, row 9, at the relay level. An event whose type (about 4 kB, written by plain
+/// At the relay level: an event whose type (about 4 kB, written by plain
 /// SQL) would make a subject over NATS's limit (the server drops a connection whose control
 /// line passes 4,096 bytes, which was retried for ever): refused before it is sent, parked at
 /// once with one attempt, the connection kept, and every other event, of its key too

@@ -1,4 +1,4 @@
-//! A relay's sink that is down, seen where an operator looks (issue 27, item 3): the relay's
+//! A relay's sink that is down, seen where an operator looks: the relay's
 //! own handle, `admin::status` and `admin::list_subscriptions` (the database), and the CLI's
 //! `ordo status` (text and `--prometheus`) and `ordo subscriptions` all say "sink down since T:
 //! reason", while no attempt is counted and nothing parks; once the sink answers, every event

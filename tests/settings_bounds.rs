@@ -1,5 +1,5 @@
 //! Settings that cannot work are refused where they are set up, with an error naming the
-//! setting and its bound (issue 29): intervals that would spin, flood the log or overflow the
+//! setting and its bound: intervals that would spin, flood the log or overflow the
 //! clock's arithmetic, relay leases outside the subscriptions' bounds, and signing secrets
 //! short enough to guess. The command line's refusals are checked through the `ordo` binary;
 //! the library's through its public constructors, with the values at each bound accepted.

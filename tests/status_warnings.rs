@@ -1,4 +1,4 @@
-//! `ordo status` warns of what an operator must act on that is not a stall (issue 29): a schema
+//! `ordo status` warns of what an operator must act on that is not a stall: a schema
 //! migrated by a newer ordo, and events in the default partition (the partitions made ahead
 //! ran out). Both are warnings, not failures; both are in `OutboxStatus` too. And a dirty
 //! migration's error names ordo's own history table, `ordo._sqlx_migrations`.

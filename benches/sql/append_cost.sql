@@ -1,5 +1,5 @@
 -- Server time of one `ordo.append_commit_log` call over one single-event transaction, without
--- its commit: the figure docs/performance-history.md (session 22) gives for the server-history
+-- its commit: the figure docs/performance-history.md (2026-12-05, `bab0155`) gives for the server-history
 -- trigger before and after migration 20261209000100.
 --
 -- On a scratch database migrated by hand (each file in one transaction, as sqlx runs them):

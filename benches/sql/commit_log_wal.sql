@@ -1,5 +1,5 @@
 -- WAL bytes per event of the commit log's two representations, by `pg_current_wal_insert_lsn()`
--- deltas (independent of machine noise): the figures PERFORMANCE.md gives as "before" (a log row
+-- deltas (independent of machine noise): the figures docs/performance-history.md gives as "before" (a log row
 -- per event, as the sequencer wrote them up to commit 5facaca) and for chunks.
 --
 -- It needs the schema as it was before migration 20261130000600 (ordo.commit_log a table). On a

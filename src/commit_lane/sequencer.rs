@@ -299,7 +299,7 @@ where
     /// writer back to back makes about 2,000 transactions a second). What that is worth to the
     /// writer is below what the machine's noise lets a run show: beside a busy neighbour it
     /// published at 0.87x to 0.99x of raw `INSERT` transactions against 0.89x to 0.94x with the
-    /// cap always on (`benches/tools/examples/single_writer --interleave`, session 31).
+    /// cap always on (`benches/tools/examples/single_writer --interleave`, 2026-12-06, `9c9f888`).
     fn gather_size(&self) -> usize {
         if self.commit.promised.listened() {
             self.batch.min(GATHER_GROUPS)

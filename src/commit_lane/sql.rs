@@ -70,7 +70,7 @@ ORDER BY l.commit_seq
 /// Appends whole groups under a compare-and-set on the state row, through
 /// `ordo.append_commit_log` (migration `20261206000100_least_privilege.sql`): the function runs
 /// as the schema's owner and takes the groups from `ordo.events` itself, so a role that folds
-/// holds no direct write on the log or its state and cannot choose what is appended (issue 29).
+/// holds no direct write on the log or its state and cannot choose what is appended.
 ///
 /// `$1` the cursor this process expects, `$2` the new cursor. The groups appended are the
 /// transactions whose lowest event lies in `($1, $2]`, in the order of those lowest events:
@@ -88,7 +88,7 @@ ORDER BY l.commit_seq
 /// the whole range, a CTE of its own: joined to the groups, the *generic* plan a prepared
 /// statement switches to after five executions probed the index once per group with the whole
 /// array (quadratic: 2.3 s for one append of 5,000 groups where the split form takes 19 ms,
-/// `docs/performance-history.md`, session 10).
+/// `docs/performance-history.md`, 2026-12-01, `47d5248`).
 ///
 /// The CAS is a column of the locked row: an UPDATE that waited on a peer's lock re-checks its
 /// WHERE against the row version the peer committed, so the loser matches nothing and inserts

@@ -105,7 +105,7 @@ pub(crate) const ANSWERED_WITHIN: Duration = Duration::from_millis(500);
 /// notifier sends wake-ups only while someone else is there, or while this outbox's own
 /// connection is down and it cannot know: a process alone would only wake itself, at the cost
 /// of a server transaction and a notification round trip every few commits (a third of what
-/// ordo added to a lone writer's transactions, `docs/performance-history.md`, session 22). When
+/// ordo added to a lone writer's transactions, `docs/performance-history.md`, 2026-12-05, `bab0155`). When
 /// someone is heard after a silence, the notifier sends the wake-up it held back at once, so a
 /// process that starts listening misses nothing it did not read at its start.
 #[derive(Default)]

@@ -1,4 +1,4 @@
-//! The commit log's invariants (DESIGN.md section 7, 2 to 6), checked by SQL and a walk of the
+//! The commit log's invariants (`docs/design.md`, "Invariants", 2 to 6), checked by SQL and a walk of the
 //! log. Table names are parameters so a deliberately wrong appender can be checked the same way.
 
 use std::collections::{HashMap, HashSet};

@@ -1,5 +1,5 @@
 //! ordo beside the peer library, obix 0.16 (public API only), in one binary and one sitting:
-//! the rows of issue 32, each with its baseline measured in the same run.
+//! the rows of `PERFORMANCE.md` that compare the two, each with its baseline measured in the same run.
 //!
 //! ```sh
 //! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One event per transaction, three ways, by pgbench (8 clients, 8 s each, prepared), in the order
 # raw, unnest, values, values, unnest, raw, on a scratch database migrated with ordo's migrations
-# (each file in one transaction, as sqlx runs them). Figures: PERFORMANCE.md, "Publishing a single
+# (each file in one transaction, as sqlx runs them). Figures: docs/performance-history.md, "Publishing a single
 # event". Needs psql, pgbench, createdb and dropdb on PATH and a server at PGHOST (127.0.0.1).
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -22,7 +22,7 @@
 //! - C, `same-db`: a transaction that wrote a table (not an ordo one) of the outbox's own
 //!   database is open for the sitting.
 //!
-//! Before `ordo` proved holes by their drawers (issue 28), B and C held every round until
+//! Before `ordo` proved holes by their drawers, B and C held every round until
 //! `gap_fill_timeout` (5 s by default).
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Resident memory of a relay holding events behind a parked one (issue 27, item 8): one event
+//! Resident memory of a relay holding events behind a parked one: one event
 //! of key `a` is refused for good and parks, then `--events` events of `--megabytes` each are
 //! published on the same key, so the relay holds them all behind it (`OnParked::HoldKeys`) as
 //! far as its window lets it read. Prints the process's resident memory (`VmRSS`, `VmHWM` from

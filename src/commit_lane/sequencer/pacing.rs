@@ -21,13 +21,13 @@ pub(super) const REST_FROM_GROUPS: usize = 2;
 /// and appends that followed each other as fast as the rest allowed kept the sequencer's
 /// backend busy beside eight writers on two cores: two thirds of ordo's extra server time per
 /// event, publish at a median 0.75x of raw `INSERT`s against 0.79x with this spacing, and 6%
-/// more WAL per event (`docs/performance-history.md`, session 9). The spacing is also what a
+/// more WAL per event (`docs/performance-history.md`, 2026-12-01, `5dc35ab`). The spacing is also what a
 /// commit can wait before its append starts (about 1.5 ms on the median under a stream), so it
 /// stays well inside the commit lane's latency budget. A sequencer that hears peers folding (announcements
 /// within [`PEERS_HEARD`](super::peers::PEERS_HEARD)) does not space its appends: there the commit lane of every other
 /// process already waits a wake-up, a read and an announcement on top of the append, and the
 /// spacing put 2 ms on its p99 with three processes (`docs/performance-history.md`,
-/// session 9).
+/// 2026-12-01, `5dc35ab`).
 pub(super) const STREAM_SPACING: Duration = Duration::from_millis(5);
 /// Under a stream the spacing is what gathers about this many groups into one append at the
 /// rate the last append's groups came, between [`SPACING_MIN`] and [`STREAM_SPACING`]: one
@@ -36,7 +36,7 @@ pub(super) const STREAM_SPACING: Duration = Duration::from_millis(5);
 /// append in a third of the time, and their commit lane waits that much less for it. With
 /// the full spacing under eight writers the commit lane's p99 lag was 8 to 10 ms against the
 /// peer's 5 to 6 ms; with 2 ms for every stream, one writer fell to 0.71x of raw
-/// (`docs/performance-history.md`, session 24).
+/// (`docs/performance-history.md`, 2026-12-05, `8580ef5`).
 pub(super) const STREAM_GROUPS: u32 = 16;
 /// The shortest spacing under a stream (see [`STREAM_GROUPS`]).
 pub(super) const SPACING_MIN: Duration = Duration::from_millis(2);
@@ -49,7 +49,7 @@ pub(super) const SPACING_MIN: Duration = Duration::from_millis(2);
 /// after a pause (a start, a slow statement) drains in an append or two; neither is spaced. One
 /// writer committing back to back (a transaction every 0.6 ms, an append of 0.3 to 0.4 ms after
 /// each) is a stream: appended one group at a time, it published at 0.61x to 0.75x of raw
-/// `INSERT` transactions, spaced at 0.83x to 1.00x (`docs/performance-history.md`, session 22).
+/// `INSERT` transactions, spaced at 0.83x to 1.00x (`docs/performance-history.md`, 2026-12-05, `bab0155`).
 pub(super) const STREAM_FROM_GROUPS: usize = 4;
 pub(super) const STREAM_APPENDS: u32 = 3;
 /// Appends started under pressure are weaker evidence than appends of many groups (a few slow
@@ -61,7 +61,7 @@ pub(super) const STREAM_PRESSED_APPENDS: u32 = 2 * STREAM_APPENDS;
 /// of 0.3 ms after each came *after* one append's length, so that writer was appended one
 /// transaction at a time, the sequencer's backend took about 45% of the core the neighbour left,
 /// and it published at 0.47x to 0.56x of raw `INSERT`s against 0.84x to 0.90x without the commit
-/// lane (`docs/performance-history.md`, session 26). A writer at 500 tx/s (an append every 2 ms
+/// lane (`docs/performance-history.md`, 2026-12-05, `7d87953`). A writer at 500 tx/s (an append every 2 ms
 /// of 0.3 to 0.6 ms) stays outside.
 pub(super) const PRESSED_WITHIN: u32 = 2;
 /// What an append of many groups counts for towards [`STREAM_PRESSED_APPENDS`].
@@ -169,11 +169,11 @@ impl Cadence {
     /// server a transaction: one writer back to back beside a busy neighbour published at 0.86x
     /// to 0.94x of raw `INSERT` transactions with 25 ms between appends, against 0.72x to 0.82x
     /// with the stream's spacing (the sequencer's server transactions per published one fell
-    /// from 0.08 to 0.14 to about none, session 29); quiet, its transactions' p99 was 1.20 to
+    /// from 0.08 to 0.14 to about none, 2026-12-05, `b397cc4`); quiet, its transactions' p99 was 1.20 to
     /// 1.28 ms with 25 ms and 0.78 to 1.06 ms, as with the commit lane off, with 1 s (the default
     /// of
     /// [`OutboxConfig::unwatched_append_spacing`](crate::OutboxConfig::unwatched_append_spacing))
-    /// and at most `GATHER_GROUPS` groups an append (session 30, `docs/performance-history.md`;
+    /// and at most `GATHER_GROUPS` groups an append (2026-12-06, `812d1fb`, `docs/performance-history.md`;
     /// the cap holds while a listener takes early positions, see `Sequencer::gather_size`).
     pub(super) fn unwatched(&self, due: Instant, spacing: Duration) -> Instant {
         self.last
