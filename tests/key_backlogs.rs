@@ -186,3 +186,128 @@ async fn an_event_on_a_stuck_and_a_live_key_takes_the_live_key_with_it() {
         0
     );
 }
+
+/// Delivers every message except its refused key's (a permanent refusal: the relay parks it
+/// at once), recording each delivered message's parcel and event id.
+#[derive(Clone, Default)]
+struct Refusing {
+    refused: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    received: std::sync::Arc<std::sync::Mutex<Vec<(uuid::Uuid, Parcel)>>>,
+}
+
+impl Refusing {
+    fn received(&self) -> Vec<(uuid::Uuid, Parcel)> {
+        self.received
+            .lock()
+            .map(|received| received.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl ordo::relay::Sink for Refusing {
+    async fn send(
+        &mut self,
+        batch: &[ordo::relay::Message],
+        outcomes: &mut ordo::relay::Outcomes,
+    ) -> Result<(), ordo::relay::SendError> {
+        let refused = self.refused.lock().map(|r| r.clone()).unwrap_or_default();
+        for (index, message) in batch.iter().enumerate() {
+            if refused.is_some() && message.key == refused {
+                outcomes.failed(index, ordo::relay::SendError::permanent("400 Bad Request"));
+                continue;
+            }
+            let parcel: Parcel = serde_json::from_slice(&message.payload).expect("a parcel");
+            if let Ok(mut received) = self.received.lock() {
+                received.push((message.id, parcel));
+            }
+            outcomes.delivered(index);
+        }
+        Ok(())
+    }
+
+    async fn reset(&mut self) -> Result<(), ordo::relay::SendError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "refusing (test)".to_owned()
+    }
+}
+
+/// A relay whose one key is parked by a permanent refusal delivers every other key for many
+/// windows, while retention with a zero keep runs: the stuck key's events survive in its
+/// backlog, and a requeue delivers them in order, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_holds_only_itself_through_retention_and_a_requeue_delivers_its_backlog_in_order()
+ {
+    let db = TestDb::with_partition_size(Some(100)).await;
+    let outbox: Outbox<Parcel> = Outbox::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let sink = Refusing::default();
+    *sink.refused.lock().expect("refused") = Some("bad".to_owned());
+    let config = ordo::relay::RelayConfig::new("hooks")
+        .window(WINDOW, 1 << 20)
+        .batch_size(10)
+        .backoff(
+            std::time::Duration::from_millis(5),
+            std::time::Duration::from_millis(50),
+        );
+    let keys = |event: &ordo::Envelope<Parcel>| -> ordo::Keys {
+        event.payload.keys.iter().cloned().collect()
+    };
+    let relay = outbox
+        .relay(config, sink.clone(), keys)
+        .await
+        .expect("relay");
+    publish(&outbox, parcels(0, 400)).await;
+    assert!(
+        eventually(PATIENCE, || async { sink.received().len() == 200 }).await,
+        "every healthy key's event was delivered past the parked one: {}",
+        sink.received().len()
+    );
+    let (status, passed) = relay
+        .wait_for(PATIENCE, |status| status.position.get() >= 400)
+        .await;
+    assert!(passed, "{status:?}");
+    assert_eq!(status.stalled.len(), 1, "{status:?}");
+    assert_eq!(status.stalled[0].key, "bad");
+    // Retention keeps nothing it is not asked to: the backlog's copies are all that is left
+    // of the stuck key's events.
+    let report = ordo::admin::run_retention(
+        &db.pool,
+        &ordo::RetentionConfig::new().keep(std::time::Duration::ZERO),
+    )
+    .await
+    .expect("retention");
+    assert!(report.events_floor > 300, "{report:#?}");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM ordo.key_backlogs").await,
+        200
+    );
+
+    *sink.refused.lock().expect("refused") = None;
+    ordo::admin::retry_stalled_keys(&db.pool, "hooks", Some("bad"))
+        .await
+        .expect("requeue");
+    assert!(
+        eventually(PATIENCE, || async { sink.received().len() == 400 }).await,
+        "the backlog was delivered: {}",
+        sink.received().len()
+    );
+    relay.shutdown().await;
+    let received = sink.received();
+    let ids: std::collections::HashSet<uuid::Uuid> = received.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.len(), 400, "each event once");
+    let bad: Vec<u32> = received
+        .iter()
+        .filter(|(_, parcel)| parcel.keys[0] == "bad")
+        .map(|(_, parcel)| parcel.id)
+        .collect();
+    let in_order: Vec<u32> = (0..400).filter(|id| id % 2 == 0).collect();
+    assert_eq!(bad, in_order, "the stuck key's events in order");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM ordo.key_backlogs").await,
+        0
+    );
+}

@@ -18,105 +18,27 @@
 //! in the backlog, the events of its keys held live go aside after them.
 //!
 //! **Durability.** A copy is written, fenced by the lease, before the event is finished in the
-//! window ([`WRITE`]), so no flush passes an event before its copy is stored; a claim reads
+//! window ([`WRITE`](sql::WRITE)), so no flush passes an event before its copy is stored; a claim reads
 //! the positions of the copies above the stored watermark as finished ([`progress::LOAD`]).
 //! A copy leaves in the transaction that delivers it (the handler's, or a relay's marks),
-//! fenced by the lease ([`TAKEN`]). Events whose keys cannot be known (a barrier) never go
+//! fenced by the lease ([`TAKEN`](sql::TAKEN)). Events whose keys cannot be known (a barrier) never go
 //! aside: they hold everything, as before.
 //!
 //! [`progress::LOAD`]: super::progress::LOAD
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use sqlx::{PgConnection, PgPool, Row};
-use uuid::Uuid;
+use sqlx::{PgPool, Row};
 
 use super::keys::Keys;
 use super::lanes::Slot;
 use super::source::Item;
-use crate::insert_lane::cache::SlotItem;
-use crate::position::{EventSequence, Ordering, Position};
+use super::status::StalledKey;
 
-/// Copies events into the backlog from `ordo.events`, fenced by the lease (`FOR SHARE` holds
-/// off a takeover until COMMIT). `$3`: a JSON array of `{position, sequence, keys, route,
-/// previous}`. Returns
-/// whether the fence held and how many rows are in the backlog for the positions asked (a
-/// copy already there, an event stalled again, counts): fewer means an event's row is gone.
-const WRITE: &str = r#"
-WITH fence AS (
-    SELECT s.name FROM ordo.subscriptions AS s
-    WHERE s.name = $1 AND s.lease_owner = $2 AND s.status = 'active'
-    FOR SHARE
-), copied AS (
-    INSERT INTO ordo.key_backlogs AS b
-        (subscription, position, keys, sequence, commit_xid, id, payload, headers, recorded_at,
-         event_type, route, previous)
-    SELECT f.name, a.position, a.keys, e.sequence, e.commit_xid, e.id, e.payload, e.headers,
-           e.recorded_at, e.event_type, a.route, a.previous
-    FROM fence AS f
-    CROSS JOIN jsonb_to_recordset($3::jsonb)
-        AS a(position bigint, sequence bigint, keys text[], route text, previous bigint)
-    JOIN ordo.events AS e ON e.sequence = a.sequence AND e.payload IS NOT NULL
-    ON CONFLICT (subscription, position) DO UPDATE SET keys = excluded.keys
-    RETURNING b.position
-)
-SELECT EXISTS (SELECT 1 FROM fence) AS fenced, (SELECT count(*) FROM copied) AS copied
-"#;
+mod sql;
 
-/// A delivered copy leaves the backlog, in the delivering transaction and fenced by the
-/// lease; the stalled event's state goes with it, or becomes `done` while the stored
-/// watermark is still below it (a claim then reads it as finished, not as to deliver). True
-/// if the fence held and the copy was there.
-pub(crate) const TAKEN: &str = r#"
-WITH fence AS (
-    SELECT s.name, s.position FROM ordo.subscriptions AS s
-    WHERE s.name = $1 AND s.lease_owner = $2 AND s.status = 'active'
-    FOR SHARE
-), gone AS (
-    DELETE FROM ordo.key_backlogs AS b USING fence AS f
-    WHERE b.subscription = f.name AND b.position = ANY($3::bigint[])
-    RETURNING b.position
-), below AS (
-    DELETE FROM ordo.subscription_progress AS p USING fence AS f
-    WHERE p.subscription = f.name AND p.position = ANY($3::bigint[]) AND p.position <= f.position
-), above AS (
-    INSERT INTO ordo.subscription_progress (subscription, position, state)
-    SELECT f.name, g.position, 'done' FROM fence AS f, gone AS g WHERE g.position > f.position
-    ON CONFLICT (subscription, position) DO UPDATE
-    SET state = 'done', last_error = NULL, retry_requested_at = NULL, updated_at = now()
-)
-SELECT EXISTS (SELECT 1 FROM fence) AND (SELECT count(*) FROM gone) = cardinality($3::bigint[])
-"#;
-
-/// The stuck groups as a claim finds them: each distinct key set in the backlog, with the
-/// stalled events among its rows that no operator asked to retry, and its key-less rows.
-const GROUPS: &str = r#"
-SELECT b.keys,
-       coalesce(array_agg(b.position) FILTER (
-           WHERE p.state = 'stalled' AND p.retry_requested_at IS NULL), '{}') AS heads,
-       coalesce(array_agg(b.position) FILTER (WHERE cardinality(b.keys) = 0), '{}') AS keyless
-FROM ordo.key_backlogs AS b
-LEFT JOIN ordo.subscription_progress AS p
-       ON p.subscription = b.subscription AND p.position = b.position
-WHERE b.subscription = $1
-GROUP BY b.keys
-"#;
-
-/// The next page of a group's rows, in lane order, with the stalled event's attempts.
-const PAGE: &str = r#"
-SELECT b.position, b.sequence, b.commit_xid, b.id, b.payload::text AS payload,
-       b.headers::text AS headers, b.recorded_at, b.event_type, b.route, b.previous,
-       coalesce(p.attempts, 0) AS attempts
-FROM ordo.key_backlogs AS b
-LEFT JOIN ordo.subscription_progress AS p
-       ON p.subscription = b.subscription AND p.position = b.position AND p.state <> 'done'
-WHERE b.subscription = $1 AND (b.keys && $2::text[] OR b.position = ANY($3::bigint[]))
-  AND b.position > $4
-ORDER BY b.position
-LIMIT $5
-"#;
+pub(crate) use sql::{page, taken, write};
 
 /// At most this many events of a backlog are taken back into the window at once.
 pub(crate) const PAGE_ROWS: usize = 256;
@@ -137,6 +59,8 @@ struct Group {
 /// One claim's stuck keys (see the module's docs).
 #[derive(Debug, Default)]
 pub(crate) struct Backlogs {
+    /// The stalled events in the backlogs, as the status shows them (one per key).
+    shown: BTreeMap<u64, Vec<StalledKey>>,
     groups: HashMap<u64, Group>,
     by_key: HashMap<Arc<str>, u64>,
     next: u64,
@@ -170,7 +94,7 @@ pub(crate) struct Aside {
 impl Backlogs {
     /// The groups stored for `name`, as a claim finds them.
     pub(crate) async fn load(pool: &PgPool, name: &str) -> Result<Self, sqlx::Error> {
-        let rows = sqlx::query(GROUPS).bind(name).fetch_all(pool).await?;
+        let rows = sqlx::query(sql::GROUPS).bind(name).fetch_all(pool).await?;
         let mut backlogs = Self::default();
         for row in rows {
             let keys: Vec<String> = row.try_get("keys")?;
@@ -185,6 +109,33 @@ impl Backlogs {
             group
                 .keyless
                 .extend(keyless.iter().filter_map(|at| u64::try_from(*at).ok()));
+        }
+        for row in sqlx::query(sql::HEADS).bind(name).fetch_all(pool).await? {
+            let position: i64 = row.try_get("position")?;
+            let lane = crate::position::read_lane(&row, "lane").map_err(|error| {
+                sqlx::Error::Decode(Box::new(std::io::Error::other(error.to_string())))
+            })?;
+            let at = crate::position::Position::new(lane, u64::try_from(position).unwrap_or(0));
+            let mut keys: Vec<String> = row.try_get("keys")?;
+            if keys.is_empty() {
+                keys.push(String::new());
+            }
+            let attempts = super::sql::attempts_read(row.try_get("attempts")?);
+            let error: String = row.try_get("error")?;
+            let since = row.try_get("updated_at")?;
+            let shown = keys
+                .into_iter()
+                .map(|key| StalledKey {
+                    key,
+                    position: at,
+                    attempts,
+                    error: error.clone(),
+                    retry_requested: false,
+                    since,
+                    holds_watermark: false,
+                })
+                .collect();
+            backlogs.shown.insert(at.get(), shown);
         }
         // A group without a stalled event (retried before the claim, or reset) drains now.
         for group in backlogs.groups.values_mut() {
@@ -281,6 +232,7 @@ impl Backlogs {
             return false;
         };
         group.heads.remove(&position);
+        self.shown.remove(&position);
         if group.heads.is_empty() && group.drain.is_none() {
             group.drain = Some(0);
         }
@@ -338,118 +290,13 @@ impl Backlogs {
         }
     }
 
-    /// The stuck keys, each with the positions of its group's stalled events.
-    pub(crate) fn stuck_keys(&self) -> impl Iterator<Item = (&Arc<str>, bool)> {
-        self.groups.values().flat_map(|group| {
-            let draining = group.drain.is_some();
-            group.keys.iter().map(move |key| (key, draining))
-        })
+    /// A stalled event moved to the backlog, as the status shows it (one per key).
+    pub(crate) fn show(&mut self, position: u64, shown: Vec<StalledKey>) {
+        self.shown.insert(position, shown);
     }
-}
 
-/// [`WRITE`]: the copies of `events`; `Ok(false)` when the fence refused. An event whose row is gone (retention pruned it) is an
-/// error: it is not finished, and the runner claims again.
-pub(crate) async fn write(
-    pool: &PgPool,
-    name: &str,
-    owner: Uuid,
-    events: &[Aside],
-) -> crate::Result<bool> {
-    let rows: Vec<serde_json::Value> = events
-        .iter()
-        .map(|event| {
-            let (route, previous) = match &event.link {
-                Some((route, previous)) => (route.clone(), Some(*previous)),
-                None => (None, None),
-            };
-            serde_json::json!({
-                "position": event.position,
-                "sequence": event.sequence,
-                "keys": event.keys,
-                "route": route,
-                "previous": previous,
-            })
-        })
-        .collect();
-    let row = sqlx::query(WRITE)
-        .bind(name)
-        .bind(owner)
-        .bind(serde_json::Value::Array(rows))
-        .fetch_one(pool)
-        .await?;
-    let fenced: bool = row.try_get("fenced")?;
-    let copied: i64 = row.try_get("copied")?;
-    if !fenced {
-        return Ok(false);
+    /// The stalled events in the backlogs, oldest first, one per key.
+    pub(crate) fn shown(&self) -> impl Iterator<Item = &StalledKey> {
+        self.shown.values().flatten()
     }
-    if usize::try_from(copied).unwrap_or(0) != events.len() {
-        return Err(crate::Error::Database(sqlx::Error::Protocol(format!(
-            "moving {} events of stuck keys aside copied {copied}: an event's row is gone from ordo.events",
-            events.len()
-        ))));
-    }
-    Ok(true)
-}
-
-/// [`TAKEN`] in the delivering transaction: false when the fence refused or a copy was gone.
-pub(crate) async fn taken(
-    connection: &mut PgConnection,
-    name: &str,
-    owner: Uuid,
-    positions: &[i64],
-) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(TAKEN)
-        .bind(name)
-        .bind(owner)
-        .bind(positions)
-        .fetch_one(connection)
-        .await
-}
-
-/// [`PAGE`]: up to [`PAGE_ROWS`] of a group's rows after `after`, as items taken back, each
-/// with its failed attempts.
-pub(crate) async fn page<P: DeserializeOwned>(
-    pool: &PgPool,
-    name: &str,
-    ordering: Ordering,
-    (keys, keyless, after): (&[String], &[i64], u64),
-) -> crate::Result<Vec<Taken<P>>> {
-    let rows = sqlx::query(PAGE)
-        .bind(name)
-        .bind(keys)
-        .bind(keyless)
-        .bind(i64::try_from(after).unwrap_or(i64::MAX))
-        .bind(i64::try_from(PAGE_ROWS).unwrap_or(i64::MAX))
-        .fetch_all(pool)
-        .await?;
-    let mut items = Vec::with_capacity(rows.len());
-    for row in rows {
-        let position = u64::try_from(row.try_get::<i64, _>("position")?).unwrap_or(0);
-        let attempts = crate::consumer::sql::attempts_read(row.try_get("attempts")?);
-        let route: Option<String> = row.try_get("route")?;
-        let previous: Option<i64> = row.try_get("previous")?;
-        let link = previous.map(|previous| (route, u64::try_from(previous).unwrap_or(0)));
-        let slot = crate::insert_lane::rows::decode_full::<P>(&row)?;
-        let event = match slot.item {
-            SlotItem::Event(event) => Ok(event),
-            SlotItem::Undecodable(undecodable) => Err(undecodable),
-            // A copy always has a payload.
-            SlotItem::Meta | SlotItem::Placeholder => continue,
-        };
-        let item = Item {
-            position: Position::new(ordering, position),
-            sequence: EventSequence::new(slot.sequence),
-            boundary: true,
-            event,
-            skipped: false,
-            refused: None,
-            aside: true,
-        };
-        items.push(Taken {
-            item,
-            attempts,
-            link,
-        });
-    }
-    Ok(items)
 }

@@ -105,13 +105,14 @@ RETURNING p.position
 "#;
 
 /// Whether a subscription holds keyed progress above its watermark (a serial runner would
-/// handle those events again).
+/// handle those events again), or a stuck key's backlog (a serial runner would never deliver
+/// it).
 pub(crate) const HAS_PROGRESS: &str = r#"
 SELECT EXISTS (
     SELECT 1 FROM ordo.subscription_progress AS p
     JOIN ordo.subscriptions AS s ON s.name = p.subscription
     WHERE p.subscription = $1 AND p.position > s.position
-)
+) OR EXISTS (SELECT 1 FROM ordo.key_backlogs WHERE subscription = $1)
 "#;
 
 /// What the stored progress says about one event above the watermark.

@@ -224,6 +224,12 @@ impl<P> Schedule<P> {
             return;
         }
         let (position, taken_back) = (entry.position, entry.aside);
+        let mut shown = self.lanes.stalled_keys_of(slot, self.stored.lane());
+        for key in &mut shown {
+            // In the backlog, it holds only its keys.
+            key.holds_watermark = false;
+        }
+        self.backlogs.show(position, shown);
         // A relay's parked event under `OnParked::Continue` holds no key: it goes aside alone.
         let keys = if self.lanes.lets_stalled_go() {
             Keys::none()
@@ -283,6 +289,14 @@ impl<P> Schedule<P> {
         if self.lanes.set_aside(slot) {
             self.backlogs.set_aside(slot, keys);
         }
+    }
+
+    /// The stalled events' keys, as the status shows them: those held in the window (an
+    /// event whose keys cannot be known), then those in the backlogs.
+    pub(crate) fn stalled_keys(&self) -> Vec<crate::consumer::StalledKey> {
+        let mut stalled = self.lanes.stalled_keys(self.stored.lane());
+        stalled.extend(self.backlogs.shown().cloned());
+        stalled
     }
 
     /// Whether [`tend`](Self::tend) has work: copies to write, or a backlog to take back a page

@@ -37,7 +37,9 @@ WHERE sequence < (SELECT coalesce(min(sequence), 0) FROM ordo.events)
 
 /// The relay's lane and stored position, and what its progress row says of the event at `$2`.
 pub(crate) const EVENT_STATE: &str = r#"
-SELECT s.lane, s.position AS stored, p.state, p.attempts, p.last_error, p.updated_at
+SELECT s.lane, s.position AS stored, p.state, p.attempts, p.last_error, p.updated_at,
+       EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+               WHERE b.subscription = s.name AND b.position = $2) AS in_backlog
 FROM ordo.subscriptions AS s
 LEFT JOIN ordo.subscription_progress AS p ON p.subscription = s.name AND p.position = $2
 WHERE s.name = $1
@@ -154,6 +156,9 @@ pub enum RelayEventState {
     Failing,
     /// Not delivered yet, and no failure stored: not sent yet, or in flight now.
     Waiting,
+    /// In a stuck key's backlog (`ordo.key_backlogs`): an earlier event of its key is parked;
+    /// it goes out, in order, once that one is requeued.
+    Backlogged,
     /// Never sent: an earlier event (a lower insert sequence, first in
     /// [`RelayEventAttempts::id_holders`]) carries the same id, and a relay sends an id only
     /// for the first event stored with it (a later copy would make receivers that deduplicate
@@ -254,10 +259,14 @@ pub async fn relay_attempts(
     let lane = read_lane(&row, "lane")?;
     let stored: i64 = row.try_get("stored")?;
     let progress: Option<String> = row.try_get("state")?;
+    let in_backlog: bool = row.try_get("in_backlog")?;
     let state = match progress.as_deref() {
+        // A parked event waits in its key's backlog, below the stored position.
+        Some("stalled") => RelayEventState::Parked,
+        Some("failing") if in_backlog => RelayEventState::Failing,
+        _ if in_backlog => RelayEventState::Backlogged,
         _ if at <= stored => RelayEventState::Delivered,
         Some("done") => RelayEventState::Delivered,
-        Some("stalled") => RelayEventState::Parked,
         Some(_) => RelayEventState::Failing,
         None => RelayEventState::Waiting,
     };

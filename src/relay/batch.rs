@@ -259,17 +259,7 @@ impl<K: Sink> RelayRunner<K> {
             plan.push((slot, step));
         }
         self.apply(work, plan);
-        let watermark = work.schedule.lanes.watermark();
-        // A batch whose delivered events the watermark now covers (the usual case: batches
-        // land in order) stores the watermark instead of a row per event, which the flush
-        // would delete again.
-        let covered = !to_store.delivered.is_empty()
-            && to_store.delivered.iter().all(|at| at.get() <= watermark);
-        if covered && watermark > work.schedule.stored.get() {
-            to_store.advance_to = Some(Position::new(self.config.ordering, watermark));
-            // Stored with the watermark; offered again at the next flush (an upsert).
-            to_store.routes = work.chains.passed(watermark);
-        }
+        let watermark = self.advance_with(work, &mut to_store);
         let advance = to_store.advance_to;
         // What the status may call recorded once this write and every one before it are.
         let number = work.recording.start(watermark);
@@ -288,6 +278,21 @@ impl<K: Sink> RelayRunner<K> {
             let _ = done.send(());
             written
         }));
+    }
+
+    /// A batch whose delivered events the watermark now covers (the usual case: batches land
+    /// in order) stores the watermark instead of a row per event, which the flush would delete
+    /// again. Returns the schedule's watermark.
+    fn advance_with(&self, work: &mut Work, to_store: &mut Marks) -> u64 {
+        let watermark = work.schedule.lanes.watermark();
+        let covered = !to_store.delivered.is_empty()
+            && to_store.delivered.iter().all(|at| at.get() <= watermark);
+        if covered && watermark > work.schedule.stored.get() {
+            to_store.advance_to = Some(Position::new(self.config.ordering, watermark));
+            // Stored with the watermark; offered again at the next flush (an upsert).
+            to_store.routes = work.chains.passed(watermark);
+        }
+        watermark
     }
 
     fn apply(&self, work: &mut Work, plan: Vec<(Slot, Step)>) {

@@ -287,45 +287,6 @@ impl<K: Sink> RelayRunner<K> {
         }
     }
 
-    /// Stuck keys' events to the backlog (each with its route chain link), or a page of one
-    /// back into the window ([`Schedule::tend`]); a flow when processing must end.
-    async fn tend(&mut self, work: &mut Work) -> Option<Flow> {
-        let keys = &self.keys;
-        let chains = &work.chains;
-        let link_of = |position: u64| {
-            chains.link_of(position).map(|link| {
-                let route = link.route.as_deref().map(str::to_owned);
-                (route, link.previous)
-            })
-        };
-        let keys_of =
-            |event: &Arc<Envelope<RawPayload>>| match super::guarded("key", || keys(event)) {
-                Ok(Ok(keys)) => keys,
-                _ => Keys::none(),
-            };
-        let tended = work
-            .schedule
-            .tend(&self.core, &link_of, keys_of, item_weight)
-            .await;
-        match tended {
-            Ok(Some(links)) => {
-                for (position, link) in links {
-                    if let Some((route, previous)) = link {
-                        let route = route.map(|route| Arc::from(route.as_str()));
-                        work.chains
-                            .restore(position, super::chain::Link { route, previous });
-                    }
-                }
-                None
-            }
-            Ok(None) => Some(Flow::Reclaim),
-            Err(error) => {
-                tracing::warn!(relay = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
-                Some(self.core.pause(ERROR_BACKOFF).await)
-            }
-        }
-    }
-
     /// A failed read of the lane: below the retention floor the relay halts, as a subscription
     /// does (see [`Consumer::read_failed`]), at its stored watermark once every write of marks in flight
     /// has landed (one may move it); anything else is retried.
@@ -402,7 +363,7 @@ impl<K: Sink> RelayRunner<K> {
 }
 
 /// What an item read weighs (see [`weight_of`]).
-fn item_weight(item: &Item<RawPayload>) -> usize {
+pub(super) fn item_weight(item: &Item<RawPayload>) -> usize {
     item.event.as_deref().map_or(0, weight_of)
 }
 

@@ -1,11 +1,16 @@
 //! The relay's periodic work: the stored watermark (which also extends the lease), operators'
 //! requeues of parked events, and its status.
 
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
+use super::RawPayload;
 use super::Sink;
-use super::runner::{RelayRunner, Work};
+use super::runner::{RelayRunner, Work, item_weight};
+use crate::consumer::Keys;
 use crate::consumer::{ERROR_BACKOFF, Flow, RunStatus};
+use crate::envelope::Envelope;
 use crate::position::Position;
 
 impl<K: Sink> RelayRunner<K> {
@@ -104,7 +109,7 @@ impl<K: Sink> RelayRunner<K> {
         metrics::gauge!(crate::telemetry::metrics::RELAY_LAG, "relay" => self.config.name.clone())
             .set(lag as f64);
         let parked = std::mem::take(&mut work.schedule.stalled_changed)
-            .then(|| work.schedule.lanes.stalled_keys(ordering));
+            .then(|| work.schedule.stalled_keys());
         self.core.status.send_if_modified(|status| {
             let mut changed = status.position != position || status.lag != lag;
             status.position = position;
@@ -115,5 +120,46 @@ impl<K: Sink> RelayRunner<K> {
             }
             changed
         });
+    }
+}
+
+impl<K: Sink> RelayRunner<K> {
+    /// Stuck keys' events to the backlog (each with its route chain link), or a page of one
+    /// back into the window ([`Schedule::tend`]); a flow when processing must end.
+    pub(super) async fn tend(&mut self, work: &mut Work) -> Option<Flow> {
+        let keys = &self.keys;
+        let chains = &work.chains;
+        let link_of = |position: u64| {
+            chains.link_of(position).map(|link| {
+                let route = link.route.as_deref().map(str::to_owned);
+                (route, link.previous)
+            })
+        };
+        let keys_of =
+            |event: &Arc<Envelope<RawPayload>>| match super::guarded("key", || keys(event)) {
+                Ok(Ok(keys)) => keys,
+                _ => Keys::none(),
+            };
+        let tended = work
+            .schedule
+            .tend(&self.core, &link_of, keys_of, item_weight)
+            .await;
+        match tended {
+            Ok(Some(links)) => {
+                for (position, link) in links {
+                    if let Some((route, previous)) = link {
+                        let route = route.map(|route| Arc::from(route.as_str()));
+                        work.chains
+                            .restore(position, super::chain::Link { route, previous });
+                    }
+                }
+                None
+            }
+            Ok(None) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(relay = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
+                Some(self.core.pause(ERROR_BACKOFF).await)
+            }
+        }
     }
 }

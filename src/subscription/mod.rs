@@ -50,7 +50,7 @@ where
     {
         return Error::invalid_config(
             "keyed",
-            "this subscription ran keyed and has events finished above its position: a serial runner would handle them again; run it keyed (JobConfig::keyed) until an operator resets it",
+            "this subscription ran keyed and has events finished above its position, or stuck keys' events in a backlog: a serial runner would handle the first again and never the second; run it keyed (JobConfig::keyed) until an operator resets it",
         );
     }
     let registration = Registration {

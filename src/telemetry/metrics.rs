@@ -118,6 +118,21 @@ pub const INBOX_REWOUND_POSITIONS: &str = "ordo_inbox_rewound_positions_total";
 /// table above); also [`ordo::relay::RELAY_SINK_DOWN`](crate::relay::RELAY_SINK_DOWN).
 pub const RELAY_SINK_DOWN: &str = "ordo_relay_sink_down";
 
+/// The stuck keys' backlog metrics.
+fn describe_backlogs() {
+    use metrics::{Unit, describe_counter};
+    describe_counter!(
+        BACKLOG_MOVED,
+        Unit::Count,
+        "Events of stuck keys a keyed subscription or relay moved aside to ordo.key_backlogs."
+    );
+    describe_counter!(
+        BACKLOG_TAKEN_BACK,
+        Unit::Count,
+        "Events a keyed subscription or relay took back from a stuck key's backlog after a retry."
+    );
+}
+
 /// Describes every metric above to the installed recorder: its unit (seconds, a count) and
 /// one line of what it means, as exporters show them (Prometheus `# HELP`). Each
 /// [`Outbox`](crate::Outbox) and [`Inbox`](crate::Inbox) calls it when it is created; call it
@@ -214,16 +229,7 @@ pub fn describe() {
         Unit::Count,
         "Events a subscription moved to ordo.dead_letters."
     );
-    describe_counter!(
-        BACKLOG_MOVED,
-        Unit::Count,
-        "Events of stuck keys a keyed subscription or relay moved aside to ordo.key_backlogs."
-    );
-    describe_counter!(
-        BACKLOG_TAKEN_BACK,
-        Unit::Count,
-        "Events a keyed subscription or relay took back from a stuck key's backlog after a retry."
-    );
+    describe_backlogs();
     describe_counter!(
         SUBSCRIPTION_HALTS,
         Unit::Count,

@@ -48,6 +48,17 @@ pub async fn relayed(relay: &SubscriptionHandle, pool: &PgPool, events: u64) {
         .wait_for(PATIENCE, |s| s.position.get() >= events)
         .await;
     assert!(done, "the relay did not deliver everything: {status:?}");
+    // The watermark passes a stuck key's events (they wait in its backlog): delivered means
+    // the backlog is empty too.
+    let drained = eventually(PATIENCE, || async {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.key_backlogs")
+            .fetch_one(pool)
+            .await
+            .expect("backlog");
+        left == 0
+    })
+    .await;
+    assert!(drained, "a stuck key's backlog was not delivered");
 }
 
 /// Every published event is in the stream exactly once, and each key's events are in the

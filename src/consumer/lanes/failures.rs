@@ -3,7 +3,9 @@
 
 use tokio::time::Instant;
 
-use super::{Entry, Lanes, Slot, State};
+#[cfg(test)]
+use super::Entry;
+use super::{Lanes, Slot, State};
 use crate::consumer::status::StalledKey;
 use crate::position::{Ordering, Position};
 
@@ -84,28 +86,43 @@ impl<T> Lanes<T> {
     /// The keys held by stalled events, oldest event first, as the status shows them: one per
     /// key, the empty key for an event with none (or whose payload does not decode).
     pub(crate) fn stalled_keys(&self, ordering: Ordering) -> Vec<StalledKey> {
-        let mut stalled = Vec::new();
-        for entry in self.stalled() {
-            let at = Position::new(ordering, entry.position);
-            let error = entry.error.clone().unwrap_or_default();
-            let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
-            if keys.is_empty() {
-                keys.push(String::new());
-            }
-            stalled.extend(keys.into_iter().map(|key| StalledKey {
+        let stalled: Vec<Slot> = self
+            .entries()
+            .filter(|(_, entry)| entry.state == State::Stalled)
+            .map(|(slot, _)| slot)
+            .collect();
+        stalled
+            .into_iter()
+            .flat_map(|slot| self.stalled_keys_of(slot, ordering))
+            .collect()
+    }
+
+    /// The stalled event at `slot`'s keys, as the status shows them.
+    pub(crate) fn stalled_keys_of(&self, slot: Slot, ordering: Ordering) -> Vec<StalledKey> {
+        let Some(entry) = self.entry(slot) else {
+            return Vec::new();
+        };
+        let at = Position::new(ordering, entry.position);
+        let error = entry.error.clone().unwrap_or_default();
+        let mut keys: Vec<String> = entry.keys.iter().map(str::to_owned).collect();
+        if keys.is_empty() {
+            keys.push(String::new());
+        }
+        keys.into_iter()
+            .map(|key| StalledKey {
                 key,
                 position: at,
                 attempts: entry.attempts,
                 error: error.clone(),
                 retry_requested: false,
                 since: entry.stalled_at,
-                holds_watermark: entry.position == self.watermark() + 1,
-            }));
-        }
-        stalled
+                holds_watermark: !entry.aside && entry.position == self.watermark() + 1,
+            })
+            .collect()
     }
 
     /// The stalled events, oldest first.
+    #[cfg(test)]
     pub(crate) fn stalled(&self) -> impl Iterator<Item = &Entry<T>> {
         self.window
             .iter()

@@ -160,29 +160,6 @@ where
         }
     }
 
-    /// Stuck keys' events to the backlog, or a page of one back into the window
-    /// ([`Schedule::tend`]); a flow when processing must end.
-    async fn tend(&mut self, work: &mut Work<P>) -> Option<Flow> {
-        let subscriber = &self.subscriber;
-        let tended = work
-            .schedule
-            .tend(
-                &self.core,
-                &|_| None,
-                |event: &Arc<Envelope<P>>| subscriber.keys(event),
-                |_| 0,
-            )
-            .await;
-        match tended {
-            Ok(Some(_)) => None,
-            Ok(None) => Some(Flow::Reclaim),
-            Err(error) => {
-                tracing::warn!(subscription = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
-                Some(self.core.pause(ERROR_BACKOFF).await)
-            }
-        }
-    }
-
     /// A failed read of the lane: events below the retention floor halt the subscription
     /// (see [`Consumer::read_failed`](crate::consumer::Consumer::read_failed)); anything else
     /// is retried.

@@ -3,11 +3,14 @@
 //! status. When each is due is the core's (`consumer/schedule.rs`), but for dead letters,
 //! which only subscriptions have (`dead_letters.rs`).
 
+use std::sync::Arc;
+
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::runner::Work;
 use crate::consumer::{ERROR_BACKOFF, Flow, RunStatus, SubscriptionState, progress};
+use crate::envelope::Envelope;
 use crate::position::Position;
 use crate::subscription::runner::Runner;
 use crate::subscription::subscriber::Subscriber;
@@ -90,7 +93,7 @@ where
             });
             return;
         }
-        let stalled = schedule.lanes.stalled_keys(self.config.ordering);
+        let stalled = schedule.stalled_keys();
         metrics::gauge!(m::SUBSCRIPTION_STALLED_KEYS, "subscription" => self.config.name.clone())
             .set(stalled.len() as f64);
         status.send_if_modified(|status| {
@@ -100,5 +103,34 @@ where
             status.state = SubscriptionState::Running;
             changed
         });
+    }
+}
+
+impl<P, S> Runner<P, S>
+where
+    P: DeserializeOwned + Send + Sync + 'static,
+    S: Subscriber<P>,
+{
+    /// Stuck keys' events to the backlog, or a page of one back into the window
+    /// ([`Schedule::tend`]); a flow when processing must end.
+    pub(super) async fn tend(&mut self, work: &mut Work<P>) -> Option<Flow> {
+        let subscriber = &self.subscriber;
+        let tended = work
+            .schedule
+            .tend(
+                &self.core,
+                &|_| None,
+                |event: &Arc<Envelope<P>>| subscriber.keys(event),
+                |_| 0,
+            )
+            .await;
+        match tended {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(Flow::Reclaim),
+            Err(error) => {
+                tracing::warn!(subscription = %self.config.name, %error, "moving a stuck key's events aside, or taking them back, failed; will claim again");
+                Some(self.core.pause(ERROR_BACKOFF).await)
+            }
+        }
     }
 }

@@ -264,6 +264,9 @@ async fn attempts(pool: &PgPool, name: &str, event: &str, json: bool) -> CliResu
         RelayEventState::Failing => "failing, tried again",
         RelayEventState::Waiting => "not delivered yet (not sent, or in flight)",
         RelayEventState::Refused => "refused, never sent (an earlier event has its id)",
+        RelayEventState::Backlogged => {
+            "in its key's backlog, behind a parked event (sent in order once that one is requeued)"
+        }
         _ => "unknown",
     };
     writeln!(

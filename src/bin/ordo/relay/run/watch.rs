@@ -35,7 +35,7 @@ pub(super) async fn watch(relay: &SubscriptionHandle, name: &str, every: Duratio
             let position = status.position.get();
             let delivered = position.saturating_sub(delivered_from);
             let (lag, parked) = (status.lag, status.stalled.len());
-            let head = status.stalled.iter().find(|key| key.holds_watermark);
+            let head = status.stalled.first();
             if let Some(head) = head.filter(|_| status.state == SubscriptionState::Running) {
                 // A known cause: said once per change, then every `HELD_EVERY`, not each period.
                 held.report(name, head, lag, parked);
@@ -91,7 +91,7 @@ impl Held {
             error = %printable(&head.error),
             lag,
             parked,
-            "a parked event holds the relay's position (every other key goes on): `ordo relay attempts {name} {position}` says why, `ordo relay requeue {name} KEY` sends it again"
+            "a parked event holds its key (its later events wait in the key's backlog; every other key goes on): `ordo relay attempts {name} {position}` says why, `ordo relay requeue {name} KEY` sends it and then the backlog, in order"
         );
     }
 }
