@@ -198,12 +198,13 @@ impl<P> Schedule<P> {
         if stalled {
             // Stalled by an earlier runner that stopped before moving it aside.
             self.stuck(slot);
-        } else if pending && let Some(entry) = self.lanes.entry(slot) {
-            if self.backlogs.holds(&entry.keys) {
-                let keys = entry.keys.clone();
-                self.backlogs.follows(&keys);
-                self.set_aside(slot);
-            }
+        } else if pending
+            && let Some(entry) = self.lanes.entry(slot)
+            && self.backlogs.holds(&entry.keys)
+        {
+            let keys = entry.keys.clone();
+            self.backlogs.follows(&keys);
+            self.set_aside(slot);
         }
     }
 
