@@ -35,6 +35,21 @@ CREATE TABLE ordo.key_backlogs (
 );
 CREATE INDEX key_backlogs_keys_idx ON ordo.key_backlogs USING gin (keys);
 
+-- What operators did to backlogs (a stalled event skipped, a key's backlog purged): who, when,
+-- and what it dropped, so that a missing event can be accounted for afterwards.
+CREATE TABLE ordo.backlog_actions (
+    id           BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subscription TEXT        NOT NULL,
+    action       TEXT        NOT NULL CHECK (action IN ('skip', 'purge')),
+    key          TEXT        NOT NULL,
+    positions    BIGINT[]    NOT NULL,
+    ids          UUID[]      NOT NULL,
+    bytes        BIGINT      NOT NULL,
+    done_by      TEXT        NOT NULL DEFAULT current_user,
+    done_at      TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX backlog_actions_subscription_idx ON ordo.backlog_actions (subscription, done_at);
+
 COMMENT ON TABLE ordo.key_backlogs IS
     'ordo: events of stuck keys moved out of a keyed subscription''s or relay''s window, copied as stored, until delivered or purged';
 
@@ -70,7 +85,7 @@ BEGIN
           AND a.privilege_type = 'SELECT'
           AND a.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT ON ordo.key_backlogs TO %I', grantee);
+        EXECUTE format('GRANT SELECT ON ordo.key_backlogs, ordo.backlog_actions TO %I', grantee);
     END LOOP;
     FOR grantee IN
         SELECT DISTINCT r.rolname::text
@@ -100,7 +115,8 @@ BEGIN
                    'ordo.sequencer_state, ordo.subscriptions, ordo.dead_letters, '
                    'ordo.partitioning, ordo.subscription_progress, ordo.latest_values, '
                    'ordo.inbox, ordo.inbox_watermarks, ordo.inbox_consumers, ordo.secret_keys, '
-                   'ordo.secret_scrub, ordo.relay_attempts, ordo.relay_routes, ordo.key_backlogs TO %I',
+                   'ordo.secret_scrub, ordo.relay_attempts, ordo.relay_routes, ordo.key_backlogs, '
+                   'ordo.backlog_actions TO %I',
                    grantee);
     EXECUTE format('GRANT SELECT ON SEQUENCE ordo.events_sequence TO %I', grantee);
     IF to_regclass('ordo._sqlx_migrations') IS NOT NULL THEN

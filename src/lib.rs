@@ -198,8 +198,9 @@ pub use config::{
     OnRewind, OutboxConfig,
 };
 pub use consumer::{
-    DEFAULT_KEYED_WINDOW, DeadLetterCount, Keys, MAX_LEASE, MIN_LEASE, RunStatus, SERIAL_KEY,
-    SinkDown, StalledKey, StartFrom, SubscriptionHandle, SubscriptionState, SubscriptionStatus,
+    BacklogSize, DEFAULT_KEYED_WINDOW, DeadLetterCount, Keys, MAX_LEASE, MIN_LEASE, RunStatus,
+    SERIAL_KEY, SinkDown, StalledKey, StartFrom, SubscriptionHandle, SubscriptionState,
+    SubscriptionStatus,
 };
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
@@ -245,8 +246,9 @@ pub mod admin {
     /// watermarks, the secret keys and a retention report as tables, and any text made safe
     /// for a terminal.
     pub use crate::ops::render::{
-        dead_letters_table, inbox_failed_table, needs_escape, printable, retention_table,
-        secret_keys_table, stalled_keys_table, status_table, subscriptions_table, watermarks_table,
+        backlog_table, dead_letters_table, inbox_failed_table, needs_escape, printable,
+        retention_table, secret_keys_table, stalled_keys_table, status_table, subscriptions_table,
+        watermarks_table,
     };
 
     /// A relay's event: whether it was delivered, and its failed attempts with their time,
@@ -271,6 +273,12 @@ pub mod admin {
 
     /// Keyed subscriptions' stalled keys: list them, retry them.
     pub use crate::consumer::{list_stalled_keys, retry_stalled_keys};
+
+    /// Stuck keys' backlogs: what waits in them; a stalled event skipped, a key's backlog
+    /// purged (both recorded).
+    pub use crate::consumer::{
+        BacklogAction, KeyBacklog, backlog_actions, list_backlog, purge_backlog, skip_stalled_event,
+    };
 
     /// A subscription or relay row from before ordo recorded roles, assigned to its role.
     pub use crate::consumer::adopt_subscription;

@@ -36,7 +36,13 @@ use super::lanes::Slot;
 use super::source::Item;
 use super::status::StalledKey;
 
+mod admin;
 mod sql;
+
+pub(crate) use admin::attach_backlogs;
+pub use admin::{
+    BacklogAction, KeyBacklog, backlog_actions, list_backlog, purge_backlog, skip_stalled_event,
+};
 
 pub(crate) use sql::{page, taken, write};
 

@@ -39,6 +39,9 @@ pub(crate) mod tenure;
 use std::time::Duration;
 
 pub use adopt::adopt_subscription;
+pub use backlog::{
+    BacklogAction, KeyBacklog, backlog_actions, list_backlog, purge_backlog, skip_stalled_event,
+};
 pub(crate) use claim::{Consumer, ERROR_BACKOFF, Executor, Flow, ReadFailed, run};
 pub use handle::SubscriptionHandle;
 pub use keys::{Keys, SERIAL_KEY};
@@ -48,7 +51,8 @@ pub(crate) use stalled::attach_stalled;
 pub use stalled::{list_stalled_keys, retry_stalled_keys};
 pub(crate) use start::{CurrentLanes, LaneSet, Registration, Shared, start};
 pub use status::{
-    DeadLetterCount, RunStatus, SinkDown, StalledKey, SubscriptionState, SubscriptionStatus,
+    BacklogSize, DeadLetterCount, RunStatus, SinkDown, StalledKey, SubscriptionState,
+    SubscriptionStatus,
 };
 
 /// What runs a row of `ordo.subscriptions` (its `kind` column, and the task's name in logs).

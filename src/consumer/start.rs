@@ -152,6 +152,7 @@ where
         stalled: Vec::new(),
         sink_down: None,
         dead_letters: None,
+        backlog: None,
         kind: Some(kind.to_owned()),
         role,
     };

@@ -190,6 +190,10 @@ pub struct SubscriptionStatus {
     /// [`list_subscriptions`](crate::admin::list_subscriptions)); `None` from a handle, which
     /// reads nothing.
     pub dead_letters: Option<DeadLetterCount>,
+    /// Its stuck keys' backlogs (`ordo.key_backlogs`): the events that wait behind its stalled
+    /// (a relay: parked) events, out of its window. From the database readers; `None` from a
+    /// handle, which reads nothing.
+    pub backlog: Option<BacklogSize>,
     /// What the row is, `subscription` or `relay`, as stored in `ordo.subscriptions.kind`.
     /// `None` for a row an older ordo wrote, until a runner adopts it.
     pub kind: Option<String>,
@@ -218,6 +222,21 @@ impl DeadLetterCount {
             oldest_at: row.try_get("oldest_dead_letter")?,
         })
     }
+}
+
+/// What waits in a subscription's or relay's stuck keys' backlogs: see
+/// [`SubscriptionStatus::backlog`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct BacklogSize {
+    /// Events in the backlogs, the stalled ones included (0: none).
+    pub events: u64,
+    /// What their payloads and headers weigh, as stored.
+    pub bytes: u64,
+    /// The distinct keys they carry.
+    pub keys: u64,
+    /// When the oldest was moved aside; `None` when there is none.
+    pub oldest_at: Option<DateTime<Utc>>,
 }
 
 /// A relay's sink found down: see [`SubscriptionStatus::sink_down`].

@@ -113,7 +113,7 @@ fn lanes(status: &OutboxStatus) -> [Gauge; 2] {
     ]
 }
 
-fn subscriptions(status: &OutboxStatus) -> [Gauge; 9] {
+fn subscriptions(status: &OutboxStatus) -> [Gauge; 12] {
     let samples = |value: &dyn Fn(&SubscriptionStatus) -> Option<f64>| {
         status
             .subscriptions
@@ -175,6 +175,25 @@ fn subscriptions(status: &OutboxStatus) -> [Gauge; 9] {
             samples(&|s| {
                 s.dead_letters
                     .and_then(|dead| dead.oldest_at)
+                    .map(|oldest| age(status, oldest))
+            }),
+        ),
+        (
+            "ordo_subscription_backlog_events",
+            "Events in a keyed subscription's or relay's stuck keys' backlogs, out of its window.",
+            samples(&|s| s.backlog.map(|backlog| backlog.events as f64)),
+        ),
+        (
+            "ordo_subscription_backlog_bytes",
+            "What the events in a subscription's stuck keys' backlogs weigh, as stored.",
+            samples(&|s| s.backlog.map(|backlog| backlog.bytes as f64)),
+        ),
+        (
+            "ordo_subscription_backlog_oldest_seconds",
+            "Age of the oldest event in a subscription's backlogs; absent when they are empty.",
+            samples(&|s| {
+                s.backlog
+                    .and_then(|backlog| backlog.oldest_at)
                     .map(|oldest| age(status, oldest))
             }),
         ),

@@ -13,6 +13,7 @@ use super::status::OutboxStatus;
 use crate::consumer::SubscriptionStatus;
 pub use crate::telemetry::{needs_escape, printable};
 
+mod backlog;
 mod inbox;
 mod retention;
 mod secrets;
@@ -20,6 +21,7 @@ mod status;
 mod stuck;
 mod subscriptions;
 
+pub use backlog::backlog_table;
 pub use inbox::{inbox_failed_table, watermarks_table};
 pub use retention::retention_table;
 pub use secrets::secret_keys_table;

@@ -166,12 +166,14 @@ pub(super) async fn subscriptions(
                 stalled: Vec::new(),
                 sink_down: crate::consumer::SinkDown::read(row)?,
                 dead_letters: Some(crate::consumer::DeadLetterCount::read(row)?),
+                backlog: None,
                 kind: row.try_get("kind")?,
                 role: row.try_get("role")?,
             })
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     crate::consumer::attach_stalled(pool, &mut listed).await?;
+    crate::consumer::backlog::attach_backlogs(pool, &mut listed).await?;
     Ok(listed)
 }
 

@@ -68,8 +68,10 @@ WITH moved AS (
 ), pruned AS (
     DELETE FROM ordo.subscription_progress AS p
     WHERE p.subscription = $1 AND p.position <= $3 AND EXISTS (SELECT 1 FROM moved)
-      AND (p.state = 'done' OR NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
-                                           WHERE b.subscription = $1 AND b.position = p.position))
+      AND (p.state = 'done'
+           OR (p.retry_requested_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b
+                               WHERE b.subscription = $1 AND b.position = p.position)))
 ), routed AS (
     INSERT INTO ordo.relay_routes (relay, route, position)
     SELECT $1, r.route, r.position

@@ -18,8 +18,16 @@ pub(crate) struct StatusArgs {
     #[arg(long)]
     prometheus: bool,
     /// Refresh every this many seconds until interrupted.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", conflicts_with = "check")]
     watch: Option<f64>,
+    /// For monitoring: exit non-zero when anything is stuck (a lane stall, a halted
+    /// subscription or relay, a stalled key or parked event, a sink down, an inbox mark held),
+    /// or a consumer's stuck keys' backlogs pass --max-backlog events.
+    #[arg(long)]
+    check: bool,
+    /// With --check: the most events a consumer's backlogs may hold.
+    #[arg(long, value_name = "EVENTS", requires = "check")]
+    max_backlog: Option<u64>,
 }
 
 pub(crate) async fn run(pool: PgPool, args: StatusArgs) -> CliResult {
@@ -50,11 +58,39 @@ pub(crate) async fn run(pool: PgPool, args: StatusArgs) -> CliResult {
         out.flush()?;
         drop(out);
         let Some(every) = watch else {
-            return Ok(());
+            return if args.check {
+                check(&status, args.max_backlog)
+            } else {
+                Ok(())
+            };
         };
         tokio::select! {
             _ = interrupted() => return Ok(()),
             _ = tokio::time::sleep(every) => {}
         }
+    }
+}
+
+/// `--check`: an error (a non-zero exit) naming what is stuck, or which backlog is too big.
+fn check(status: &ordo::OutboxStatus, max_backlog: Option<u64>) -> CliResult {
+    let mut failing = status.stuck();
+    if let Some(limit) = max_backlog {
+        for sub in &status.subscriptions {
+            let events = sub.backlog.map_or(0, |backlog| backlog.events);
+            if events > limit {
+                failing.push(format!(
+                    "\"{}\" holds {events} events in its stuck keys' backlogs, over --max-backlog {limit}",
+                    admin::printable(&sub.name)
+                ));
+            }
+        }
+    }
+    match failing.first() {
+        None => Ok(()),
+        Some(first) => Err(format!(
+            "status check failed: {} thing(s) stuck or over a limit; the first: {first}",
+            failing.len()
+        )
+        .into()),
     }
 }

@@ -1,4 +1,5 @@
-//! `ordo subscriptions`: list them; pause, resume, reset, adopt, delete one; stalled keys.
+//! `ordo subscriptions`: list them; pause, resume, reset, adopt, delete one; stalled keys and
+//! their backlogs.
 
 use std::io::{self, Write};
 
@@ -72,6 +73,36 @@ enum SubscriptionAction {
         #[arg(long)]
         all: bool,
     },
+    /// A keyed subscription's or relay's stuck keys' backlogs, and operators' skips and purges.
+    ///
+    /// The events behind a stalled (parked) event wait there, out of the window, until it is
+    /// retried (requeued): then they follow it, in order.
+    Backlog {
+        name: String,
+        /// Print JSON (one object per key, then one per recorded action) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the stalled (parked) event holding KEY without delivering it; the rest of the
+    /// key's backlog goes on, in order. Recorded, with its position and id.
+    SkipStalled {
+        name: String,
+        /// The stalled key (`ordo subscriptions stalled NAME`); "" for an event with no key.
+        key: String,
+        /// Confirm: without it, nothing is dropped and the command says what would be.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Drop every event of KEY's backlog, its stalled event included, without delivering
+    /// them; the key's later events flow again. Recorded, with their positions and ids.
+    PurgeBacklog {
+        name: String,
+        /// The stuck key (`ordo subscriptions backlog NAME`).
+        key: String,
+        /// Confirm: without it, nothing is dropped and the command says what would be.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Assign a subscription or relay from before ordo recorded roles to the role that runs it.
     ///
     /// Until then only the owner (and operators) may run such a row; other roles are refused
@@ -130,6 +161,23 @@ pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             );
             Ok(())
         }
+        SubscriptionAction::Backlog { name, json } => {
+            let keys = admin::list_backlog(&pool, &name).await?;
+            let actions = admin::backlog_actions(&pool, &name).await?;
+            let mut out = io::stdout().lock();
+            if json {
+                json_lines(&mut out, &keys)?;
+                return Ok(json_lines(&mut out, &actions)?);
+            }
+            write!(out, "{}", admin::backlog_table(&keys, &actions))?;
+            Ok(())
+        }
+        SubscriptionAction::SkipStalled { name, key, yes } => {
+            drop_backlog(&pool, &name, &key, yes, false).await
+        }
+        SubscriptionAction::PurgeBacklog { name, key, yes } => {
+            drop_backlog(&pool, &name, &key, yes, true).await
+        }
         SubscriptionAction::Adopt { name, role } => {
             admin::adopt_subscription(&pool, &name, &role).await?;
             eprintln!("ordo: {name:?} is run by role {role:?}");
@@ -141,6 +189,45 @@ pub(crate) async fn run(pool: PgPool, args: SubscriptionsArgs) -> CliResult {
             Ok(())
         }
     }
+}
+
+/// `skip-stalled` (one stalled event) or `purge-backlog` (the key's whole backlog): without
+/// `--yes`, says what it would drop and fails.
+async fn drop_backlog(pool: &PgPool, name: &str, key: &str, yes: bool, purge: bool) -> CliResult {
+    let shown = admin::printable(key);
+    if !yes {
+        let keys = admin::list_backlog(pool, name).await?;
+        let Some(backlog) = keys.iter().find(|backlog| backlog.key == key) else {
+            return Err(format!("{name:?} has nothing in a backlog for key \"{shown}\"").into());
+        };
+        let what = if purge {
+            format!(
+                "all {} event(s) ({} bytes) of key \"{shown}\"'s backlog",
+                backlog.events, backlog.bytes
+            )
+        } else {
+            format!(
+                "the stalled event of key \"{shown}\" (its {} other event(s) go on)",
+                backlog.events.saturating_sub(1)
+            )
+        };
+        return Err(format!(
+            "this drops {what} of {name:?} without delivering them; run it again with --yes to do so"
+        )
+        .into());
+    }
+    let done = if purge {
+        admin::purge_backlog(pool, name, key).await?
+    } else {
+        admin::skip_stalled_event(pool, name, key).await?
+    };
+    eprintln!(
+        "ordo: {} of {name:?}, key \"{shown}\": {} event(s) dropped, never delivered (positions {:?}); recorded, see `ordo subscriptions backlog {name}`",
+        done.action,
+        done.positions.len(),
+        done.positions,
+    );
+    Ok(())
 }
 
 /// The raw `--to` becomes a position of the subscription's own lane.

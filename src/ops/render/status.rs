@@ -100,7 +100,7 @@ fn write_subscriptions(
     subscription_rows(out, subscriptions, measured_at);
 }
 
-fn write_stall(out: &mut String, stall: &Stall) {
+pub(super) fn write_stall(out: &mut String, stall: &Stall) {
     let _ = writeln!(
         out,
         "STALL on the {} lane for {}: {}",

@@ -10,6 +10,26 @@ use crate::ops::status::OutboxStatus;
 /// What "nothing is stuck" covers, so that no reader takes it for more.
 pub(super) const NOTHING_STUCK: &str = "nothing is stuck: no lane stall, no halted subscription or relay, no stalled key or parked event, no relay waiting on its sink, no inbox message failing or waiting on a gap";
 
+impl OutboxStatus {
+    /// What is stuck and waits for someone, one line each, as the end of `ordo status` says
+    /// it (a lane held by a transaction, a halted subscription or relay, stalled keys or parked
+    /// events, a sink down, an inbox mark held); empty when nothing is. `ordo status --check`
+    /// fails when this is not empty.
+    pub fn stuck(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .stalls
+            .iter()
+            .map(|stall| {
+                let mut line = String::new();
+                super::status::write_stall(&mut line, stall);
+                line.trim_end().to_owned()
+            })
+            .collect();
+        lines.extend(stuck_lines(self));
+        lines
+    }
+}
+
 /// One line per stuck thing that is not a lane stall: a halted subscription or relay, a
 /// subscription's stalled keys or a relay's parked events, a relay's sink that is down, an
 /// inbox mark held by a failing message or a gap. Each says where to look or what ends it.
@@ -61,12 +81,36 @@ fn subscription_lines(
             format!("key \"{}\"", printable(&first.key))
         };
         lines.push(format!(
-            "{what} \"{name}\": {} {held} (the first: {key} at {} position {}, {} attempt(s): {}); `{command} {list} {name}` lists them",
+            "{what} \"{name}\": {} {held} (the first: {key} at {} position {}, {} attempt(s): {}){}; `{command} {list} {name}` lists them",
             sub.stalled.len(),
             sub.lane,
             first.position,
             first.attempts,
-            printable(&first.error)
+            printable(&first.error),
+            backlog_text(sub, now),
         ));
+    } else if sub.backlog.is_some_and(|backlog| backlog.events > 0) {
+        lines.push(format!(
+            "{what} \"{name}\": no stalled event holds its keys' backlogs{}, which its runner takes back in order",
+            backlog_text(sub, now),
+        ));
+    }
+}
+
+/// `, with N events of K keys (B bytes) in their backlogs for T`, when there are any.
+fn backlog_text(sub: &SubscriptionStatus, now: chrono::DateTime<chrono::Utc>) -> String {
+    match sub.backlog {
+        Some(backlog) if backlog.events > 0 => format!(
+            ", with {} event(s) of {} key(s) ({} bytes) in their backlogs{} (`ordo subscriptions backlog {}`)",
+            backlog.events,
+            backlog.keys,
+            backlog.bytes,
+            backlog
+                .oldest_at
+                .map(|at| format!(" for {}", age(seconds_since(at, now))))
+                .unwrap_or_default(),
+            printable(&sub.name),
+        ),
+        _ => String::new(),
     }
 }
