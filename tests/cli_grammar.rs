@@ -143,6 +143,32 @@ const CASES: &[(&str, Expect)] = &[
     ),
     ("subscriptions retry-keys projection --all", Succeeds),
     (
+        "subscriptions backlog no-such",
+        FailsNaming(&["\"no-such\""]),
+    ),
+    (
+        "subscriptions backlog projection",
+        Prints(&["KEY", "EVENTS"]),
+    ),
+    (
+        "subscriptions skip-stalled projection k",
+        FailsNaming(&["\"k\"", "nothing to drop"]),
+    ),
+    (
+        "subscriptions skip-stalled no-such k --yes",
+        FailsNaming(&["\"no-such\""]),
+    ),
+    (
+        "subscriptions purge-backlog projection k",
+        FailsNaming(&["\"k\"", "nothing to drop"]),
+    ),
+    (
+        "subscriptions purge-backlog projection k --yes",
+        FailsNaming(&["\"k\"", "\"projection\""]),
+    ),
+    ("status --check", Succeeds),
+    ("status --max-backlog 5", FailsNaming(&["--check"])),
+    (
         "subscriptions delete no-such",
         FailsNaming(&["\"no-such\""]),
     ),

@@ -84,7 +84,7 @@ async fn delivered(relay: &SubscriptionHandle, pool: &PgPool, events: u64) {
     assert!(
         done,
         "the relay did not reach the head ({events}): {status:?}"
-    );    // A stuck key's events wait in its backlog, behind the watermark: delivered means that is
+    ); // A stuck key's events wait in its backlog, behind the watermark: delivered means that is
     // empty too.
     let drained = eventually(PATIENCE, || async {
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.key_backlogs")
@@ -319,7 +319,10 @@ async fn events_behind_a_parked_one_wait_in_its_keys_backlog_not_in_the_window()
         .fetch_one(&db.pool)
         .await
         .expect("backlog");
-    assert_eq!(backlog, 41, "the parked event and its key's 40 later events wait aside");
+    assert_eq!(
+        backlog, 41,
+        "the parked event and its key's 40 later events wait aside"
+    );
 
     refuse_first.store(false, Ordering::SeqCst);
     let requeued = ordo::admin::retry_stalled_keys(&db.pool, "bounded-window", None)

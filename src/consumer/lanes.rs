@@ -8,14 +8,11 @@
 //! keys cannot be known: its payload does not decode) waits for every event before it and
 //! holds every event after it.
 //!
-//! A failed event stays first in its lanes while it backs off, and a stalled one (attempts
-//! exhausted under `Halt`, or a relay's parked event) until an operator retries it: only its
-//! own lanes wait. Unless the lanes [let stalled events go](Lanes::let_stalled_go) (a relay's
-//! `OnParked::Continue`): then a stalled event leaves its lanes (*detached*), the events behind
-//! it run on, and a retry puts it back at the end of its lanes, behind the events of its keys
-//! already held. Either way a stalled event stays in the window and holds the watermark. The
-//! window holds every event from the low watermark on, finished or not; the watermark moves
-//! past finished events at its front. No I/O here: the executors drive it (`schedule.rs`).
+//! A failed event stays first in its lanes while it backs off. A stalled one (attempts
+//! exhausted, a relay's parked event) is set aside with its keys' events (`aside.rs`, for the
+//! backlog), but a barrier, which holds its lanes until retried. The window holds every event
+//! from the low watermark on, finished or not, and events taken back from a backlog; the
+//! watermark moves past finished events at its front. No I/O here (`schedule.rs` drives it).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //!   halt below the retention floor; `tenure.rs`: until when this owner certainly holds the
 //!   lease.
 //! - `source.rs`: reading the lane (either ordering) from a position, with read-ahead.
+//! - `driver.rs`: the one loop of every keyed consumer, an executor's hooks at each step.
 //! - `backlog.rs`: stuck keys, whose events leave the window for `ordo.key_backlogs` until a
 //!   retry takes them back in order.
 //! - `lanes.rs`: the keyed schedule (which buffered events may run), with no I/O; `keys.rs`:
@@ -22,6 +23,7 @@
 mod adopt;
 pub(crate) mod backlog;
 mod claim;
+pub(crate) mod driver;
 mod handle;
 mod keys;
 pub(crate) mod lanes;

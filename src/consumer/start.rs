@@ -14,7 +14,7 @@ use super::claim::Consumer;
 use super::handle::{Heads, SubscriptionHandle};
 use super::shutdown::{MarkStopped, Runners, Running};
 use super::sql;
-use super::status::{RunStatus, SubscriptionState, SubscriptionStatus};
+use super::status::SubscriptionStatus;
 use super::tenure::Tenure;
 use super::{Kind, StartFrom};
 use crate::commit_lane::CommitShared;
@@ -137,25 +137,7 @@ where
     let start_at = start_position(&shared, config);
     let kind = config.kind.as_str();
     let role = ensure_row(&shared.pool, config, start_at, kind).await?;
-    let initial = SubscriptionStatus {
-        name: config.name.clone(),
-        lane: config.ordering,
-        position: start_at,
-        lag: 0,
-        state: SubscriptionState::Starting,
-        status: RunStatus::Active,
-        attempts: 0,
-        last_error: None,
-        lease_owner: None,
-        lease_expires_at: None,
-        oldest_unprocessed_seconds: None,
-        stalled: Vec::new(),
-        sink_down: None,
-        dead_letters: None,
-        backlog: None,
-        kind: Some(kind.to_owned()),
-        role,
-    };
+    let initial = SubscriptionStatus::starting(config.name.clone(), start_at, kind, role);
     let (status, status_rx) = watch::channel(initial);
     let heads = Heads {
         current: Arc::clone(&shared.lanes) as Arc<dyn LaneHeads>,

@@ -314,6 +314,34 @@ pub struct StalledKey {
 }
 
 impl SubscriptionStatus {
+    /// A runner's status before its first claim.
+    pub(crate) fn starting(
+        name: String,
+        position: Position,
+        kind: &str,
+        role: Option<String>,
+    ) -> Self {
+        Self {
+            name,
+            lane: position.lane(),
+            position,
+            lag: 0,
+            state: SubscriptionState::Starting,
+            status: RunStatus::Active,
+            attempts: 0,
+            last_error: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            oldest_unprocessed_seconds: None,
+            stalled: Vec::new(),
+            sink_down: None,
+            dead_letters: None,
+            backlog: None,
+            kind: Some(kind.to_owned()),
+            role,
+        }
+    }
+
     /// What a claim or renewal read from the subscription's row: its position, whether it may
     /// run, and its attempts and last error (a halted one's reason). Subscriptions and relays
     /// report their row alike.

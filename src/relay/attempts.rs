@@ -259,17 +259,11 @@ pub async fn relay_attempts(
     let lane = read_lane(&row, "lane")?;
     let stored: i64 = row.try_get("stored")?;
     let progress: Option<String> = row.try_get("state")?;
-    let in_backlog: bool = row.try_get("in_backlog")?;
-    let state = match progress.as_deref() {
-        // A parked event waits in its key's backlog, below the stored position.
-        Some("stalled") => RelayEventState::Parked,
-        Some("failing") if in_backlog => RelayEventState::Failing,
-        _ if in_backlog => RelayEventState::Backlogged,
-        _ if at <= stored => RelayEventState::Delivered,
-        Some("done") => RelayEventState::Delivered,
-        Some(_) => RelayEventState::Failing,
-        None => RelayEventState::Waiting,
-    };
+    let state = state_of(
+        progress.as_deref(),
+        row.try_get("in_backlog")?,
+        at <= stored,
+    );
     let since = row.try_get("updated_at")?;
     let rows = sqlx::query(LIST)
         .bind(relay)
@@ -345,4 +339,19 @@ async fn holders(pool: &PgPool, id: Uuid) -> Result<Vec<u64>> {
         .into_iter()
         .filter_map(|at| u64::try_from(at).ok())
         .collect())
+}
+
+/// Where an event stands from its progress row's state, whether it is in a stuck key's
+/// backlog, and whether the stored position covers it.
+fn state_of(progress: Option<&str>, in_backlog: bool, covered: bool) -> RelayEventState {
+    match progress {
+        // A parked event waits in its key's backlog, below the stored position.
+        Some("stalled") => RelayEventState::Parked,
+        Some("failing") if in_backlog => RelayEventState::Failing,
+        _ if in_backlog => RelayEventState::Backlogged,
+        _ if covered => RelayEventState::Delivered,
+        Some("done") => RelayEventState::Delivered,
+        Some(_) => RelayEventState::Failing,
+        None => RelayEventState::Waiting,
+    }
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod isolate;
 mod recording;
+
+use isolate::isolate;
 
 use super::flight::Landed;
 use super::marks::{self, Mark, Marks};
@@ -354,33 +357,6 @@ impl<K: Sink> RelayRunner<K> {
             tracing::warn!(relay = %name, retried, %error, "events of a batch failed at the sink; they are tried again after a backoff");
         }
     }
-}
-
-/// A message left without an outcome in a flight of `flight` messages ([`Verdict::Unresolved`]):
-/// sent alone, it is blamed (an attempt counts: nothing but this message was in the way);
-/// otherwise it is released, and its next batch holds at most half as many messages as this
-/// one did (or as its cap allowed). So a message that never answers is alone after at most
-/// ⌈log₂ batch_size⌉ sends, and blamed at the next: never re-sent for ever. The cap stays
-/// until it is delivered or parked.
-fn isolate(work: &mut Work, slot: Slot, verdict: Verdict, flight: usize) -> Verdict {
-    let Verdict::Unresolved(why) = verdict else {
-        return verdict;
-    };
-    let Some(position) = work.schedule.lanes.entry(slot).map(|entry| entry.position) else {
-        return Verdict::Blameless(why);
-    };
-    if flight <= 1 {
-        work.isolation.insert(position, 1);
-        return Verdict::Failed(SendError::transient(format!(
-            "{why}, with this event sent alone"
-        )));
-    }
-    let cap = work
-        .isolation
-        .get(&position)
-        .map_or(flight, |&cap| cap.min(flight));
-    work.isolation.insert(position, (cap / 2).max(1));
-    Verdict::Blameless(why)
 }
 
 /// What a verdict does to the schedule once its mark is stored.

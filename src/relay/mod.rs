@@ -62,6 +62,7 @@ mod sink;
 mod sink_down;
 pub(crate) mod start;
 mod timers;
+mod turn;
 
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]

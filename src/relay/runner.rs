@@ -26,28 +26,28 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::Instant;
 
 use super::batch::{Recording, Written};
 use super::chain::Chains;
 use super::config::{OnParked, RelayConfig};
-use super::flight::{Carrier, Landed, fly};
+use super::flight::{Carrier, Landed};
 use super::histories::Histories;
 use super::outage::Health;
 use super::sink_down::Shown;
+use super::turn::Turn;
 use super::{RawPayload, SendError, Sink};
 use crate::commit_lane::CommitShared;
 use crate::consumer::LaneSet;
+use crate::consumer::driver::drive;
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
 use crate::consumer::sql::Stored;
 use crate::consumer::{Consumer, ERROR_BACKOFF, Executor, Flow, Keys, ReadFailed, Schedule};
 use crate::envelope::Envelope;
 use crate::insert_lane::LaneShared;
-use crate::position::{Ordering, Position};
+use crate::position::Position;
 use crate::task::StopSignal;
 
 /// Events released by an expired deadline are tried again after this.
@@ -195,7 +195,7 @@ impl<K: Sink> RelayRunner<K> {
             admitted: watermark.get(),
             chains,
         };
-        let flow = self.relay_loop(&mut work, &mut source).await;
+        let flow = drive(&mut Turn::new(self, &mut work), &mut source).await;
         // The batches in flight come back (each is bounded by the deadline): on a stop their
         // results are stored; otherwise the lease is lost or in doubt, and their events go to
         // whoever claims next.
@@ -215,82 +215,10 @@ impl<K: Sink> RelayRunner<K> {
         flow
     }
 
-    async fn relay_loop(&mut self, work: &mut Work, source: &mut ReadAhead<RawPayload>) -> Flow {
-        loop {
-            if self.core.stop.is_stopped() {
-                return Flow::Stop;
-            }
-            while self.window_open(work) {
-                match source.try_next() {
-                    Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error, work).await,
-                    None => break,
-                }
-            }
-            if self.config.ordering == Ordering::Commit
-                && let Err(error) = work.histories.cover(&self.core.pool, work.admitted).await
-            {
-                return self.read_failed(&error.into(), work).await;
-            }
-            if work.schedule.needs_tending()
-                && let Some(flow) = self.tend(work).await
-            {
-                return flow;
-            }
-            while !self.idle.is_empty() && (work.held.is_some() || work.schedule.lanes.has_ready())
-            {
-                // Only a flight that ends while this owner certainly holds the lease starts.
-                let starts = match self.may_fly(work).await {
-                    Ok(Some(starts)) => starts,
-                    Ok(None) => break,
-                    Err(flow) => return flow,
-                };
-                let Some((slots, messages)) = self.take_batch(work) else {
-                    break;
-                };
-                let Some(carrier) = self.idle.pop() else {
-                    break;
-                };
-                let deadline = self.config.batch_deadline;
-                self.flights
-                    .spawn(fly(carrier, slots, messages, deadline, starts + deadline));
-            }
-            self.publish_status(work);
-            let wake = work.schedule.wake(self.core.tenure.wake(Instant::now()));
-            let may_read = self.window_open(work);
-            tokio::select! {
-                biased;
-                _ = self.core.stop.stopped() => return Flow::Stop,
-                Some(joined) = self.flights.join_next(), if !self.flights.is_empty() => {
-                    // A flight always brings its carrier back; a join error is an abort.
-                    let Ok(landed) = joined else { return Flow::Reclaim };
-                    self.landed(work, landed);
-                }
-                Some(joined) = self.writes.next(), if !self.writes.is_empty() => {
-                    if let Some(flow) = self.written(work, joined) {
-                        return flow;
-                    }
-                }
-                read = source.next(), if may_read => match read {
-                    // The reader ends on a stop; ended otherwise (it panicked), claim again.
-                    None if self.core.stop.is_stopped() => return Flow::Stop,
-                    None => return Flow::Reclaim,
-                    Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(&error, work).await,
-                },
-                _ = tokio::time::sleep_until(wake) => {
-                    if let Some(flow) = self.on_timers(work).await {
-                        return flow;
-                    }
-                }
-            }
-        }
-    }
-
     /// A failed read of the lane: below the retention floor the relay halts, as a subscription
     /// does (see [`Consumer::read_failed`]), at its stored watermark once every write of marks in flight
     /// has landed (one may move it); anything else is retried.
-    async fn read_failed(&mut self, error: &crate::Error, work: &mut Work) -> Flow {
+    pub(super) async fn read_failed(&mut self, error: &crate::Error, work: &mut Work) -> Flow {
         if let crate::Error::BelowRetentionFloor { .. } = error
             && let Some(flow) = self.finish_writes(work).await
         {
@@ -307,7 +235,7 @@ impl<K: Sink> RelayRunner<K> {
     /// taken (a key cannot be guessed; the event holds no key meanwhile), never the relay. One
     /// whose payload does not decode as the key function's type is still sent as stored, as a
     /// barrier: its keys cannot be known, so it is ordered with every event.
-    fn admit(&self, work: &mut Work, item: Item<RawPayload>) {
+    pub(super) fn admit(&self, work: &mut Work, item: Item<RawPayload>) {
         if let Some(first) = item.refused {
             self.refused(&item, first);
         }
@@ -355,7 +283,7 @@ impl<K: Sink> RelayRunner<K> {
 
     /// Whether the window may take another event: fewer than its events and its bytes (one
     /// event is always taken, however large).
-    fn window_open(&self, work: &Work) -> bool {
+    pub(super) fn window_open(&self, work: &Work) -> bool {
         let lanes = &work.schedule.lanes;
         lanes.len() < self.config.window
             && (lanes.held_bytes() < self.config.window_bytes || lanes.held_bytes() == 0)

@@ -118,9 +118,14 @@ pub const INBOX_REWOUND_POSITIONS: &str = "ordo_inbox_rewound_positions_total";
 /// table above); also [`ordo::relay::RELAY_SINK_DOWN`](crate::relay::RELAY_SINK_DOWN).
 pub const RELAY_SINK_DOWN: &str = "ordo_relay_sink_down";
 
-/// The stuck keys' backlog metrics.
+/// The stuck keys' metrics.
 fn describe_backlogs() {
-    use metrics::{Unit, describe_counter};
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_gauge!(
+        SUBSCRIPTION_STALLED_KEYS,
+        Unit::Count,
+        "A keyed subscription's keys waiting on a stalled event."
+    );
     describe_counter!(
         BACKLOG_MOVED,
         Unit::Count,
@@ -254,11 +259,6 @@ pub fn describe() {
         RELAY_EVENTS,
         Unit::Count,
         "What each relay send did to an event, by result."
-    );
-    describe_gauge!(
-        SUBSCRIPTION_STALLED_KEYS,
-        Unit::Count,
-        "A keyed subscription's keys waiting on a stalled event."
     );
     describe_counter!(
         STREAM_RETRIES,

@@ -73,18 +73,20 @@ enum SubscriptionAction {
         #[arg(long)]
         all: bool,
     },
-    /// A keyed subscription's or relay's stuck keys' backlogs, and operators' skips and purges.
+    /// List a keyed subscription's or relay's stuck keys' backlogs.
     ///
     /// The events behind a stalled (parked) event wait there, out of the window, until it is
-    /// retried (requeued): then they follow it, in order.
+    /// retried (requeued): then they follow it, in order. Operators' skips and purges follow.
     Backlog {
         name: String,
         /// Print JSON (one object per key, then one per recorded action) instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Drop the stalled (parked) event holding KEY without delivering it; the rest of the
-    /// key's backlog goes on, in order. Recorded, with its position and id.
+    /// Drop the stalled (parked) event holding KEY, never delivered.
+    ///
+    /// The rest of the key's backlog goes on, in order. Recorded, with its position and id
+    /// (`ordo subscriptions backlog NAME`).
     SkipStalled {
         name: String,
         /// The stalled key (`ordo subscriptions stalled NAME`); "" for an event with no key.
@@ -93,8 +95,10 @@ enum SubscriptionAction {
         #[arg(long)]
         yes: bool,
     },
-    /// Drop every event of KEY's backlog, its stalled event included, without delivering
-    /// them; the key's later events flow again. Recorded, with their positions and ids.
+    /// Drop every event of KEY's backlog, never delivered.
+    ///
+    /// Its stalled event goes too, and the key's later events flow again. Recorded, with
+    /// their positions and ids (`ordo subscriptions backlog NAME`).
     PurgeBacklog {
         name: String,
         /// The stuck key (`ordo subscriptions backlog NAME`).
@@ -198,7 +202,10 @@ async fn drop_backlog(pool: &PgPool, name: &str, key: &str, yes: bool, purge: bo
     if !yes {
         let keys = admin::list_backlog(pool, name).await?;
         let Some(backlog) = keys.iter().find(|backlog| backlog.key == key) else {
-            return Err(format!("{name:?} has nothing in a backlog for key \"{shown}\"").into());
+            return Err(format!(
+                "{name:?} has nothing in a backlog for key \"{shown}\": nothing to drop"
+            )
+            .into());
         };
         let what = if purge {
             format!(

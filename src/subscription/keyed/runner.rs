@@ -22,6 +22,8 @@ use tokio::time::Instant;
 
 use super::dead_letters::Redelivery;
 use super::task::{Attempt, Context, Outcome};
+use super::turn::Turn;
+use crate::consumer::driver::drive;
 use crate::consumer::lanes::{Lanes, Slot};
 use crate::consumer::source::{Item, ReadAhead, Source};
 use crate::consumer::sql::Stored;
@@ -79,9 +81,8 @@ where
             redelivery: Redelivery::new(),
         };
         let context = Arc::new(Context::new(self));
-        let flow = self
-            .keyed_loop(&mut work, &mut source, &context, keyed)
-            .await;
+        let mut turn = Turn::new(self, &mut work, &context, keyed);
+        let flow = drive(&mut turn, &mut source).await;
         if matches!(flow, Flow::Stop) {
             // Shutdown waits for the handlers in hand (bounded by the outbox's shutdown), then
             // stores how far they got.
@@ -99,71 +100,10 @@ where
         flow
     }
 
-    async fn keyed_loop(
-        &mut self,
-        work: &mut Work<P>,
-        source: &mut ReadAhead<P>,
-        context: &Arc<Context<S>>,
-        keyed: Keyed,
-    ) -> Flow {
-        loop {
-            if self.core.stop.is_stopped() {
-                return Flow::Stop;
-            }
-            while work.schedule.lanes.len() < keyed.window {
-                match source.try_next() {
-                    Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(error, work.schedule.stored).await,
-                    None => break,
-                }
-            }
-            if work.schedule.needs_tending()
-                && let Some(flow) = self.tend(work).await
-            {
-                return flow;
-            }
-            if let Some(flow) = self.start_ready(work, context, keyed.concurrency).await {
-                return flow;
-            }
-            self.publish_status(work);
-            let wake = work.schedule.wake(work.redelivery.wake());
-            let may_read = work.schedule.lanes.len() < keyed.window;
-            tokio::select! {
-                biased;
-                _ = self.core.stop.stopped() => return Flow::Stop,
-                Some(joined) = work.tasks.join_next(), if !work.tasks.is_empty() => {
-                    let Ok((slot, outcome)) = joined else {
-                        return Flow::Reclaim;
-                    };
-                    if let Some(flow) = self.finished(work, slot, outcome).await {
-                        return flow;
-                    }
-                }
-                Some(ended) = work.redelivery.finished(), if work.redelivery.is_running() => {
-                    if let Some(flow) = self.redelivered(ended) {
-                        return flow;
-                    }
-                }
-                read = source.next(), if may_read => match read {
-                    // The reader ends on a stop; ended otherwise (it panicked), claim again.
-                    None if self.core.stop.is_stopped() => return Flow::Stop,
-                    None => return Flow::Reclaim,
-                    Some(Ok(item)) => self.admit(work, item),
-                    Some(Err(error)) => return self.read_failed(error, work.schedule.stored).await,
-                },
-                _ = tokio::time::sleep_until(wake) => {
-                    if let Some(flow) = self.on_timers(work).await {
-                        return flow;
-                    }
-                }
-            }
-        }
-    }
-
     /// A failed read of the lane: events below the retention floor halt the subscription
     /// (see [`Consumer::read_failed`](crate::consumer::Consumer::read_failed)); anything else
     /// is retried.
-    async fn read_failed(&mut self, error: crate::Error, at: Position) -> Flow {
+    pub(super) async fn read_failed(&mut self, error: crate::Error, at: Position) -> Flow {
         match self.core.read_failed(&error, at).await {
             ReadFailed::Halted => Flow::Reclaim,
             ReadFailed::Retry => self.core.pause(ERROR_BACKOFF).await,
@@ -171,7 +111,7 @@ where
     }
 
     /// Takes the next event of the lane into the schedule, with what the stored progress knows.
-    fn admit(&self, work: &mut Work<P>, item: Item<P>) {
+    pub(super) fn admit(&self, work: &mut Work<P>, item: Item<P>) {
         let subscriber = &self.subscriber;
         work.schedule.admit(
             item,
@@ -182,7 +122,7 @@ where
 
     /// Starts every event that may run, up to `concurrency` at once. An event whose payload
     /// does not decode fails for good without a handler.
-    async fn start_ready(
+    pub(super) async fn start_ready(
         &mut self,
         work: &mut Work<P>,
         context: &Arc<Context<S>>,
@@ -215,7 +155,12 @@ where
     }
 
     /// What a handler task's outcome does to the schedule; a flow when processing must end.
-    async fn finished(&mut self, work: &mut Work<P>, slot: Slot, outcome: Outcome) -> Option<Flow> {
+    pub(super) async fn finished(
+        &mut self,
+        work: &mut Work<P>,
+        slot: Slot,
+        outcome: Outcome,
+    ) -> Option<Flow> {
         match outcome {
             Outcome::Committed => {
                 work.schedule.lanes.complete(slot);
