@@ -35,6 +35,69 @@ CREATE TABLE ordo.key_backlogs (
 );
 CREATE INDEX key_backlogs_keys_idx ON ordo.key_backlogs USING gin (keys);
 
+CREATE INDEX key_backlogs_sequence_idx ON ordo.key_backlogs (sequence);
+
+-- Secrets: an event in a backlog has not been delivered, so it keeps its secret keys, in
+-- `ordo.events` and in its copy, as an event a dead letter names does (migration
+-- 20261202000100); once its copy leaves the backlog (delivered, skipped, purged), the event
+-- loses them if the scrub's cursor passed it meanwhile. The rewrite below is that migration's,
+-- with the backlog added to what it leaves alone.
+CREATE OR REPLACE FUNCTION ordo.scrub_secrets_between(low BIGINT, high BIGINT)
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    touched BIGINT;
+BEGIN
+    UPDATE ordo.events AS e
+    SET payload = e.payload - s.keys
+    FROM (
+        SELECT ev.sequence, array_agg(k.key) AS keys
+        FROM ordo.events AS ev
+        JOIN ordo.secret_keys AS k ON k.event_type IS NULL OR k.event_type = ev.event_type
+        WHERE ev.sequence >= low AND ev.sequence < high
+          AND jsonb_typeof(ev.payload) = 'object' AND ev.payload ? k.key
+          AND NOT EXISTS (SELECT 1 FROM ordo.dead_letters AS d WHERE d.sequence = ev.sequence)
+          AND NOT EXISTS (SELECT 1 FROM ordo.key_backlogs AS b WHERE b.sequence = ev.sequence)
+        GROUP BY ev.sequence
+    ) AS s
+    WHERE e.sequence = s.sequence AND e.sequence >= low AND e.sequence < high;
+    GET DIAGNOSTICS touched = ROW_COUNT;
+    RETURN touched;
+END
+$$;
+
+CREATE FUNCTION ordo.scrub_after_backlogs()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    done_below BIGINT;
+    gone BIGINT;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM ordo.secret_keys) THEN
+        RETURN NULL;
+    END IF;
+    SELECT c.scrubbed_below INTO done_below FROM ordo.secret_scrub AS c FOR UPDATE;
+    FOR gone IN SELECT DISTINCT g.sequence FROM gone_copies AS g WHERE g.sequence < done_below LOOP
+        PERFORM ordo.scrub_secrets_between(gone, gone + 1);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER key_backlogs_scrub
+AFTER DELETE ON ordo.key_backlogs REFERENCING OLD TABLE AS gone_copies
+FOR EACH STATEMENT EXECUTE FUNCTION ordo.scrub_after_backlogs();
+
+REVOKE ALL ON FUNCTION ordo.scrub_after_backlogs() FROM PUBLIC;
+REVOKE ALL ON FUNCTION ordo.scrub_secrets_between(BIGINT, BIGINT) FROM PUBLIC;
+
 -- What operators did to backlogs (a stalled event skipped, a key's backlog purged): who, when,
 -- and what it dropped, so that a missing event can be accounted for afterwards.
 CREATE TABLE ordo.backlog_actions (

@@ -28,6 +28,9 @@ pub(crate) trait KeyedWork {
     /// The consumer's stop signal.
     fn stop_signal(&self) -> StopSignal;
 
+    /// The consumer core (its name and kind label the metrics).
+    fn core(&self) -> &super::Consumer;
+
     /// Whether the window may take another event.
     fn window_open(&self) -> bool;
 
@@ -74,6 +77,12 @@ pub(crate) async fn drive<W: KeyedWork + Send>(
     source: &mut ReadAhead<W::Payload>,
 ) -> Flow {
     let mut stop = work.stop_signal();
+    let full = metrics::gauge!(
+        crate::telemetry::metrics::WINDOW_FULL,
+        "subscription" => work.core().name.clone(),
+        "kind" => work.core().kind.as_str()
+    );
+    let mut was_full = None;
     loop {
         if stop.is_stopped() {
             return Flow::Stop;
@@ -99,6 +108,10 @@ pub(crate) async fn drive<W: KeyedWork + Send>(
         work.publish_status();
         let wake = work.wake();
         let may_read = work.window_open();
+        if was_full != Some(!may_read) {
+            was_full = Some(!may_read);
+            full.set(f64::from(u8::from(!may_read)));
+        }
         enum Next<D, P> {
             Stop,
             Done(D),

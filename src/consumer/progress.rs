@@ -107,15 +107,23 @@ RETURNING p.position
 "#;
 
 /// Whether a subscription holds keyed progress above its watermark (a serial runner would
-/// handle those events again), or a stuck key's backlog (a serial runner would never deliver
-/// it).
+/// handle those events again).
 pub(crate) const HAS_PROGRESS: &str = r#"
 SELECT EXISTS (
     SELECT 1 FROM ordo.subscription_progress AS p
     JOIN ordo.subscriptions AS s ON s.name = p.subscription
     WHERE p.subscription = $1 AND p.position > s.position
-) OR EXISTS (SELECT 1 FROM ordo.key_backlogs WHERE subscription = $1)
+)
 "#;
+
+/// Whether a subscription has events in a stuck key's backlog (a serial runner would never
+/// deliver them); false on a schema from before backlogs.
+pub(crate) const HAS_BACKLOG: &str =
+    "SELECT EXISTS (SELECT 1 FROM ordo.key_backlogs WHERE subscription = $1)";
+
+/// Whether the backlog table exists (a library newer than the schema it is given refuses that
+/// elsewhere; this check only keeps it from failing first).
+const BACKLOGS_EXIST: &str = "SELECT to_regclass('ordo.key_backlogs') IS NOT NULL";
 
 /// What the stored progress says about one event above the watermark.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,9 +270,20 @@ pub(crate) async fn take_retries(
         .collect())
 }
 
-/// [`HAS_PROGRESS`].
+/// [`HAS_PROGRESS`], or [`HAS_BACKLOG`].
 pub(crate) async fn has_progress(pool: &PgPool, name: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(HAS_PROGRESS)
+    let above: bool = sqlx::query_scalar(HAS_PROGRESS)
+        .bind(name)
+        .fetch_one(pool)
+        .await?;
+    if above
+        || !sqlx::query_scalar::<_, bool>(BACKLOGS_EXIST)
+            .fetch_one(pool)
+            .await?
+    {
+        return Ok(above);
+    }
+    sqlx::query_scalar(HAS_BACKLOG)
         .bind(name)
         .fetch_one(pool)
         .await

@@ -38,6 +38,10 @@ impl<K: Sink> KeyedWork for Turn<'_, K> {
     type Payload = RawPayload;
     type Done = Done<K>;
 
+    fn core(&self) -> &crate::consumer::Consumer {
+        &self.runner.core
+    }
+
     fn stop_signal(&self) -> StopSignal {
         self.runner.core.stop.clone()
     }

@@ -24,6 +24,7 @@
 //! | `ordo_subscription_retries_total` | counter | `subscription` | failed attempts that will be retried |
 //! | `ordo_dead_letters_total` | counter | `subscription` | events it moved to `ordo.dead_letters` |
 //! | `ordo_subscription_halts_total` | counter | `subscription` | times it halted on an exhausted event (keyed: times an event stalled its keys) or below the retention floor |
+//! | `ordo_window_full` | gauge | `subscription`, `kind` | 1 while a keyed subscription's or relay's window is full (it reads no further until the events it holds finish), else 0 |
 //! | `ordo_backlog_moved_total` | counter | `subscription`, `kind` | events of stuck keys moved out of a keyed subscription's or relay's window into `ordo.key_backlogs` |
 //! | `ordo_backlog_taken_back_total` | counter | `subscription`, `kind` | events taken back from a backlog after a retry or requeue |
 //! | `ordo_relay_lag` | gauge | `relay` | positions between its stored results and the lane head: the events not yet delivered |
@@ -78,6 +79,8 @@ pub const SUBSCRIPTION_RETRIES: &str = "ordo_subscription_retries_total";
 pub const DEAD_LETTERS: &str = "ordo_dead_letters_total";
 /// The metric `ordo_subscription_halts_total` (see the table above).
 pub const SUBSCRIPTION_HALTS: &str = "ordo_subscription_halts_total";
+/// The metric `ordo_window_full` (see the table above).
+pub const WINDOW_FULL: &str = "ordo_window_full";
 /// The metric `ordo_backlog_moved_total` (see the table above).
 pub const BACKLOG_MOVED: &str = "ordo_backlog_moved_total";
 /// The metric `ordo_backlog_taken_back_total` (see the table above).
@@ -125,6 +128,11 @@ fn describe_backlogs() {
         SUBSCRIPTION_STALLED_KEYS,
         Unit::Count,
         "A keyed subscription's keys waiting on a stalled event."
+    );
+    describe_gauge!(
+        WINDOW_FULL,
+        Unit::Count,
+        "1 while a keyed subscription's or relay's window is full, else 0."
     );
     describe_counter!(
         BACKLOG_MOVED,

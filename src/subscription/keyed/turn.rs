@@ -57,6 +57,10 @@ where
     type Payload = P;
     type Done = Done;
 
+    fn core(&self) -> &crate::consumer::Consumer {
+        &self.runner.core
+    }
+
     fn stop_signal(&self) -> StopSignal {
         self.runner.core.stop.clone()
     }

@@ -170,6 +170,7 @@ impl Routing {
     }
 
     /// The `--kafka-property` pairs; a flag naming a secret is refused (the file holds those).
+    #[cfg(feature = "kafka")]
     pub(crate) fn kafka_properties(&self) -> Result<Vec<(String, String)>, String> {
         self.kafka_properties
             .iter()
