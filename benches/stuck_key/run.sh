@@ -2,7 +2,7 @@
 # One stuck key, from outside, with the CLI alone: `ordo relay run` to a webhook keyed by
 # `payload:/k`; the first event (key "stuck") is answered 400 and parked; then EVENTS events
 # on KEYS other keys, one in every STUCK_EVERY of the stuck key, are written by plain SQL in
-# transactions of 1,000. Prints, as the relay goes: delivered, the stuck key's backlog, the
+# transactions of 1,000, with a sequencer (`ordo fold`) running beside. Prints, as the relay goes: delivered, the stuck key's backlog, the
 # relay's resident memory (RSS); runs `ordo retention --apply --keep 0s` meanwhile; then heals
 # the endpoint, requeues the key, and checks every event was delivered once, in order per key.
 #
@@ -22,7 +22,7 @@ psql "$SERVER" -qc "CREATE DATABASE $DB"
 # Partitions of 10,000 sequences, so that retention has whole partitions to drop meanwhile.
 psql "$SERVER" -qc "ALTER DATABASE $DB SET ordo.partition_size = '10000'"
 cleanup() {
-    kill "${RELAY:-}" "${RECEIVER:-}" 2>/dev/null || true
+    kill "${RELAY:-}" "${RECEIVER:-}" "${FOLD:-}" 2>/dev/null || true
     wait 2>/dev/null || true
     psql "$SERVER" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
     rm -rf "$WORK"
@@ -31,6 +31,9 @@ trap cleanup EXIT
 cargo build --release --quiet --features cli,http --bin ordo
 ORDO=target/release/ordo
 DATABASE_URL=$URL $ORDO migrate >/dev/null
+# A sequencer, as a deployment runs one: retention drops only what the commit lane has logged.
+DATABASE_URL=$URL $ORDO fold --progress 0 2>"$WORK/fold.log" &
+FOLD=$!
 python3 benches/stuck_key/receiver.py --port "$PORT" --log "$WORK/delivered" --heal "$WORK/healed" &
 RECEIVER=$!
 sleep 0.5
@@ -48,12 +51,17 @@ until [ "$(backlog)" = 1 ]; do
 done
 echo "parked: the stuck key's first event is in its backlog; RSS $(rss) KiB"
 start=$(date +%s.%N)
+# Transactions of 1,000 sequences that end at multiples of 1,000 (the first event took
+# sequence 1), so none straddles a partition boundary and retention may drop whole partitions.
 written=0
+size=999
 while [ "$written" -lt "$EVENTS" ]; do
+    upto=$((written + size > EVENTS ? EVENTS : written + size))
     psql "$URL" -qc "INSERT INTO ordo.events (payload)
         SELECT jsonb_build_object('k', CASE WHEN g % $STUCK_EVERY = 0 THEN 'stuck' ELSE 'k' || (g % $KEYS) END, 'n', g)
-        FROM generate_series($written + 1, $written + 1000) AS g"
-    written=$((written + 1000))
+        FROM generate_series($written + 1, $upto) AS g"
+    written=$upto
+    size=1000
 done
 stuck_total=$((EVENTS / STUCK_EVERY))
 healthy=$((EVENTS - stuck_total))
@@ -69,6 +77,7 @@ while [ "$(delivered)" -lt "$healthy" ]; do
     if [ "$retained" = 0 ] && [ "$(delivered)" -ge $((healthy / 2)) ]; then
         DATABASE_URL=$URL $ORDO retention --apply --keep 0s >"$WORK/retention" && retained=1
         echo "retention --apply --keep 0s ran at $(delivered) delivered: events left $(psql "$URL" -tAc 'SELECT count(*) FROM ordo.events'), backlog $(backlog)"
+        sed -n '1,6p' "$WORK/retention"
     fi
     sleep 0.2
 done
