@@ -443,7 +443,7 @@ async fn a_process_killed_with_a_gathering_past_gather_groups_loses_nothing() {
     let db = TestDb::new().await;
     let url = db.url.clone();
     let transactions = GATHER_GROUPS + 44;
-    tokio::task::spawn_blocking(move || {
+    let head = tokio::task::spawn_blocking(move || {
         let runtime = common::victim_runtime();
         let (gathered_tx, gathered_rx) = std::sync::mpsc::channel();
         runtime.spawn(async move {
@@ -462,13 +462,19 @@ async fn a_process_killed_with_a_gathering_past_gather_groups_loses_nothing() {
         });
         let head = gathered_rx.recv().expect("the victim gathered");
         runtime.shutdown_background();
-        assert_eq!(head, 1, "the victim gathers past GATHER_GROUPS");
+        // Its first transaction or two may be appended before it knows nobody listens (a
+        // loaded machine); the rest are gathered, more than `GATHER_GROUPS` of them.
+        assert!(
+            u64::from(transactions) - head > u64::from(GATHER_GROUPS),
+            "the victim gathers past GATHER_GROUPS: {head} of {transactions} appended"
+        );
+        head
     })
     .await
     .expect("the victim ran");
     assert_eq!(
         stored_head(&db.pool).await,
-        1,
+        head,
         "killed, the victim appended nothing more"
     );
     let outbox = Outbox::<Note>::new(db.pool.clone(), OutboxConfig::default())

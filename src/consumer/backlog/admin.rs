@@ -158,6 +158,14 @@ pub async fn list_backlog(pool: &PgPool, name: &str) -> Result<Vec<KeyBacklog>> 
 
 /// The skips and purges operators did on a subscription's or relay's backlogs, oldest first.
 ///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// for done in ordo::admin::backlog_actions(&pool, "webhooks").await? {
+///     println!("{} {} by {}: {:?}", done.done_at, done.action, done.done_by, done.positions);
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription or relay;
 /// [`Error::Database`] if a statement fails.
@@ -194,6 +202,13 @@ pub async fn skip_stalled_event(pool: &PgPool, name: &str, key: &str) -> Result<
 /// delivering them; an event that also carries other keys goes too. The key rejoins the live
 /// flow: its events from now on are delivered. Recorded in `ordo.backlog_actions` with their
 /// positions and ids (see [`backlog_actions`]).
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> ordo::Result<()> {
+/// let purged = ordo::admin::purge_backlog(&pool, "webhooks", "tenant-7").await?;
+/// println!("{} events dropped, {} bytes", purged.positions.len(), purged.bytes);
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 /// [`Error::UnknownSubscription`] if there is no such subscription or relay;

@@ -15,6 +15,15 @@ impl OutboxStatus {
     /// it (a lane held by a transaction, a halted subscription or relay, stalled keys or parked
     /// events, a sink down, an inbox mark held); empty when nothing is. `ordo status --check`
     /// fails when this is not empty.
+    ///
+    /// ```no_run
+    /// # async fn example(pool: sqlx::PgPool) -> ordo::Result<()> {
+    /// let status = ordo::admin::status(&pool).await?;
+    /// for line in status.stuck() {
+    ///     eprintln!("stuck: {line}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn stuck(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
             .stalls
