@@ -33,7 +33,9 @@ CREATE TABLE ordo.key_backlogs (
     previous     BIGINT,
     CONSTRAINT key_backlogs_pkey PRIMARY KEY (subscription, position)
 );
-CREATE INDEX key_backlogs_keys_idx ON ordo.key_backlogs USING gin (keys);
+-- No index on the keys: an index entry holds the whole key, and a key is whatever an event's
+-- payload says (a 12 kB key would make every copy of its event fail). A backlog is read by
+-- position, a page at a time, and each page's keys filtered there.
 
 CREATE INDEX key_backlogs_sequence_idx ON ordo.key_backlogs (sequence);
 

@@ -9,7 +9,7 @@ mod common;
 use common::keyed::{Ledger, Parcel, assert_key_order, assert_once_each, effects_table, publish};
 use common::subscribers::{PATIENCE, fast_retries};
 use common::{TestDb, eventually};
-use ordo::{JobConfig, OnExhaustion, Outbox, OutboxConfig};
+use ordo::{JobConfig, OnExhaustion, Outbox, OutboxConfig, SubscriptionHandle};
 
 const WINDOW: usize = 20;
 
@@ -36,6 +36,22 @@ async fn effects_of(db: &TestDb, key: &str) -> i64 {
         .expect("effects")
 }
 
+/// A keyed subscription whose handler fails every event of `key`, with the effects table.
+async fn subscribed_failing(key: &str) -> (TestDb, Outbox<Parcel>, Ledger, SubscriptionHandle) {
+    let db = TestDb::new().await;
+    effects_table(&db.pool).await;
+    let outbox: Outbox<Parcel> = Outbox::new(db.pool.clone(), OutboxConfig::default())
+        .await
+        .expect("outbox");
+    let ledger = Ledger::default();
+    ledger.behaviour.fail(key, true);
+    let handle = outbox
+        .subscribe(config(), ledger.clone())
+        .await
+        .expect("subscribe");
+    (db, outbox, ledger, handle)
+}
+
 /// Every other parcel is the stuck key's, the rest spread over ten healthy keys.
 fn parcels(from: u32, to: u32) -> impl Iterator<Item = Parcel> {
     (from..to).map(|id| {
@@ -51,17 +67,7 @@ fn parcels(from: u32, to: u32) -> impl Iterator<Item = Parcel> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_halted_key_holds_only_itself_past_ten_windows_and_a_retry_takes_its_backlog_back_in_order()
  {
-    let db = TestDb::new().await;
-    effects_table(&db.pool).await;
-    let outbox: Outbox<Parcel> = Outbox::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let ledger = Ledger::default();
-    ledger.behaviour.fail("bad", true);
-    let handle = outbox
-        .subscribe(config(), ledger.clone())
-        .await
-        .expect("subscribe");
+    let (db, outbox, ledger, handle) = subscribed_failing("bad").await;
     // 300 parcels: 150 of the stuck key, more than seven windows; every healthy one applied.
     publish(&outbox, parcels(0, 300)).await;
     assert!(
@@ -150,17 +156,7 @@ async fn a_halted_key_holds_only_itself_past_ten_windows_and_a_retry_takes_its_b
 /// that key's later events must not overtake it. A retry gives both keys back, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_on_a_stuck_and_a_live_key_takes_the_live_key_with_it() {
-    let db = TestDb::new().await;
-    effects_table(&db.pool).await;
-    let outbox: Outbox<Parcel> = Outbox::new(db.pool.clone(), OutboxConfig::default())
-        .await
-        .expect("outbox");
-    let ledger = Ledger::default();
-    ledger.behaviour.fail("bad", true);
-    let handle = outbox
-        .subscribe(config(), ledger.clone())
-        .await
-        .expect("subscribe");
+    let (db, outbox, ledger, handle) = subscribed_failing("bad").await;
     let mut sent = vec![Parcel::new(0, &["bad"]), Parcel::new(1, &["bad", "both"])];
     sent.extend((2..40).map(|id| Parcel::new(id, &[if id % 2 == 0 { "both" } else { "free" }])));
     publish(&outbox, sent).await;
@@ -178,6 +174,57 @@ async fn an_event_on_a_stuck_and_a_live_key_takes_the_live_key_with_it() {
         .await
         .expect("retry");
     assert!(eventually(PATIENCE, || async { effects_of(&db, "both").await == 20 }).await);
+    handle.shutdown().await;
+    assert_once_each(&db.pool).await;
+    assert_key_order(&db.pool).await;
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM ordo.key_backlogs").await,
+        0
+    );
+}
+
+/// A key is whatever an event says: 12 kB that do not compress, a newline, quotes and a
+/// terminal escape. Stuck, its events go aside like any key's (nothing about the key is
+/// indexed), the other keys flow, the status escapes it, and a retry takes it back in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_key_goes_aside_and_comes_back_like_any_other() {
+    let hostile: String = (0..400)
+        .map(|i| {
+            format!(
+                "{:032x}",
+                u128::from(i as u32).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+            )
+        })
+        .collect::<String>()
+        + "\n\"quoted\" \u{1b}[31mred";
+    let (db, outbox, ledger, handle) = subscribed_failing(&hostile).await;
+    let sent = (0..60).map(|id| {
+        if id % 3 == 0 {
+            Parcel::new(id, &[hostile.as_str()])
+        } else {
+            Parcel::new(id, &["free"])
+        }
+    });
+    publish(&outbox, sent).await;
+    assert!(eventually(PATIENCE, || async { effects_of(&db, "free").await == 40 }).await);
+    assert!(
+        eventually(PATIENCE, || async {
+            count(&db, "SELECT count(*) FROM ordo.key_backlogs").await == 20
+        })
+        .await,
+        "the hostile key's 20 events wait aside"
+    );
+    let status = ordo::admin::status(&db.pool).await.expect("status");
+    let text = ordo::admin::status_table(&status);
+    assert!(
+        !text.contains('\u{1b}') && text.contains("STUCK"),
+        "the status names the stuck key, escaped: {text}"
+    );
+    ledger.behaviour.fail(&hostile, false);
+    ordo::admin::retry_stalled_keys(&db.pool, "keyed", Some(&hostile))
+        .await
+        .expect("retry");
+    assert!(eventually(PATIENCE, || async { effects_of(&db, &hostile).await == 20 }).await);
     handle.shutdown().await;
     assert_once_each(&db.pool).await;
     assert_key_order(&db.pool).await;

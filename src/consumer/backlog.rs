@@ -73,8 +73,6 @@ pub(crate) struct Backlogs {
     /// Events set aside in the window whose copy is not written yet, with the keys their row
     /// holds.
     pending: Vec<(Slot, Vec<String>)>,
-    /// Events taken back from a backlog since the claim (for the status).
-    pub(crate) taken_back: u64,
 }
 
 /// One event taken back from a backlog.

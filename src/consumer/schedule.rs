@@ -375,7 +375,6 @@ impl<P> Schedule<P> {
             self.lanes
                 .push_aside(position, keys, taken.item, taken.attempts, weight);
         }
-        self.backlogs.taken_back += links.len() as u64;
         metrics::counter!(crate::telemetry::metrics::BACKLOG_TAKEN_BACK, "subscription" => core.name.clone(), "kind" => core.kind.as_str())
             .increment(links.len() as u64);
         self.backlogs.page_taken(id, last, done);
