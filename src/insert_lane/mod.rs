@@ -15,10 +15,10 @@ pub(crate) mod resolve;
 pub(crate) mod rows;
 pub(crate) mod wakeup;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
+use dashmap::DashMap;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc, watch};
@@ -48,7 +48,9 @@ pub(crate) struct LaneShared<P> {
     /// the sequences this process inserted for each (ascending): it appends those at once and
     /// leaves other processes' groups to them, and hands their positions to this process's
     /// commit-lane listeners before the append (see `commit_lane::sequencer`).
-    own_commits: Mutex<HashMap<i64, OwnCommit>>,
+    own_commits: DashMap<i64, OwnCommit>,
+    /// How many transactions [`note_own_commit`](Self::note_own_commit) recorded.
+    own_noted: AtomicU64,
     /// This outbox's mark on its wake-ups, so that it can tell its own (echoed back by LISTEN;
     /// it has those events already) from another process's.
     pub(crate) instance: u64,
@@ -141,6 +143,10 @@ pub(crate) type OwnCommit = Arc<[u64]>;
 /// it only steers who appends first, and must not grow without bound.
 const OWN_COMMITS_MAX: usize = 65_536;
 
+/// The set's size is looked at once per this many entries, so it holds at most
+/// [`OWN_COMMITS_MAX`] plus this many.
+const OWN_COMMITS_CHECK: u64 = 1_024;
+
 impl<P> LaneShared<P> {
     pub(crate) fn new(
         pool: PgPool,
@@ -157,7 +163,8 @@ impl<P> LaneShared<P> {
             poke: Notify::new(),
             resync: std::sync::atomic::AtomicBool::new(false),
             page_size,
-            own_commits: Mutex::new(HashMap::new()),
+            own_commits: DashMap::new(),
+            own_noted: AtomicU64::new(0),
             instance: uuid::Uuid::new_v4().as_u64_pair().0,
             foreign_wake: std::sync::atomic::AtomicBool::new(false),
             peer_log: wakeup::PeerLog::default(),
@@ -191,29 +198,26 @@ impl<P> LaneShared<P> {
 
     /// Records a transaction this process committed, with the sequences it inserted.
     pub(crate) fn note_own_commit(&self, xid: i64, sequences: OwnCommit) {
-        if let Ok(mut own) = self.own_commits.lock() {
-            if own.len() >= OWN_COMMITS_MAX {
-                own.clear();
-            }
-            own.insert(xid, sequences);
+        // The size is read every so many notes, not on each: `len` locks every shard.
+        let noted = self.own_noted.fetch_add(1, Ordering::Relaxed);
+        if noted.is_multiple_of(OWN_COMMITS_CHECK) && self.own_commits.len() >= OWN_COMMITS_MAX {
+            self.own_commits.clear();
         }
+        self.own_commits.insert(xid, sequences);
     }
 
     /// Drops what [`note_own_commit`](Self::note_own_commit) recorded of `xid`: its `COMMIT`
     /// failed and the transaction rolled back, so no row of it will be met.
     pub(crate) fn forget_own_commit(&self, xid: i64) {
-        if let Ok(mut own) = self.own_commits.lock() {
-            own.remove(&xid);
-        }
+        self.own_commits.remove(&xid);
     }
 
     /// Whether this process committed `xid` (and had not been asked before), with the
     /// sequences it inserted.
     pub(crate) fn take_own_commit(&self, xid: i64) -> Option<OwnCommit> {
         self.own_commits
-            .lock()
-            .ok()
-            .and_then(|mut own| own.remove(&xid))
+            .remove(&xid)
+            .map(|(_, sequences)| sequences)
     }
 
     pub(crate) fn frontier(&self) -> u64 {

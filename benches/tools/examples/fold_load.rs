@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use dashmap::DashMap;
+use hdrhistogram::Histogram;
 use futures::StreamExt;
 use ordo::{Outbox, OutboxConfig, Start};
 use serde::{Deserialize, Serialize};
@@ -67,7 +69,7 @@ async fn writers_and_fold(scratch: &Scratch, seconds: u64) -> Result<()> {
     let plain_writers =
         Outbox::<Tick>::new(writer_pool, OutboxConfig::default().sequencer(false)).await?;
     let current = Arc::new(std::sync::RwLock::new(folding_writers.clone()));
-    let committed_at = Arc::new(dashmap_like::Map::default());
+    let committed_at = Arc::new(CommitTimes::default());
     let start = Instant::now();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -221,8 +223,8 @@ async fn paced_commit_lane_latency(scratch: &Scratch, seconds: u64) -> Result<()
     let mut lane = outbox.listen_committed(Start::Now);
     let mut insert_lane = outbox.listen_inserted(Start::Now);
     let start = Instant::now();
-    let committed_at = dashmap_like::Map::default();
-    let inserted_at = dashmap_like::Map::default();
+    let committed_at = CommitTimes::default();
+    let inserted_at = CommitTimes::default();
     let count = seconds * 500 + 250;
     let insert_side = tokio::spawn(async move {
         let mut received = Vec::new();
@@ -274,35 +276,26 @@ async fn paced_commit_lane_latency(scratch: &Scratch, seconds: u64) -> Result<()
     Ok(())
 }
 
-/// Commit times by (writer, n), joined with receive times at the end.
-mod dashmap_like {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
+/// Commit times by (writer, n), joined with receive times at the end: every writer task
+/// records into one concurrent map.
+#[derive(Default)]
+struct CommitTimes {
+    at: DashMap<(u32, u64), u64>,
+}
 
-    use anyhow::Result;
-    use hdrhistogram::Histogram;
-
-    #[derive(Default)]
-    pub struct Map {
-        inner: Mutex<HashMap<(u32, u64), u64>>,
+impl CommitTimes {
+    fn put(&self, writer: u32, n: u64, at: u64) {
+        self.at.insert((writer, n), at);
     }
 
-    impl Map {
-        pub fn put(&self, writer: u32, n: u64, at: u64) {
-            if let Ok(mut map) = self.inner.lock() {
-                map.insert((writer, n), at);
+    /// Microseconds from commit returning to receipt, for every received event.
+    fn latencies(&self, received: &[(u32, u64, u64)]) -> Result<Histogram<u64>> {
+        let mut histogram = Histogram::<u64>::new(3)?;
+        for (writer, n, at) in received {
+            if let Some(committed) = self.at.get(&(*writer, *n)) {
+                histogram.record(at.saturating_sub(*committed).max(1))?;
             }
         }
-        /// Microseconds from commit returning to receipt, for every received event.
-        pub fn latencies(&self, received: &[(u32, u64, u64)]) -> Result<Histogram<u64>> {
-            let mut histogram = Histogram::<u64>::new(3)?;
-            let map = self.inner.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-            for (writer, n, at) in received {
-                if let Some(committed) = map.get(&(*writer, *n)) {
-                    histogram.record(at.saturating_sub(*committed).max(1))?;
-                }
-            }
-            Ok(histogram)
-        }
+        Ok(histogram)
     }
 }

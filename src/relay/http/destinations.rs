@@ -8,11 +8,11 @@
 //! failure of requests sent before that probe started, and a probe that fails makes them the
 //! URL's outage.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::blame::Failed;
@@ -26,7 +26,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(10);
 const MAX_URLS: usize = 10_000;
 
 #[derive(Default, Clone)]
-pub(super) struct Destinations(Arc<Mutex<HashMap<String, Health>>>);
+pub(super) struct Destinations(Arc<DashMap<String, Health>>);
 
 #[derive(Default)]
 struct Health {
@@ -71,11 +71,8 @@ impl Destinations {
             Err(Failed::Unreachable(error)) => return Err(self.down(url, &error, None)),
             Err(Failed::Unclear(error)) => error,
         };
-        let Some((alive_at, probed)) =
-            self.health(url, |health| (health.alive_at, Arc::clone(&health.probed)))
-        else {
-            return Err(error);
-        };
+        let (alive_at, probed) =
+            self.health(url, |health| (health.alive_at, Arc::clone(&health.probed)));
         if alive_at.is_some_and(|at| at > sent_at) {
             return Err(error);
         }
@@ -107,7 +104,6 @@ impl Destinations {
     pub(super) fn alive_within(&self, url: &str, within: Duration) -> bool {
         let now = Instant::now();
         self.health(url, |health| health.alive_at)
-            .flatten()
             .is_some_and(|at| now.duration_since(at) <= within)
     }
 
@@ -121,12 +117,10 @@ impl Destinations {
     /// `error` as the URL's outage, with its pause (`Retry-After` honoured when longer) and,
     /// when a probe failed, why.
     fn down(&self, url: &str, error: &SendError, probe: Option<&str>) -> SendError {
-        let failures = self
-            .health(url, |health| {
-                health.failures = health.failures.saturating_add(1);
-                health.failures
-            })
-            .unwrap_or(1);
+        let failures = self.health(url, |health| {
+            health.failures = health.failures.saturating_add(1);
+            health.failures
+        });
         let exponent = failures.saturating_sub(1).min(16);
         let ceiling = FIRST_PAUSE.saturating_mul(1 << exponent).min(MAX_PAUSE);
         let pause = ceiling.mul_f64(fastrand::f64()).max(FIRST_PAUSE / 4);
@@ -143,13 +137,15 @@ impl Destinations {
         }
     }
 
-    /// Runs `with` on `url`'s health (`None` only if the lock was poisoned).
-    fn health<T>(&self, url: &str, with: impl FnOnce(&mut Health) -> T) -> Option<T> {
-        let mut urls = self.0.lock().ok()?;
-        if urls.len() >= MAX_URLS && !urls.contains_key(url) {
-            urls.clear();
+    /// Runs `with` on `url`'s health, under its shard's lock (so `with` must not touch the map).
+    fn health<T>(&self, url: &str, with: impl FnOnce(&mut Health) -> T) -> T {
+        if let Some(mut health) = self.0.get_mut(url) {
+            return with(&mut health);
         }
-        Some(with(urls.entry(url.to_owned()).or_default()))
+        if self.0.len() >= MAX_URLS {
+            self.0.clear();
+        }
+        with(&mut self.0.entry(url.to_owned()).or_default())
     }
 }
 
