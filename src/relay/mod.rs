@@ -58,6 +58,7 @@ mod outcomes;
 pub(crate) mod reused_ids;
 mod routing;
 mod runner;
+mod send_error;
 mod sink;
 mod sink_down;
 pub(crate) mod start;
@@ -83,6 +84,7 @@ pub use message::{Message, RawPayload, UNTYPED};
 pub use outage::RELAY_SINK_DOWN;
 pub use outcomes::Outcomes;
 pub use routing::{MAX_HEADER_VALUE, PayloadForm, Template, TemplateError};
+pub use send_error::SendError;
 #[cfg(any(
     feature = "http",
     feature = "kafka",
@@ -90,7 +92,7 @@ pub use routing::{MAX_HEADER_VALUE, PayloadForm, Template, TemplateError};
     feature = "rabbitmq"
 ))]
 pub(crate) use sink::fitted_timeout;
-pub use sink::{Router, SendError, Sink, SinkTiming};
+pub use sink::{Router, Sink, SinkTiming};
 pub(crate) use start::message_of;
 
 /// Runs user code given for one message (`what`: "subject", "route", "key"): its panic is that
