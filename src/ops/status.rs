@@ -178,9 +178,7 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         at.measured_at,
     )
     .await?;
-    let sequencer_idle_seconds = at
-        .sequencer_idle
-        .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0);
+    let sequencer_idle_seconds = idle_seconds(&at);
     let rows_above_head = rows_above_head(pool, at.sequence_head, at.committed_head).await?;
     let dead_letters = sql::dead_letters(pool).await?;
     let inbox = crate::inbox::status::inbox_status(pool).await?;
@@ -191,32 +189,15 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         .into_iter()
         .chain(default_warning)
         .collect();
-    let mut stalls = Vec::new();
-    let stuck_for = insert_lane.seconds.unwrap_or(0.0);
-    if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
-        if frontier >= at.sequence_head && !rows_above_head.is_empty() {
-            // Nobody holds the hole: no transaction has drawn it yet.
-            let reason = format!(
-                "rows above the sequence head {} (first: {}) were not written by a publish; the lane waits for writers to draw up to them",
-                at.sequence_head, rows_above_head[0]
-            );
-            stalls.push(Stall {
-                waiting_on: Some(frontier.next()),
-                ..Stall::new(Ordering::Insert, reason, stuck_for)
-            });
-        } else {
-            stalls.push(insert_stall(pool, frontier.next(), stuck_for).await?);
-        }
-    }
-    let folded_late = commit_lane.seconds.unwrap_or(0.0);
-    if commit_lane.events > 0 && folded_late >= 1.0 {
-        let reason = format!(
-            "{} resolved events wait for the sequencer, which last appended {} ago; is any process folding (an Outbox with the sequencer on, or `ordo fold`)?",
-            commit_lane.events,
-            sequencer_idle_seconds.map_or("never".to_owned(), |s| format!("{s:.1}s"))
-        );
-        stalls.push(Stall::new(Ordering::Commit, reason, folded_late));
-    }
+    let stalls = stalls(
+        pool,
+        &at,
+        frontier,
+        &insert_lane,
+        &commit_lane,
+        &rows_above_head,
+    )
+    .await?;
     Ok(OutboxStatus {
         measured_at: at.measured_at,
         sequence_head: at.sequence_head,
@@ -241,6 +222,50 @@ pub async fn status(pool: &PgPool) -> Result<OutboxStatus> {
         inbox,
         warnings,
     })
+}
+
+/// What holds each lane, once it has waited long enough to call it a stall.
+async fn stalls(
+    pool: &PgPool,
+    at: &sql::Positions,
+    frontier: EventSequence,
+    insert_lane: &LaneLag,
+    commit_lane: &LaneLag,
+    rows_above_head: &[EventSequence],
+) -> Result<Vec<Stall>> {
+    let mut stalls = Vec::new();
+    let stuck_for = insert_lane.seconds.unwrap_or(0.0);
+    if insert_lane.events > 0 && stuck_for >= STALL_AFTER.as_secs_f64() {
+        if frontier >= at.sequence_head && !rows_above_head.is_empty() {
+            // Nobody holds the hole: no transaction has drawn it yet.
+            let reason = format!(
+                "rows above the sequence head {} (first: {}) were not written by a publish; the lane waits for writers to draw up to them",
+                at.sequence_head, rows_above_head[0]
+            );
+            stalls.push(Stall {
+                waiting_on: Some(frontier.next()),
+                ..Stall::new(Ordering::Insert, reason, stuck_for)
+            });
+        } else {
+            stalls.push(insert_stall(pool, frontier.next(), stuck_for).await?);
+        }
+    }
+    let folded_late = commit_lane.seconds.unwrap_or(0.0);
+    if commit_lane.events > 0 && folded_late >= 1.0 {
+        let reason = format!(
+            "{} resolved events wait for the sequencer, which last appended {} ago; is any process folding (an Outbox with the sequencer on, or `ordo fold`)?",
+            commit_lane.events,
+            idle_seconds(at).map_or("never".to_owned(), |s| format!("{s:.1}s"))
+        );
+        stalls.push(Stall::new(Ordering::Commit, reason, folded_late));
+    }
+    Ok(stalls)
+}
+
+/// Seconds since the sequencer last appended, as the state row says.
+fn idle_seconds(at: &sql::Positions) -> Option<f64> {
+    at.sequencer_idle
+        .map(|i| i.microseconds as f64 / 1e6 + i.days as f64 * 86_400.0)
 }
 
 /// Every subscription and relay, by name, as [`status`] reports them:

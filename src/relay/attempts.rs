@@ -224,27 +224,7 @@ pub async fn relay_attempts(
     relay: &str,
     event: RelayEvent,
 ) -> Result<RelayEventAttempts> {
-    let position = match event {
-        RelayEvent::Position(position) => position,
-        RelayEvent::Id(id) => {
-            let found: Option<i64> = sqlx::query_scalar(POSITION_OF)
-                .bind(relay)
-                .bind(id)
-                .fetch_one(pool)
-                .await?;
-            match found.and_then(|at| u64::try_from(at).ok()) {
-                Some(position) => position,
-                None => {
-                    return Error::invalid_config(
-                        "event id",
-                        &format!(
-                            "no stored event {id} is on relay {relay:?}'s lane (unknown, a placeholder, not yet logged, or dropped by retention)"
-                        ),
-                    );
-                }
-            }
-        }
-    };
+    let position = position_of(pool, relay, event).await?;
     let at = i64::try_from(position).unwrap_or(i64::MAX);
     let Some(row) = sqlx::query(EVENT_STATE)
         .bind(relay)
@@ -265,27 +245,7 @@ pub async fn relay_attempts(
         at <= stored,
     );
     let since = row.try_get("updated_at")?;
-    let rows = sqlx::query(LIST)
-        .bind(relay)
-        .bind(at)
-        .fetch_all(pool)
-        .await?;
-    let mut event_id = None;
-    let mut sequence = None;
-    let mut attempts = Vec::with_capacity(rows.len());
-    for row in rows {
-        event_id = event_id.or(row.try_get("id")?);
-        sequence = sequence.or(Some(row.try_get::<i64, _>("sequence")?));
-        attempts.push(RelayAttempt {
-            attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or(0),
-            failed_at: row.try_get("failed_at")?,
-            error: row.try_get("error")?,
-            parked: row.try_get("parked")?,
-            host: row.try_get("host")?,
-            pid: u32::try_from(row.try_get::<i32, _>("pid")?).unwrap_or(0),
-            owner: row.try_get("owner")?,
-        });
-    }
+    let (mut event_id, mut sequence, attempts) = attempts_at(pool, relay, at).await?;
     if event_id.is_none() {
         let found: Option<(Uuid, i64)> = sqlx::query_as(EVENT_AT)
             .bind(at)
@@ -327,6 +287,60 @@ pub async fn relay_attempts(
         since,
         attempts,
     })
+}
+
+/// The lane position `event` names on `relay`'s lane: given, or looked up by the event's id.
+async fn position_of(pool: &PgPool, relay: &str, event: RelayEvent) -> Result<u64> {
+    match event {
+        RelayEvent::Position(position) => Ok(position),
+        RelayEvent::Id(id) => {
+            let found: Option<i64> = sqlx::query_scalar(POSITION_OF)
+                .bind(relay)
+                .bind(id)
+                .fetch_one(pool)
+                .await?;
+            match found.and_then(|at| u64::try_from(at).ok()) {
+                Some(position) => Ok(position),
+                None => Error::invalid_config(
+                    "event id",
+                    &format!(
+                        "no stored event {id} is on relay {relay:?}'s lane (unknown, a placeholder, not yet logged, or dropped by retention)"
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+/// The failed attempts stored for the event at `at` on `relay`'s lane, oldest first, with the
+/// event's id and sequence as the attempts recorded them.
+async fn attempts_at(
+    pool: &PgPool,
+    relay: &str,
+    at: i64,
+) -> Result<(Option<Uuid>, Option<i64>, Vec<RelayAttempt>)> {
+    let rows = sqlx::query(LIST)
+        .bind(relay)
+        .bind(at)
+        .fetch_all(pool)
+        .await?;
+    let mut event_id = None;
+    let mut sequence = None;
+    let mut attempts = Vec::with_capacity(rows.len());
+    for row in rows {
+        event_id = event_id.or(row.try_get("id")?);
+        sequence = sequence.or(Some(row.try_get::<i64, _>("sequence")?));
+        attempts.push(RelayAttempt {
+            attempt: u32::try_from(row.try_get::<i32, _>("attempt")?).unwrap_or(0),
+            failed_at: row.try_get("failed_at")?,
+            error: row.try_get("error")?,
+            parked: row.try_get("parked")?,
+            host: row.try_get("host")?,
+            pid: u32::try_from(row.try_get::<i32, _>("pid")?).unwrap_or(0),
+            owner: row.try_get("owner")?,
+        });
+    }
+    Ok((event_id, sequence, attempts))
 }
 
 /// [`HOLDERS`] of `id` when more than one event carries it, else empty.

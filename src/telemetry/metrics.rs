@@ -151,6 +151,15 @@ fn describe_backlogs() {
 /// [`Outbox`](crate::Outbox) and [`Inbox`](crate::Inbox) calls it when it is created; call it
 /// yourself if you install the recorder after that. Cheap, and harmless to repeat.
 pub fn describe() {
+    describe_lanes();
+    describe_subscriptions();
+    describe_backlogs();
+    describe_relays();
+    describe_inbox_and_rewinds();
+}
+
+/// The write path, both lanes, the sequencer, listeners and wake-ups.
+fn describe_lanes() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         EVENTS_PUBLISHED,
@@ -217,6 +226,21 @@ pub fn describe() {
         Unit::Count,
         "Placeholders this process wrote for abandoned sequences."
     );
+    describe_counter!(
+        STREAM_RETRIES,
+        Unit::Count,
+        "Listener reads that failed transiently and were retried."
+    );
+    describe_counter!(
+        WAKEUPS,
+        Unit::Count,
+        "Cross-process wake-ups this process's commits called for, sent or held back (nobody else listened)."
+    );
+}
+
+/// Durable subscriptions: lag, handled, skipped, retried, dead-lettered, halted.
+fn describe_subscriptions() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_gauge!(
         SUBSCRIPTION_LAG,
         Unit::Count,
@@ -242,12 +266,16 @@ pub fn describe() {
         Unit::Count,
         "Events a subscription moved to ordo.dead_letters."
     );
-    describe_backlogs();
     describe_counter!(
         SUBSCRIPTION_HALTS,
         Unit::Count,
         "Times a subscription halted, or a keyed one stalled a key."
     );
+}
+
+/// Relays: lag, halts, delivery latency, results, the sink's outage.
+fn describe_relays() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(
         RELAY_LAG,
         Unit::Count,
@@ -268,16 +296,16 @@ pub fn describe() {
         Unit::Count,
         "What each relay send did to an event, by result."
     );
-    describe_counter!(
-        STREAM_RETRIES,
+    describe_gauge!(
+        RELAY_SINK_DOWN,
         Unit::Count,
-        "Listener reads that failed transiently and were retried."
+        "1 while a relay's sink is down (an outage), else 0."
     );
-    describe_counter!(
-        WAKEUPS,
-        Unit::Count,
-        "Cross-process wake-ups this process's commits called for, sent or held back (nobody else listened)."
-    );
+}
+
+/// The inbox's receipts, and the database going back in time under either side.
+fn describe_inbox_and_rewinds() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(
         INBOX_RECEIPTS,
         Unit::Count,
@@ -302,11 +330,6 @@ pub fn describe() {
         INBOX_REWOUND_POSITIONS,
         Unit::Count,
         "Positions a watermark inbox had handled that the sender gave again on a newer history."
-    );
-    describe_gauge!(
-        RELAY_SINK_DOWN,
-        Unit::Count,
-        "1 while a relay's sink is down (an outage), else 0."
     );
 }
 

@@ -86,6 +86,17 @@ impl KafkaSink {
                 crate::telemetry::printable(&reason)
             )));
         }
+        self.report_failures(failures, outcomes).await;
+        Ok(())
+    }
+
+    /// Reports each failure to `outcomes`, a timeout on a topic never delivered to turned into
+    /// the topic's outage when the topic turns out not to exist.
+    async fn report_failures(
+        &mut self,
+        failures: Vec<(usize, Option<String>, SendError)>,
+        outcomes: &mut Outcomes,
+    ) {
         // A timeout on a topic never delivered to may be a topic that does not exist: the
         // topic's outage, not the message's attempt. Asked once per topic.
         let mut checked: std::collections::HashMap<String, Option<bool>> = Default::default();
@@ -113,7 +124,6 @@ impl KafkaSink {
             };
             outcomes.failed(index, error);
         }
-        Ok(())
     }
 }
 
