@@ -294,12 +294,11 @@ impl OutboxConfig {
     /// processes folding" in `docs/operations.md`), with no other process folding, appends start
     /// 2 to 5 ms apart whatever this is set to (what gathers about 16 transactions at their
     /// rate), since an append costs the database about the same whatever its size. A non-zero
-    /// interval coalesces a stream of small
-    /// transactions into fewer appends (less database load per event) at the price of commit-lane
-    /// latency: timers tick in milliseconds, so even 1 ms adds up to about 2 ms. Measured here,
-    /// one writer of single-event transactions: 1 ms raised throughput from 0.60x to 0.74x of a
-    /// hand-written insert and the commit lane's p99 at 500 transactions/s from 0.5 ms to
-    /// 2.5 ms (`docs/performance-history.md`). Default 0.
+    /// interval coalesces a stream of small transactions into fewer appends (less database load
+    /// per event) at the price of commit-lane latency: timers tick in milliseconds, so even 1 ms
+    /// adds up to about 2 ms. Measured here, one writer of single-event transactions: 1 ms raised
+    /// throughput from 0.60x to 0.74x of a hand-written insert and the commit lane's p99 at 500
+    /// transactions/s from 0.5 ms to 2.5 ms (`docs/performance-history.md`). Default 0.
     pub fn fold_interval(mut self, interval: Duration) -> Self {
         self.fold_interval = interval;
         self
@@ -333,11 +332,12 @@ impl OutboxConfig {
         self
     }
 
-    /// The most insert-lane positions the sequencer reads (and so the most groups it appends)
-    /// per append statement. Default 5,000; reads are also bounded by
-    /// [`page_size`](Self::page_size).
-    pub fn fold_batch(mut self, events: usize) -> Self {
-        self.fold_batch = events;
+    /// How many transactions fill the sequencer's plan. A full plan does not wait out
+    /// [`unwatched_append_spacing`](Self::unwatched_append_spacing), no read of the insert lane
+    /// adds more than this many, and none starts during an append once the next plan is full.
+    /// Default 5,000; 1 to 1,000,000.
+    pub fn fold_batch(mut self, transactions: usize) -> Self {
+        self.fold_batch = transactions;
         self
     }
 
@@ -393,7 +393,7 @@ impl OutboxConfig {
             return invalid("page_size", "must be between 1 and 100,000 rows");
         }
         if self.fold_batch == 0 || self.fold_batch > 1_000_000 {
-            return invalid("fold_batch", "must be between 1 and 1,000,000 groups");
+            return invalid("fold_batch", "must be between 1 and 1,000,000 transactions");
         }
         if self.fold_interval > Duration::from_secs(1) {
             return invalid(
