@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+mod retention;
+mod validate;
+
+pub use retention::{MAX_AHEAD, MAX_RETRY_FOR, RetentionConfig};
 
 /// The fewest connections the pool given to [`Outbox::new`](crate::Outbox::new) may allow
 /// (`max_connections`): one for the application's transactions, one for the outbox's
@@ -83,7 +86,7 @@ pub struct OutboxConfig {
     pub(crate) sequencer: bool,
     pub(crate) fold_batch: usize,
     pub(crate) fold_interval: Duration,
-    pub(crate) retention: crate::RetentionConfig,
+    pub(crate) retention: RetentionConfig,
     pub(crate) maintenance_interval: Duration,
     pub(crate) partition_maintenance: bool,
     pub(crate) background_pool: Option<sqlx::PgPool>,
@@ -108,7 +111,7 @@ impl Default for OutboxConfig {
             sequencer: true,
             fold_batch: 5_000,
             fold_interval: Duration::ZERO,
-            retention: crate::RetentionConfig::default(),
+            retention: RetentionConfig::default(),
             maintenance_interval: Duration::from_secs(60),
             partition_maintenance: true,
             background_pool: None,
@@ -232,9 +235,9 @@ impl OutboxConfig {
     /// the pooled one for [`Outbox::new`](crate::Outbox::new), whose
     /// [`begin`](crate::Outbox::begin) and [`publish_in`](crate::Outbox::publish_in) then send
     /// unnamed statements, which a transaction-mode pooler passes. Without this setting,
-    /// `Outbox::new` refuses a pooled pool with [`Error::TransactionPooler`]; it refuses a
-    /// pooled pool here too. It must allow at least
-    /// [`MIN_POOL_CONNECTIONS`] connections. Default: none.
+    /// `Outbox::new` refuses a pooled pool with
+    /// [`Error::TransactionPooler`](crate::Error::TransactionPooler); it refuses a pooled pool
+    /// here too. It must allow at least [`MIN_POOL_CONNECTIONS`] connections. Default: none.
     ///
     /// ```no_run
     /// # async fn run() -> ordo::Result<()> {
@@ -345,9 +348,9 @@ impl OutboxConfig {
     /// [`maintenance_interval`](Self::maintenance_interval): it keeps partitions ready ahead of
     /// the head (past the last one, events land in the default partition, which it folds back
     /// into a range partition); it drops old ones only when
-    /// [`RetentionConfig::keep`](crate::RetentionConfig::keep) is set. Default: create ahead,
+    /// [`RetentionConfig::keep`](RetentionConfig::keep) is set. Default: create ahead,
     /// drop nothing.
-    pub fn retention(mut self, retention: crate::RetentionConfig) -> Self {
+    pub fn retention(mut self, retention: RetentionConfig) -> Self {
         self.retention = retention;
         self
     }
@@ -365,110 +368,11 @@ impl OutboxConfig {
     /// application role that may not create tables (it does not own `ordo.events`); an operator
     /// role must then run `ordo retention --apply` (or [`run_retention`](crate::admin::run_retention))
     /// regularly. When off, the maintainer still watches and logs a warning when fewer than
-    /// [`RetentionConfig::warn_below`](crate::RetentionConfig::warn_below) partitions remain
+    /// [`RetentionConfig::warn_below`](RetentionConfig::warn_below) partitions remain
     /// ahead of the head; writes never fail for want of a partition (they land in the default
     /// partition). Default on; a role refused DDL is also detected at run time and told once.
     pub fn partition_maintenance(mut self, enabled: bool) -> Self {
         self.partition_maintenance = enabled;
         self
-    }
-
-    pub(crate) fn validate(&self) -> Result<()> {
-        let invalid = Error::invalid_config;
-        self.retention.validate()?;
-        if !self.partition_maintenance && self.retention.keep.is_some() {
-            return invalid(
-                "partition_maintenance/retention",
-                "retention.keep drops partitions, which needs partition_maintenance on; \
-                 drop with `ordo retention --keep` from an operator role instead",
-            );
-        }
-        if self.cache_capacity < 16 {
-            return invalid("cache_capacity", "must hold at least 16 events");
-        }
-        if self.cache_bytes < 1_024 {
-            return invalid("cache_bytes", "must be at least 1 KiB (1,024 bytes)");
-        }
-        if self.page_size == 0 || self.page_size > 100_000 {
-            return invalid("page_size", "must be between 1 and 100,000 rows");
-        }
-        if self.fold_batch == 0 || self.fold_batch > 1_000_000 {
-            return invalid("fold_batch", "must be between 1 and 1,000,000 transactions");
-        }
-        if self.fold_interval > Duration::from_secs(1) {
-            return invalid(
-                "fold_interval",
-                "must be at most 1 s (it delays the commit lane)",
-            );
-        }
-        if self.unwatched_append_spacing > Duration::from_secs(60) {
-            return invalid(
-                "unwatched_append_spacing",
-                "must be at most 60 s (the log a new reader finds is that far behind)",
-            );
-        }
-        if self.maintenance_interval < Duration::from_millis(100)
-            || self.maintenance_interval > MAX_MAINTENANCE_INTERVAL
-        {
-            return invalid(
-                "maintenance_interval",
-                "must be 100 ms to 24 hours: the partitions made ahead run out if it runs less often",
-            );
-        }
-        if self.gap_poll.is_zero() || self.resync_interval.is_zero() {
-            return invalid(
-                "gap_poll/resync_interval",
-                "must be greater than zero: zero polls the database in a busy loop",
-            );
-        }
-        if self.resync_interval > MAX_RESYNC_INTERVAL {
-            return invalid(
-                "resync_interval",
-                "must be at most 60 s: events from plain-SQL writers and behind a lost wake-up wait for it",
-            );
-        }
-        if self.notify_debounce > MAX_NOTIFY_DEBOUNCE {
-            return invalid(
-                "notify_debounce",
-                "must be at most 1 s: a later wake-up comes after the listeners' idle resync",
-            );
-        }
-        if self.gap_poll > self.resync_interval {
-            return invalid(
-                "gap_poll/resync_interval",
-                "gap_poll must not exceed resync_interval (the poll backs off up to it)",
-            );
-        }
-        if self.gap_fill_timeout <= self.gap_grace {
-            return invalid(
-                "gap_fill_timeout/gap_grace",
-                "gap_fill_timeout must exceed gap_grace: the proof starts after the grace",
-            );
-        }
-        if self.gap_fill_timeout > MAX_GAP_FILL_TIMEOUT {
-            return invalid(
-                "gap_fill_timeout",
-                "must be at most 24 hours: a hole held longer is an incident to end by hand (`ordo status` names its transaction)",
-            );
-        }
-        let channel_ok = !self.notify_channel.is_empty()
-            && self.notify_channel.len() < 64
-            && self
-                .notify_channel
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !channel_ok {
-            return invalid(
-                "notify_channel",
-                "must be 1 to 63 ASCII letters, digits or underscores",
-            );
-        }
-        if self.notify_channel == crate::latest::CHANNEL {
-            return invalid(
-                "notify_channel",
-                "ordo_latest is the latest values' channel; wake-ups need one of their own",
-            );
-        }
-        Ok(())
     }
 }

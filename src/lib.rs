@@ -194,8 +194,8 @@ mod write;
 
 pub use commit_lane::listener::CommitStream;
 pub use config::{
-    MAX_GAP_FILL_TIMEOUT, MAX_MAINTENANCE_INTERVAL, MAX_RESYNC_INTERVAL, MIN_POOL_CONNECTIONS,
-    OnRewind, OutboxConfig,
+    MAX_AHEAD, MAX_GAP_FILL_TIMEOUT, MAX_MAINTENANCE_INTERVAL, MAX_RESYNC_INTERVAL, MAX_RETRY_FOR,
+    MIN_POOL_CONNECTIONS, OnRewind, OutboxConfig, RetentionConfig,
 };
 pub use consumer::{
     BacklogSize, DEFAULT_KEYED_WINDOW, DeadLetterCount, Keys, MAX_LEASE, MIN_LEASE, RunStatus,
@@ -211,9 +211,7 @@ pub use migrate::{MIGRATIONS_TABLE, migrate, migrator};
 pub use ops::grants::{Grants, RoleKind};
 #[doc(hidden)]
 pub use ops::plans::hot_path_statements;
-pub use ops::retention::{
-    MAX_AHEAD, MAX_RETRY_FOR, PartitionInfo, RetentionConfig, RetentionReport,
-};
+pub use ops::retention::{PartitionInfo, RetentionReport};
 pub use ops::secrets::{ScrubReport, SecretKey};
 pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransaction, Stall};
 pub use outbox::Outbox;

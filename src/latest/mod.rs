@@ -46,7 +46,7 @@ pub use stream::LatestStream;
 pub(crate) use stream::{decode, stream};
 
 /// The channel `ordo.publish_latest` notifies (fixed in the migration).
-pub(crate) const CHANNEL: &str = "ordo_latest";
+pub(crate) use crate::schema::LATEST_CHANNEL as CHANNEL;
 
 /// The longest event type `ordo.latest_values` accepts, in bytes (its CHECK).
 pub(crate) const MAX_TYPE_BYTES: usize = 200;

@@ -9,11 +9,11 @@ use std::time::Duration;
 /// A sink says whether a failure is **the message's** (the receiver refused it or did not
 /// answer it: [`Transient`](SendError::Transient), [`Permanent`](SendError::Permanent)) or
 /// **the sink's** (it, or the message's destination, cannot take anything now:
-/// [`Unavailable`](SendError::Unavailable), or `Err` from [`Sink::send`]). A message's failure
-/// counts an attempt, even when nothing else is in flight: the relay retries a transient one
-/// later (no sooner than `retry_after` when the receiver asked for a pause) and parks the
-/// event after its maximum attempts; a permanent one parks it at once, because sending the
-/// same bytes again cannot succeed (a request the receiver rejects as malformed, a message
+/// [`Unavailable`](SendError::Unavailable), or `Err` from [`Sink::send`](super::Sink::send)). A
+/// message's failure counts an attempt, even when nothing else is in flight: the relay retries a
+/// transient one later (no sooner than `retry_after` when the receiver asked for a pause) and
+/// parks the event after its maximum attempts; a permanent one parks it at once, because sending
+/// the same bytes again cannot succeed (a request the receiver rejects as malformed, a message
 /// larger than the broker takes). The sink's failure counts nothing and parks nothing
 /// (`docs/relays.md`, "The failure model").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +23,8 @@ pub enum SendError {
     /// error (an HTTP 5xx, a broker nack or error ack), dropped its connection after it was
     /// sent, or did not answer it in time. Counts an attempt. When a batch delivered nothing
     /// and its failures could be the sink's (every message timed out), the relay asks
-    /// [`Sink::probe`] first: a sink that does not answer its probe is down, and nothing is
-    /// counted.
+    /// [`Sink::probe`](super::Sink::probe) first: a sink that does not answer its probe is down,
+    /// and nothing is counted.
     Transient {
         /// What happened, for logs and the event's `last_error` (no secrets).
         message: String,
