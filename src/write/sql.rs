@@ -69,27 +69,6 @@ pub(crate) async fn insert_events(
         .await
 }
 
-/// A cross-process wake-up (or an outbox saying that it listens), in a transaction of its own.
-/// It flushes no WAL: 200 of them in a row made one WAL sync (`pg_stat_wal.wal_sync`), so a
-/// commit setting such as `synchronous_commit = off` would buy nothing.
-pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-
-/// The payload of a wake-up: the highest sequence this process has committed, and the sending
-/// outbox's instance (so that it can tell its own echoed back).
-pub(crate) fn wakeup_payload(committed: EventSequence, instance: u64) -> String {
-    format!("{committed} {instance:016x}")
-}
-
-/// Sends [`NOTIFY`] on `channel` with `payload`.
-pub(crate) async fn notify(pool: &PgPool, channel: &str, payload: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(NOTIFY)
-        .bind(channel)
-        .bind(payload)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 /// The server's word on transaction `$1`: `committed`, `aborted`, `in progress`, or NULL once
 /// it no longer keeps that status. `commit_xid` is the full 64-bit transaction id
 /// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. Not proof on its own: a
