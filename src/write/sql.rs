@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use crate::pooler::Statements;
 use crate::position::EventSequence;
+use crate::telemetry::HotStatement;
 
 /// Inserts a transaction's buffered events in one statement.
 ///
@@ -113,3 +114,22 @@ pub(crate) async fn published(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, 
         .fetch_all(pool)
         .await
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "write: insert events",
+        sql: INSERT_EVENTS,
+        types: "uuid[], text[], text[], text[]",
+        args: "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
+        session: &[],
+    },
+    HotStatement {
+        name: "write: insert one event",
+        sql: INSERT_EVENT,
+        types: "uuid, text, text, text",
+        args: "'0190c9d2-0000-7000-8000-000000000001', '{}', '{}', 'Placed'",
+        session: &[],
+    },
+];
