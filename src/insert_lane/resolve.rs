@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use super::heads;
 use crate::error::Result;
 use crate::position::EventSequence;
+use crate::task::spawn_owned;
 use crate::telemetry::HotStatement;
 
 /// The transactions that hold a lock on `ordo.events_sequence` in this database now (any mode
@@ -211,7 +212,7 @@ impl Resolver {
         // A task of its own, counted there: the frontier aborts this resolver once it passes
         // the hole, which the placeholder written here lets it do before this future resumes,
         // and the count must not go with it (the frontier may also drop the result unread).
-        let written = tokio::spawn(async move {
+        let written = spawn_owned("insert_lane.placeholders", async move {
             let filled =
                 fill_placeholders(&pool, EventSequence::new(from), EventSequence::new(upto))
                     .await?;
