@@ -174,6 +174,7 @@ mod consumer;
 mod envelope;
 mod error;
 mod event_type;
+mod handler_error;
 pub mod inbox;
 mod insert_lane;
 mod latest;
@@ -204,6 +205,7 @@ pub use consumer::{
 };
 pub use envelope::{CommitOrderedEnvelope, Envelope, Headers};
 pub use error::{Error, Result};
+pub use handler_error::HandlerError;
 pub use inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
 pub use insert_lane::listener::EventStream;
 pub use latest::{Latest, LatestStream};
@@ -217,8 +219,8 @@ pub use ops::status::{Backend, LagClock, LaneLag, OutboxStatus, PreparedTransact
 pub use outbox::Outbox;
 pub use position::{CommitSequence, EventSequence, ServerHistory, Start};
 pub use subscription::{
-    Batch, DeadLetter, Delivery, HandlerError, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering,
-    Position, RetryPolicy, Subscriber,
+    Batch, DeadLetter, Delivery, JobConfig, MAX_CONCURRENCY, OnExhaustion, Ordering, Position,
+    RetryPolicy, Subscriber,
 };
 #[doc(hidden)]
 pub use telemetry::HotStatement;

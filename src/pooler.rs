@@ -163,23 +163,6 @@ pub(crate) async fn require_sessions(
     }
 }
 
-/// The one-line hint for a sqlx error that a transaction-mode pooler causes: a named prepared
-/// statement that already exists on, or is missing from, the server connection the pooler
-/// chose (`42P05`, `26000`).
-pub(crate) fn hint(error: &sqlx::Error) -> Option<&'static str> {
-    let sqlx::Error::Database(db) = error else {
-        return None;
-    };
-    match db.code().as_deref() {
-        Some("42P05" | "26000") if db.message().contains("sqlx_s_") => Some(
-            "this looks like a transaction-mode pooler (PgBouncer pool_mode = transaction) \
-             between ordo and PostgreSQL: connect to the server itself or to a session-mode pool \
-             (docs/operations.md, \"Connection poolers\")",
-        ),
-        _ => None,
-    }
-}
-
 /// Whether `pool`'s connections keep their server session from one transaction to the next:
 /// `false` when they go through a transaction-mode pooler (PgBouncer's
 /// `pool_mode = transaction`), where `LISTEN`, session settings, advisory locks and sqlx's

@@ -1,6 +1,7 @@
 //! The one supervised way ordo spawns background work: every task has a name, a tracing span,
 //! panic capture, and an owner that stops it: [`Tasks`] for an outbox's lanes, stopped together
-//! in order, and [`Supervised`] for a task stopped on its own as well (a subscription's runner).
+//! in order, [`Supervised`] for a task stopped on its own as well (a subscription's runner),
+//! and [`spawn_owned`] for a task whose spawner holds its handle (awaits it or aborts it).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -143,6 +144,30 @@ where
 {
     let span = tracing::info_span!(parent: &Span::current(), "ordo", task = name);
     drop(supervise(name, span, work));
+}
+
+/// Spawns `work`, a task its spawner owns through the handle returned (it awaits the output,
+/// or aborts the task, and dropping the handle lets the task finish alone), in the span of its
+/// spawner under the task name `name`. A panic is logged with that name like every other task's
+/// (see [`supervise`]), then carried on to the handle, where `JoinError::is_panic` still shows it.
+pub(crate) fn spawn_owned<F>(name: &'static str, work: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let span = tracing::info_span!(parent: &Span::current(), "ordo", task = name);
+    let watched = async move {
+        match AssertUnwindSafe(work).catch_unwind().await {
+            Ok(output) => output,
+            Err(panic) => {
+                let message = panic_message(&*panic);
+                tracing::error!(task = name, %message, "ordo background task panicked");
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+    .instrument(span);
+    tokio::spawn(watched)
 }
 
 /// The text a panic was raised with (`panic!("...")`), for logs and errors.

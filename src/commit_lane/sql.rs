@@ -9,6 +9,8 @@
 //! `LIMIT 1`: without statistics the planner guesses hundreds of rows for a one-page table and
 //! multiplies everything joined to it.
 
+use crate::telemetry::HotStatement;
+
 /// The sequencer's restart point, in one statement (one snapshot): the log head, the cursor,
 /// and the groups already logged above the cursor (a group straddles the cursor when it was
 /// appended whole while the fold had only reached its first member), with each group's highest
@@ -213,3 +215,65 @@ SELECT b.history, b.from_commit_seq, b.began,
         JOIN ordo.events AS e ON e.sequence = l.sequence) AS kept_until
 FROM ordo.begin_history($1, $2, $3) AS b
 "#;
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any). The sequencer's own are
+/// planned with the session settings of its connections.
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "commit lane: restart",
+        sql: RESTART,
+        types: "",
+        args: "",
+        session: super::sequencer::SESSION,
+    },
+    HotStatement {
+        name: "commit lane: catch up",
+        sql: CATCH_UP,
+        types: "bigint, bigint",
+        args: "0, 8192",
+        session: super::sequencer::SESSION,
+    },
+    HotStatement {
+        name: "commit lane: append",
+        sql: APPEND,
+        types: "bigint, bigint",
+        args: "0, 0",
+        session: super::sequencer::SESSION,
+    },
+    HotStatement {
+        name: "commit lane: head",
+        sql: HEAD,
+        types: "",
+        args: "",
+        session: &[],
+    },
+    HotStatement {
+        name: "commit lane: head, cursor and history",
+        sql: HEAD_AND_CURSOR,
+        types: "",
+        args: "",
+        session: &[],
+    },
+    HotStatement {
+        name: "commit lane: positions gone back",
+        sql: GONE_BACK,
+        types: "bigint[], bigint[], bigint, bigint",
+        args: "ARRAY[9, 10]::bigint[], ARRAY[40, 41]::bigint[], 8, 10",
+        session: &[],
+    },
+    HotStatement {
+        name: "commit lane: page",
+        sql: PAGE,
+        types: "bigint, bigint, bigint",
+        args: "0, 512, 512",
+        session: &[],
+    },
+    HotStatement {
+        name: "commit lane: retention trim",
+        sql: TRIM,
+        types: "bigint",
+        args: "1000001",
+        session: &[],
+    },
+];

@@ -163,7 +163,7 @@ pub(crate) async fn announce(
     instance: u64,
     head: u64,
 ) -> Result<()> {
-    sqlx::query(crate::write::sql::NOTIFY)
+    sqlx::query(crate::insert_lane::wakeup::NOTIFY)
         .bind(channel)
         .bind(crate::insert_lane::wakeup::log_payload(
             covered, instance, head,

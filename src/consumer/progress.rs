@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 use super::status::RunStatus;
 use crate::position::Position;
+use crate::telemetry::HotStatement;
 
 /// The rows above the watermark, as a runner finds them when it takes the lease; an event
 /// moved aside to a stuck key's backlog (`backlog.rs`) reads as `aside`, whatever its row says.
@@ -288,3 +289,43 @@ pub(crate) async fn has_progress(pool: &PgPool, name: &str) -> Result<bool, sqlx
         .fetch_one(pool)
         .await
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "keyed subscription: load progress",
+        sql: LOAD,
+        types: "text, bigint",
+        args: "'s', 0",
+        session: &[],
+    },
+    HotStatement {
+        name: "keyed subscription: completion",
+        sql: COMPLETE,
+        types: "text, uuid, bigint",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10",
+        session: &[],
+    },
+    HotStatement {
+        name: "keyed subscription: failed attempt",
+        sql: FAILED,
+        types: "text, uuid, bigint, text, integer, text[], text",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 'failing', 1, ARRAY['k'], 'boom'",
+        session: &[],
+    },
+    HotStatement {
+        name: "keyed subscription: watermark",
+        sql: FLUSH,
+        types: "text, uuid, bigint, bigint, float8",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+        session: &[],
+    },
+    HotStatement {
+        name: "keyed subscription: take retries",
+        sql: TAKE_RETRIES,
+        types: "text, uuid",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid",
+        session: &[],
+    },
+];

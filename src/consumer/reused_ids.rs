@@ -4,6 +4,7 @@
 use sqlx::PgPool;
 
 use super::source::Item;
+use crate::telemetry::HotStatement;
 
 /// For each event of a read (`$1` ids, `$2` their insert sequences) whose id a real event at a
 /// lower sequence also holds: its sequence and the lowest such sequence. One index scan per
@@ -55,3 +56,13 @@ pub(crate) async fn refuse<P>(pool: &PgPool, read: &mut [Item<P>]) -> Result<(),
     }
     Ok(())
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
+    name: "relay: ids reused by a read",
+    sql: REUSED,
+    types: "uuid[], bigint[]",
+    args: "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY[10]::bigint[]",
+    session: &[],
+}];

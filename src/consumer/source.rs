@@ -17,7 +17,7 @@ use crate::insert_lane::reader::LaneReader;
 use crate::insert_lane::rows::ReadMode;
 use crate::position::Position;
 use crate::position::{CommitSequence, EventSequence};
-use crate::task::StopSignal;
+use crate::task::{StopSignal, spawn_owned};
 
 /// One event at one position.
 pub(crate) struct Item<P> {
@@ -299,7 +299,7 @@ where
         let taken = budget
             .as_ref()
             .map(|(_, _, semaphore)| Arc::clone(semaphore));
-        let task = tokio::spawn(async move {
+        let task = spawn_owned("consumer.read_ahead", async move {
             loop {
                 match source.fill().await {
                     None => return,

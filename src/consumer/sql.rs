@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::status::RunStatus;
 use crate::position::Ordering;
 use crate::position::Position;
+use crate::telemetry::HotStatement;
 
 /// Creates the row if it is new, of kind `$4` (`subscription` or `relay`), run by the
 /// connected role (the column's default); existing rows are left alone.
@@ -226,3 +227,53 @@ pub(crate) async fn release(pool: &PgPool, name: &str, owner: Uuid) -> Result<()
         .await?;
     Ok(())
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "subscription: create",
+        sql: CREATE,
+        types: "text, text, bigint, text",
+        args: "'s', 'commit', 0, 'subscription'",
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: adopt",
+        sql: ADOPT,
+        types: "text, text",
+        args: "'s', 'subscription'",
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: identity",
+        sql: IDENTITY,
+        types: "text",
+        args: "'s'",
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: claim",
+        sql: CLAIM,
+        types: "text, uuid, bigint",
+        args: LEASE_ARGS,
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: renew",
+        sql: RENEW,
+        types: "text, uuid, bigint",
+        args: LEASE_ARGS,
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: release",
+        sql: RELEASE,
+        types: "text, uuid",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid",
+        session: &[],
+    },
+];
+
+/// Claim and renew take the same arguments.
+const LEASE_ARGS: &str = "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 30000";

@@ -1,6 +1,6 @@
 //! Database and migration errors in words: the conversion from `sqlx::Error` (naming a schema
-//! that is not migrated), PostgreSQL's message without sqlx's source line, and a failure's
-//! text as ordo stores it.
+//! that is not migrated), PostgreSQL's message without sqlx's source line (with a hint where a
+//! transaction-mode pooler caused it), and a failure's text as ordo stores it.
 
 use super::Error;
 
@@ -57,11 +57,28 @@ pub(super) fn describe(error: &sqlx::Error) -> String {
         text.push_str(&code);
         text.push(']');
     }
-    if let Some(pooler) = crate::pooler::hint(error) {
+    if let Some(pooler) = pooler_hint(error) {
         text.push_str(": ");
         text.push_str(pooler);
     }
     text
+}
+
+/// The one-line hint for a sqlx error that a transaction-mode pooler causes: a named prepared
+/// statement that already exists on, or is missing from, the server connection the pooler
+/// chose (`42P05`, `26000`).
+fn pooler_hint(error: &sqlx::Error) -> Option<&'static str> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    match db.code().as_deref() {
+        Some("42P05" | "26000") if db.message().contains("sqlx_s_") => Some(
+            "this looks like a transaction-mode pooler (PgBouncer pool_mode = transaction) \
+             between ordo and PostgreSQL: connect to the server itself or to a session-mode pool \
+             (docs/operations.md, \"Connection poolers\")",
+        ),
+        _ => None,
+    }
 }
 
 /// A failure's text as ordo stores and logs it (a handler's error in `last_error`, a dead

@@ -5,7 +5,7 @@ use std::future::Future;
 use sqlx::PgConnection;
 
 use super::message::InboxMessage;
-use crate::subscription::subscriber::HandlerError;
+use crate::handler_error::HandlerError;
 
 /// An inbox consumer's handler.
 ///

@@ -22,7 +22,7 @@ use super::{heads, rows};
 use crate::config::OutboxConfig;
 use crate::error::Result;
 use crate::position::EventSequence;
-use crate::task::StopSignal;
+use crate::task::{StopSignal, spawn_owned};
 use crate::telemetry::metrics as m;
 
 /// At most this many missing sequences are asked for by name in one fetch.
@@ -312,7 +312,9 @@ where
                 "hole outlived the grace; proving it abandoned"
             );
             metrics::counter!(m::GAP_WAITS).increment(1);
-            let handle = tokio::spawn(async move { resolver.resolve(at, upto).await });
+            let handle = spawn_owned("insert_lane.resolver", async move {
+                resolver.resolve(at, upto).await
+            });
             self.resolver = Some((at, handle));
         }
         if due {

@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::position::EventSequence;
+use crate::telemetry::HotStatement;
 
 /// The highest sequence any transaction has drawn (committed or not).
 pub(crate) const HEAD: &str =
@@ -66,3 +67,29 @@ pub(crate) async fn frontier_on(conn: &mut sqlx::PgConnection) -> Result<u64> {
         .await?;
     Ok(end.unwrap_or(EventSequence::BEGIN).get())
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "insert lane: sequence head",
+        sql: HEAD,
+        types: "",
+        args: "",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: contiguous end",
+        sql: CONTIGUOUS_END,
+        types: "bigint",
+        args: "0",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: resolved floor",
+        sql: RESOLVED_FLOOR,
+        types: "",
+        args: "",
+        session: &[],
+    },
+];

@@ -40,6 +40,8 @@ use tokio::time::Instant;
 use super::heads;
 use crate::error::Result;
 use crate::position::EventSequence;
+use crate::task::spawn_owned;
+use crate::telemetry::HotStatement;
 
 /// The transactions that hold a lock on `ordo.events_sequence` in this database now (any mode
 /// but the `AccessShareLock` a plain read of the sequence takes): their virtual transaction
@@ -210,7 +212,7 @@ impl Resolver {
         // A task of its own, counted there: the frontier aborts this resolver once it passes
         // the hole, which the placeholder written here lets it do before this future resumes,
         // and the count must not go with it (the frontier may also drop the result unread).
-        let written = tokio::spawn(async move {
+        let written = spawn_owned("insert_lane.placeholders", async move {
             let filled =
                 fill_placeholders(&pool, EventSequence::new(from), EventSequence::new(upto))
                     .await?;
@@ -225,3 +227,29 @@ impl Resolver {
         }
     }
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "insert lane: sequence drawers",
+        sql: DRAWERS,
+        types: "",
+        args: "",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: abandonment proof",
+        sql: DRAWERS_ENDED,
+        types: "text[], text[], bool",
+        args: "ARRAY['3/7']::text[], ARRAY['1234']::text[], false",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: placeholders",
+        sql: FILL,
+        types: "bigint, bigint",
+        args: "5, 9",
+        session: &[],
+    },
+];

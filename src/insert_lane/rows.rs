@@ -15,6 +15,7 @@ use super::cache::{Slot, SlotItem, Undecodable};
 use crate::envelope::{Envelope, Headers};
 use crate::error::{Error, Result};
 use crate::position::{CommitSequence, EventSequence, Ordering};
+use crate::telemetry::HotStatement;
 
 /// Rows in `(after, upto]`, in order, at most `limit`.
 pub(crate) const PAGE_FULL: &str = r#"
@@ -216,3 +217,36 @@ pub(crate) async fn check_retention_floor(
     }
     Ok(())
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "insert lane: page",
+        sql: PAGE_FULL,
+        types: "bigint, bigint, bigint",
+        args: "0, 512, 512",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: page without payloads",
+        sql: PAGE_META,
+        types: "bigint, bigint, bigint",
+        args: "0, 512, 512",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: fetch",
+        sql: FETCH,
+        types: "bigint[], bigint, bigint",
+        args: "ARRAY[5]::bigint[], 10, 512",
+        session: &[],
+    },
+    HotStatement {
+        name: "insert lane: retention floors",
+        sql: FLOORS,
+        types: "",
+        args: "",
+        session: &[],
+    },
+];

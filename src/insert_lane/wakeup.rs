@@ -2,7 +2,9 @@
 //! hint that something was committed. The table stays the only data channel: after a
 //! reconnect the lane looks at the table again, so a lost notification costs latency, never an
 //! event. The connection and its reconnects are `crate::listen`'s (one for every channel of the
-//! outbox); this is what the lane does with what it hears.
+//! outbox); this is what the lane does with what it hears. What is said on the channel, by
+//! whom and in which words (the `NOTIFY` statement and every payload's format) is
+//! [`protocol`]'s.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,11 @@ use tokio::time::Instant;
 use super::LaneShared;
 use crate::listen::{Listen, Notified};
 use crate::task::Tasks;
+
+mod protocol;
+
+pub(crate) use protocol::{NOTIFY, log_payload, notify, presence_payload, wakeup_payload};
+use protocol::{PRESENCE, Wake, parse};
 
 /// Has the outbox's LISTEN connection hand `channel`'s wake-ups to the lane.
 pub(crate) fn listen<P: Send + Sync + 'static>(
@@ -70,22 +77,6 @@ impl<P: Send + Sync> Notified for Wakeups<P> {
             Some(Wake { sequence, .. }) => shared.hint_foreign(sequence),
             None => shared.request_resync(),
         }
-    }
-}
-
-/// The sequence a presence payload carries ([`presence_payload`]): no event has it (sequences
-/// start at 1), so a process of an older version takes it as a wake-up for nothing new.
-const PRESENCE: u64 = 0;
-/// The last word of a greeting: a presence that asks the others to answer with theirs.
-const GREETING: &str = "hello";
-
-/// The payload by which an outbox says that it listens on the wake-up channel:
-/// `"0 {instance}"`, or as a greeting, which every other outbox answers, `"0 {instance} hello"`.
-pub(crate) fn presence_payload(instance: u64, greeting: bool) -> String {
-    if greeting {
-        format!("{PRESENCE} {instance:016x} {GREETING}")
-    } else {
-        format!("{PRESENCE} {instance:016x}")
     }
 }
 
@@ -175,36 +166,6 @@ impl Audience {
     }
 }
 
-/// A wake-up, as its payload reads.
-#[derive(Debug, PartialEq, Eq)]
-struct Wake {
-    /// The highest sequence the sender committed (for a sequencer's wake-up: the insert
-    /// sequence its log covers, which a sender of an older version takes as a commit hint).
-    sequence: u64,
-    /// The sending outbox's instance, in hex (since 0.1); a payload without it (an older
-    /// sender) counts as foreign.
-    instance: Option<u64>,
-    /// Present on a sequencer's wake-up (see [`PeerLog`]): the commit-log head it appended,
-    /// or, from a sequencer that leaves its appends to a peer, the head it knows.
-    log_head: Option<u64>,
-    /// A presence that asks for an answer ([`presence_payload`]).
-    greeting: bool,
-}
-
-fn parse(payload: &str) -> Option<Wake> {
-    let mut parts = payload.split(' ');
-    let sequence = parts.next()?.parse().ok()?;
-    let instance = parts.next().and_then(|i| u64::from_str_radix(i, 16).ok());
-    let third = parts.next();
-    let log_head = third.and_then(|h| h.parse().ok());
-    Some(Wake {
-        sequence,
-        instance,
-        log_head,
-        greeting: sequence == PRESENCE && third == Some(GREETING),
-    })
-}
-
 /// What other processes' sequencers said on the wake-up channel: a peer appended up to a head,
 /// or a peer leaves its appends to whoever folds. The commit lane's sequencer reads it (see
 /// `commit_lane::turns`); the insert lane only carries it, on the connection it listens on
@@ -241,61 +202,9 @@ impl PeerLog {
     }
 }
 
-/// The payload of a sequencer's wake-up: what [`parse`] reads as a [`Wake`] with a `log_head`,
-/// and a sender of an older version as a commit hint at `covered`.
-pub(crate) fn log_payload(covered: u64, instance: u64, head: u64) -> String {
-    format!("{covered} {instance:016x} {head}")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{
-        ANSWERED_WITHIN, Audience, HEARD_WITHIN, Wake, log_payload, parse, presence_payload,
-    };
-
-    fn wake(sequence: u64, instance: Option<u64>, log_head: Option<u64>) -> Option<Wake> {
-        Some(Wake {
-            sequence,
-            instance,
-            log_head,
-            greeting: false,
-        })
-    }
-
-    #[test]
-    fn a_payload_names_the_sequence_and_maybe_the_sender_and_a_log_head() {
-        assert_eq!(parse("42 00000000000000ff"), wake(42, Some(255), None));
-        assert_eq!(parse("42"), wake(42, None, None));
-        assert_eq!(parse("42 not-hex"), wake(42, None, None));
-        assert_eq!(parse("x"), None);
-        assert_eq!(
-            parse(&log_payload(42, 255, 7)),
-            wake(42, Some(255), Some(7))
-        );
-    }
-
-    #[test]
-    fn a_presence_reads_as_a_wake_up_for_nothing_new_and_only_a_greeting_asks() {
-        assert_eq!(
-            parse(&presence_payload(255, false)),
-            wake(0, Some(255), None)
-        );
-        let greeting = parse(&presence_payload(255, true));
-        assert_eq!(
-            greeting,
-            Some(Wake {
-                greeting: true,
-                ..Wake {
-                    sequence: 0,
-                    instance: Some(255),
-                    log_head: None,
-                    greeting: false
-                }
-            })
-        );
-        // A wake-up of an event is never a greeting, whatever follows it.
-        assert!(parse("42 00000000000000ff hello").is_some_and(|wake| !wake.greeting));
-    }
+    use super::{ANSWERED_WITHIN, Audience, HEARD_WITHIN};
 
     #[tokio::test(start_paused = true)]
     async fn wake_ups_go_out_while_someone_else_was_heard_or_while_deaf() {

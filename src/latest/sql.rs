@@ -7,6 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use super::LatestRow;
 use crate::envelope::Headers;
 use crate::pooler::Statements;
+use crate::telemetry::HotStatement;
 
 /// Upserts a value and notifies `ordo_latest` at commit, through the function of migration
 /// `20261201000300` (the only write a writer role may make here). Returns the version.
@@ -62,3 +63,22 @@ pub(crate) async fn read(pool: &PgPool, types: &[String]) -> Result<Vec<LatestRo
         })
         .collect())
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "latest values: publish",
+        sql: PUBLISH,
+        types: "text, text, text",
+        args: "'fx.rate', '{\"micros\": 1}', '{}'",
+        session: &[],
+    },
+    HotStatement {
+        name: "latest values: read",
+        sql: READ,
+        types: "text[]",
+        args: "ARRAY['fx.rate', 'flags']::text[]",
+        session: &[],
+    },
+];

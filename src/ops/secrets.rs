@@ -20,6 +20,7 @@ use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
 use crate::task::StopSignal;
+use crate::telemetry::HotStatement;
 
 /// One step: removes the secret keys from at most `$1` events every reader has passed; with
 /// `$2`, waits for another scrubber's step rather than leave the work to it.
@@ -261,3 +262,17 @@ async fn refused(pool: &PgPool, error: &Error) {
          `ordo secrets scrub` as an operator"
     );
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    // Its inner statements run with `jit = off` (a setting of the function, checked by
+    // tests/relay_secrets.rs): EXPLAIN does not see inside a function.
+    HotStatement {
+        name: "maintenance: scrub secrets",
+        sql: SCRUB,
+        types: "bigint, boolean",
+        args: "1000, false",
+        session: &[],
+    },
+];

@@ -9,6 +9,7 @@ use super::status::{Backend, LaneLag, PreparedTransaction};
 use crate::consumer::{SubscriptionState, SubscriptionStatus};
 use crate::position::{CommitSequence, EventSequence};
 use crate::position::{Position, read_lane};
+use crate::telemetry::HotStatement;
 
 /// The positions, in one statement: drawn head, highest committed row, the commit log's state,
 /// and whether commit timestamps are tracked.
@@ -271,3 +272,36 @@ pub(super) async fn prepared_drawers(
         })
         .collect()
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "status: positions",
+        sql: POSITIONS,
+        types: "",
+        args: "",
+        session: &[],
+    },
+    HotStatement {
+        name: "status: insert lag",
+        sql: INSERT_LAG,
+        types: "bigint, boolean",
+        args: "0, false",
+        session: &[],
+    },
+    HotStatement {
+        name: "status: commit lag",
+        sql: COMMIT_LAG,
+        types: "bigint, bigint, boolean",
+        args: "0, 100, false",
+        session: &[],
+    },
+    HotStatement {
+        name: "status: subscriptions",
+        sql: SUBSCRIPTIONS,
+        types: "bigint, bigint, boolean",
+        args: "100, 100, false",
+        session: &[],
+    },
+];

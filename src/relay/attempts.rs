@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::marks::Mark;
 use crate::error::{Error, Result};
 use crate::position::{Position, read_lane};
+use crate::telemetry::HotStatement;
 
 /// Attempts kept per event: the newest.
 pub(crate) const KEPT: i32 = 20;
@@ -369,3 +370,16 @@ fn state_of(progress: Option<&str>, in_backlog: bool, covered: bool) -> RelayEve
         None => RelayEventState::Waiting,
     }
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    // On the failure path only, but once per failed attempt of a relay that may fail often.
+    HotStatement {
+        name: "relay: failed attempt's history",
+        sql: RECORD,
+        types: "text, bigint, bigint, integer, text, boolean, text, integer, uuid, integer",
+        args: "'s', 10, 10, 1, 'boom', false, 'host', 1, '0190c9d2-0000-7000-8000-000000000001'::uuid, 20",
+        session: &[],
+    },
+];

@@ -17,6 +17,7 @@ use super::runner::{BLAMELESS_RETRY, RelayRunner, Verdict, Work};
 use super::{Message, SendError, Sink};
 use crate::consumer::lanes::Slot;
 use crate::position::Position;
+use crate::task::spawn_owned;
 use crate::telemetry::metrics as m;
 pub(crate) use recording::{Recording, Written};
 
@@ -272,7 +273,7 @@ impl<K: Sink> RelayRunner<K> {
         // committing first would make the failure's fenced mark find the watermark past it.
         let (done, finished) = tokio::sync::oneshot::channel();
         let before = self.last_write.replace(finished);
-        self.writes.push(tokio::spawn(async move {
+        self.writes.push(spawn_owned("relay.marks", async move {
             if let Some(before) = before {
                 // An error only says the write before ended without a word (aborted): go on.
                 let _ = before.await;

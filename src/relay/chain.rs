@@ -22,6 +22,7 @@ use sqlx::PgPool;
 
 use super::Message;
 use super::sink::Router;
+use crate::telemetry::HotStatement;
 
 /// [`FLUSH_ROUTES`]: the stored status after moving the watermark from `from` to `to` with the
 /// routes passed; `None` when the fence refused.
@@ -216,6 +217,16 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
+    name: "relay: watermark and route chains",
+    sql: FLUSH_ROUTES,
+    types: "text, uuid, bigint, bigint, float8, text[], bigint[]",
+    args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000, ARRAY['a'], ARRAY[10]::bigint[]",
+    session: &[],
+}];
 
 #[cfg(test)]
 mod tests {

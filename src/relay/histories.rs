@@ -12,6 +12,7 @@
 use sqlx::PgPool;
 
 use crate::position::ServerHistory;
+use crate::telemetry::HotStatement;
 
 /// Every history the log was appended on, `(history, from_commit_seq)`, with the log head
 /// they cover (one snapshot).
@@ -63,6 +64,16 @@ impl Histories {
         })
     }
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
+    name: "relay: server histories",
+    sql: HISTORIES,
+    types: "",
+    args: "",
+    session: &[],
+}];
 
 #[cfg(test)]
 mod tests {

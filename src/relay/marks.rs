@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::consumer::progress;
 use crate::position::Position;
+use crate::telemetry::HotStatement;
 
 /// Every delivered position above the stored watermark at once, fenced like a keyed
 /// completion (`FOR SHARE` of the relay's row holds off a takeover until COMMIT). The fence is
@@ -164,3 +165,13 @@ impl Writer {
         Ok(true)
     }
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
+    name: "relay: delivered marks",
+    sql: DELIVERED,
+    types: "text, uuid, bigint[]",
+    args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, ARRAY[10, 11, 12]::bigint[]",
+    session: &[],
+}];

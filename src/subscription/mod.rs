@@ -25,7 +25,7 @@ pub use dead_letters::{
     DeadLetter, list_dead_letters, purge_dead_letters, retry_dead_letter, retry_dead_letters,
 };
 pub use delivery::Delivery;
-pub use subscriber::{HandlerError, Subscriber};
+pub use subscriber::Subscriber;
 
 use crate::consumer::{Kind, Registration, Runners, Shared, SubscriptionHandle};
 use runner::Runner;

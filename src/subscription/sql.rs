@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::consumer::sql::{attempts_bound, lease_ms};
 use crate::position::{EventSequence, Position};
+use crate::telemetry::HotStatement;
 
 /// The `BEGIN` of a handler's transaction: the server ends the session if the transaction sits
 /// idle (the runner stalled, or a handler awaits something else) longer than the lease, so a
@@ -220,3 +221,29 @@ pub(crate) async fn retry_failed(pool: &PgPool, id: i64, message: &str) -> Resul
 pub(crate) const PROGRESS: &str = r#"
 SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $1
 "#;
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "subscription: checkpoint",
+        sql: CHECKPOINT,
+        types: "text, uuid, bigint, bigint, bigint",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 10, 9, 30000",
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: failed attempt",
+        sql: FAILED,
+        types: "text, uuid, integer, text, bigint",
+        args: "'s', '0190c9d2-0000-7000-8000-000000000001'::uuid, 1, 'boom', 30000",
+        session: &[],
+    },
+    HotStatement {
+        name: "subscription: dead letter",
+        sql: DEAD_LETTER,
+        types: "text, text, bigint, bigint, text, integer",
+        args: "'s', 'commit', 9, 9, 'boom', 3",
+        session: &[],
+    },
+];

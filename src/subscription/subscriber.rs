@@ -6,11 +6,7 @@ use std::future::Future;
 use super::delivery::Delivery;
 use crate::consumer::{Keys, SERIAL_KEY};
 use crate::envelope::Envelope;
-
-/// What a handler returns on failure: any error. It is retried per the job's
-/// [`RetryPolicy`](crate::RetryPolicy), and its message is stored in
-/// `ordo.subscriptions.last_error`.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+use crate::handler_error::HandlerError;
 
 /// A durable subscription's handler.
 ///

@@ -19,8 +19,9 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
-use super::sql;
-use crate::insert_lane::wakeup::{Audience, PRESENCE_EVERY, presence_payload};
+use crate::insert_lane::wakeup::{
+    Audience, PRESENCE_EVERY, notify, presence_payload, wakeup_payload,
+};
 use crate::position::EventSequence;
 use crate::task::StopSignal;
 use crate::telemetry::metrics as m;
@@ -74,7 +75,7 @@ pub(crate) async fn run(
             metrics::counter!(m::WAKEUPS, "result" => "held").increment(1);
             continue;
         }
-        if !say(&pool, &channel, &sql::wakeup_payload(latest, instance)).await {
+        if !say(&pool, &channel, &wakeup_payload(latest, instance)).await {
             continue;
         }
         (settled, sent) = (latest, latest);
@@ -89,7 +90,7 @@ pub(crate) async fn run(
 
 /// Sends `payload` on `channel`; whether it went.
 async fn say(pool: &PgPool, channel: &str, payload: &str) -> bool {
-    match sql::notify(pool, channel, payload).await {
+    match notify(pool, channel, payload).await {
         Ok(()) => true,
         // Listeners also resync on a timer: a lost wake-up costs latency, not events.
         Err(error) => {

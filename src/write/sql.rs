@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use crate::pooler::Statements;
 use crate::position::EventSequence;
+use crate::telemetry::HotStatement;
 
 /// Inserts a transaction's buffered events in one statement.
 ///
@@ -69,27 +70,6 @@ pub(crate) async fn insert_events(
         .await
 }
 
-/// A cross-process wake-up (or an outbox saying that it listens), in a transaction of its own.
-/// It flushes no WAL: 200 of them in a row made one WAL sync (`pg_stat_wal.wal_sync`), so a
-/// commit setting such as `synchronous_commit = off` would buy nothing.
-pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-
-/// The payload of a wake-up: the highest sequence this process has committed, and the sending
-/// outbox's instance (so that it can tell its own echoed back).
-pub(crate) fn wakeup_payload(committed: EventSequence, instance: u64) -> String {
-    format!("{committed} {instance:016x}")
-}
-
-/// Sends [`NOTIFY`] on `channel` with `payload`.
-pub(crate) async fn notify(pool: &PgPool, channel: &str, payload: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(NOTIFY)
-        .bind(channel)
-        .bind(payload)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 /// The server's word on transaction `$1`: `committed`, `aborted`, `in progress`, or NULL once
 /// it no longer keeps that status. `commit_xid` is the full 64-bit transaction id
 /// (`pg_current_xact_id()`), which `pg_xact_status` takes as `xid8`. Not proof on its own: a
@@ -134,3 +114,22 @@ pub(crate) async fn published(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, 
         .fetch_all(pool)
         .await
 }
+
+/// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
+/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+pub(crate) const HOT_PATH: &[HotStatement] = &[
+    HotStatement {
+        name: "write: insert events",
+        sql: INSERT_EVENTS,
+        types: "uuid[], text[], text[], text[]",
+        args: "ARRAY['0190c9d2-0000-7000-8000-000000000001']::uuid[], ARRAY['{}']::text[], ARRAY['{}']::text[], ARRAY['Placed']::text[]",
+        session: &[],
+    },
+    HotStatement {
+        name: "write: insert one event",
+        sql: INSERT_EVENT,
+        types: "uuid, text, text, text",
+        args: "'0190c9d2-0000-7000-8000-000000000001', '{}', '{}', 'Placed'",
+        session: &[],
+    },
+];
