@@ -18,28 +18,13 @@ const MAX_FILE_LINES: usize = 400;
 const MAX_FN_LINES: usize = 80;
 
 /// Files over [`MAX_FILE_LINES`] when the rule was written (2026-12-07), with their length then.
-const LONG_FILES: &[(&str, usize)] = &[
-    ("src/bin/ordo/relay/settings.rs", 419),
-    ("src/commit_lane/went_back.rs", 505),
-    ("src/config.rs", 474),
-    ("src/error.rs", 490),
-    ("src/inbox/transport.rs", 435),
-    ("src/outbox/mod.rs", 697),
-    ("src/relay/sink.rs", 409),
-];
+const LONG_FILES: &[(&str, usize)] = &[("src/error.rs", 490)];
 
 /// Functions over [`MAX_FN_LINES`] when the rule was written (2026-12-07): file, name, length then. A name
 /// that occurs twice in a file is held to the larger length.
 const LONG_FNS: &[(&str, &str, usize)] = &[
     ("src/bin/ordo/relay/mod.rs", "run", 84),
-    ("src/commit_lane/new_history.rs", "begin_after_rewind", 83),
-    ("src/config.rs", "validate", 98),
-    ("src/ops/status.rs", "status", 83),
-    ("src/outbox/mod.rs", "resume_after_rewind", 95),
-    ("src/relay/attempts.rs", "relay_attempts", 111),
     ("src/relay/batch.rs", "record", 97),
-    ("src/relay/kafka/produce.rs", "produce_all", 96),
-    ("src/telemetry/metrics.rs", "describe", 163),
 ];
 
 /// The words that, followed by a number, cite a work item. Spelled in pieces so that this

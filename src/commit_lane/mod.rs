@@ -5,17 +5,20 @@
 //! `ordo.commit_log`) and publishes the log head; [`listener`]
 //! streams read the recent log entries this process appended (and the events themselves from
 //! the insert lane's cache), or the log joined to the events by pages when further behind.
+//! A log that went back under what this process saw is checked, and a rewind found there or
+//! upstream is lived through, in [`rewind`].
 
 pub(crate) mod listener;
-pub(crate) mod new_history;
 pub(crate) mod promised;
+pub(crate) mod rewind;
 pub(crate) mod sequencer;
 pub(crate) mod sql;
 pub(crate) mod store;
 mod turns;
 pub(crate) mod wait;
 pub(crate) mod watcher;
-pub(crate) mod went_back;
+// The checks of a log that went back live in the rewind room; the lane's files name them here.
+pub(crate) use rewind::went_back;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};

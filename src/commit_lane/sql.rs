@@ -204,7 +204,7 @@ WHERE c.max_sequence >= (SELECT min(s) FROM unnest($1::bigint[]) AS s)
   AND u.sequence = ANY ($1::bigint[])
 "#;
 
-/// After a rewind: the new server history ([`new_history`](super::new_history)), from
+/// After a rewind: the new server history ([`new_history`](super::rewind::new_history)), from
 /// `ordo.begin_history(known, first_position, lost_through)`, with when the last event the log
 /// kept below it was recorded (NULL: none, or retention dropped it): what was written after
 /// that may be lost.

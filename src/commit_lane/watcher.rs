@@ -7,7 +7,8 @@
 //! read the state row after nearly every commit: a fifth more statements than it wrote.
 //!
 //! Each read also takes in the newest server history: a process that does not fold learns
-//! of a failover that gave positions it saw to other events ([`went_back`](super::went_back)).
+//! of a failover that gave positions it saw to other events
+//! ([`went_back`](super::rewind::went_back)).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,6 +12,7 @@ pub(crate) mod heads;
 pub(crate) mod listener;
 pub(crate) mod reader;
 pub(crate) mod resolve;
+mod rewind;
 pub(crate) mod rows;
 pub(crate) mod wakeup;
 
@@ -29,6 +30,7 @@ use crate::listen::Listen;
 use crate::task::Tasks;
 use cache::{Cache, Slot};
 use frontier::FrontierTask;
+pub(crate) use rewind::Rewind;
 
 /// State shared by the frontier task, the writers of this process and every listener.
 pub(crate) struct LaneShared<P> {
@@ -67,73 +69,6 @@ pub(crate) struct LaneShared<P> {
     /// Set when the server is found to have gone back below what this lane passed; shared
     /// with the lane's table views.
     pub(crate) rewind: Arc<Rewind>,
-}
-
-/// The server went back in time under an outbox's lanes ([`Error::ServerRewound`]): reported
-/// once, by the part that sees it; the lanes then stop, every reader of them ends with the
-/// error, and the outbox starts new lanes (or stops, per `OutboxConfig::on_rewind`).
-///
-/// [`Error::ServerRewound`]: crate::Error::ServerRewound
-#[derive(Debug)]
-pub(crate) struct Rewind {
-    what: std::sync::OnceLock<String>,
-    reported: Notify,
-    /// The lowest commit position known to have been given to another event (`u64::MAX`: not
-    /// known): where the history begun after the rewind starts.
-    given_again_from: std::sync::atomic::AtomicU64,
-}
-
-impl Default for Rewind {
-    fn default() -> Self {
-        Self {
-            what: std::sync::OnceLock::new(),
-            reported: Notify::new(),
-            given_again_from: std::sync::atomic::AtomicU64::new(u64::MAX),
-        }
-    }
-}
-
-impl Rewind {
-    /// Notes that commit position `from` (and those after it) went to another event.
-    pub(crate) fn given_again_from(&self, from: u64) {
-        self.given_again_from
-            .fetch_min(from, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The lowest commit position known to have gone to another event, if one is.
-    pub(crate) fn first_given_again(&self) -> Option<u64> {
-        Some(
-            self.given_again_from
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-        .filter(|&from| from != u64::MAX)
-    }
-
-    /// Reports a rewind (the first report wins); the outbox's watchdog stops these lanes.
-    pub(crate) fn report(&self, what: String) {
-        if self.what.set(what).is_ok() {
-            self.reported.notify_one();
-        }
-    }
-
-    /// Whether a rewind was reported.
-    pub(crate) fn is_reported(&self) -> bool {
-        self.what.get().is_some()
-    }
-
-    /// The error readers and writers end with, once reported.
-    pub(crate) fn error(&self) -> Option<crate::Error> {
-        self.what
-            .get()
-            .map(|what| crate::Error::ServerRewound { what: what.clone() })
-    }
-
-    /// Resolves once a rewind is reported.
-    pub(crate) async fn reported(&self) {
-        if self.what.get().is_none() {
-            self.reported.notified().await;
-        }
-    }
 }
 
 /// The sequences a transaction of this process inserted through its `commit`, ascending.

@@ -60,7 +60,7 @@ where
     where
         V: Serialize + ?Sized,
     {
-        if *self.inner.closed.borrow() {
+        if self.inner.generations.is_closed() {
             return Err(Error::Shutdown);
         }
         let mut conn = self.inner.direct.acquire().await?;
@@ -127,7 +127,7 @@ where
         T: DeserializeOwned + Send + Sync + 'static,
     {
         let types = latest::selection(types)?;
-        let generation = self.inner.generation();
+        let generation = self.inner.generations.running();
         let stop = generation.tasks.signal();
         if stop.is_stopped() {
             return Err(Error::Shutdown);

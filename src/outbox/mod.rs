@@ -1,47 +1,38 @@
 //! [`Outbox`]: the handle an application holds, and the hub that starts every part.
 //!
 //! Its methods are spread by concept: publishing here (the work is in `write/`), listener
-//! streams in `read.rs`, read-your-writes in `wait.rs`. Each part starts itself
+//! streams in `read.rs`, read-your-writes in `wait.rs`, commits that lost their answer in
+//! `in_doubt.rs`, subscriptions and relays in `consumers.rs`. Each part starts itself
 //! (`insert_lane::spawn`, `write::spawn`, `ops::spawn`, `commit_lane::spawn`,
-//! `subscription::spawn`); what is left here ties them together: construction, and the
-//! ordered shutdown.
+//! `subscription::spawn`); what is left here ties them together: construction (of the first
+//! generation of lanes, and of each one after a rewind, whose lifecycle is
+//! `commit_lane::rewind`'s), and the ordered shutdown.
 
+mod consumers;
+mod in_doubt;
 mod latest;
 mod read;
 mod wait;
 
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::sync::watch;
-use uuid::Uuid;
 
-use crate::commit_lane::{self, CommitShared};
+use crate::commit_lane::rewind::{Generation, Generations};
+use crate::commit_lane::{self, rewind};
 use crate::config::{MIN_POOL_CONNECTIONS, OnRewind, OutboxConfig};
-use crate::consumer::{CurrentLanes, LaneSet, Runners, Shared, SubscriptionHandle};
+use crate::consumer::{CurrentLanes, LaneSet, Runners};
 use crate::error::{Error, Result};
-use crate::insert_lane::{self, LaneShared};
+use crate::insert_lane;
 use crate::latest::LatestHub;
 use crate::listen::Listen;
 use crate::pooler::{self, Sessions, Statements};
 use crate::position::EventSequence;
-use crate::subscription::{self, JobConfig, Subscriber};
 use crate::task::Tasks;
-use crate::write::in_doubt::{self, CommitStatus};
 use crate::write::publish_in::publish_in;
-use crate::write::sink::CommitSink;
 use crate::write::transaction::OutboxTransaction;
-
-/// How long [`Outbox::shutdown`] waits for each lane task.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// The first and the longest wait between two attempts to start the lanes again after a
-/// rewind, while the server does not answer.
-const REWIND_RETRY_FIRST: Duration = Duration::from_millis(100);
-const REWIND_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// An outbox of events of type `P` on one database.
 ///
@@ -82,101 +73,91 @@ struct Inner<P> {
     config: OutboxConfig,
     /// How publishing statements are sent (unnamed through a transaction-mode pooler).
     statements: Statements,
-    /// The lanes and the tasks that run them: replaced when the outbox starts again after the
-    /// database went back in time under it.
-    generation: RwLock<Arc<Generation<P>>>,
-    /// The lanes of `generation`, as subscription runners take them at each claim. A cell of
-    /// its own, replaced with `generation` (in [`Inner::install`]): runners outlive a dropped
-    /// outbox until they see their stop, and holding the generation would keep its tasks (and
-    /// its LISTEN connection) from the stop that dropping it sends.
+    /// The lanes and the tasks that run them: the running generation, replaced when the outbox
+    /// starts again after the database went back in time under it; closed by
+    /// [`Outbox::shutdown`] (or a rewind under [`OnRewind::Stop`]), after which no generation
+    /// starts.
+    generations: Generations<P>,
+    /// The lanes of the running generation, as subscription runners take them at each claim.
+    /// A cell of its own, replaced with the generation (its hand-over): runners outlive a
+    /// dropped outbox until they see their stop, and holding the generation would keep its
+    /// tasks (and its LISTEN connection) from the stop that dropping it sends.
     current: Arc<CurrentLanes<P>>,
     /// Subscription runners: stopped before the lanes they read.
     runners: Runners,
-    /// Set by [`Outbox::shutdown`] (or a rewind under [`OnRewind::Stop`]): no generation
-    /// starts after it.
-    closed: watch::Sender<bool>,
 }
 
-/// What an outbox runs on one stretch of the server's history: its lanes, built from what the
-/// server holds when it starts, and the tasks that run them. A rewind ends one; the next one
-/// starts from what the server holds then, as a new `Outbox` would.
-struct Generation<P> {
-    lane: Arc<LaneShared<P>>,
-    commit: Arc<CommitShared>,
-    sink: Arc<CommitSink<P>>,
-    /// Latest values: its tasks start with the first latest stream, under `tasks`.
-    latest: LatestHub,
-    /// The one LISTEN connection, for the wake-ups and the latest values.
-    listen: Listen,
-    /// The lanes' and operations' tasks.
-    tasks: Tasks,
-}
-
-impl<P> Generation<P>
+/// Reads the lanes' positions from the server and spawns the tasks that run them: one
+/// generation of the outbox's lanes.
+async fn start_generation<P>(
+    direct: &PgPool,
+    config: &OutboxConfig,
+    statements: Statements,
+) -> Result<Generation<P>>
 where
     P: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    /// Reads the lanes' positions from the server and spawns the tasks that run them.
-    async fn start(direct: &PgPool, config: &OutboxConfig, statements: Statements) -> Result<Self> {
-        let tasks = Tasks::new();
-        let listen = Listen::new(direct);
-        let (lane, handoff) = insert_lane::spawn(&tasks, &listen, direct, config).await?;
-        let sink = crate::write::spawn(&tasks, direct, config, &lane, handoff, statements);
-        crate::ops::spawn(&tasks, direct, config);
-        let commit = commit_lane::spawn(&tasks, direct, config, &lane).await?;
-        Ok(Self {
-            latest: LatestHub::new(direct.clone()),
-            listen,
-            lane,
-            commit,
-            sink,
-            tasks,
-        })
-    }
+    let tasks = Tasks::new();
+    let listen = Listen::new(direct);
+    let (lane, handoff) = insert_lane::spawn(&tasks, &listen, direct, config).await?;
+    let sink = crate::write::spawn(&tasks, direct, config, &lane, handoff, statements);
+    crate::ops::spawn(&tasks, direct, config);
+    let commit = commit_lane::spawn(&tasks, direct, config, &lane).await?;
+    Ok(Generation {
+        latest: LatestHub::new(direct.clone()),
+        listen,
+        lane,
+        commit,
+        sink,
+        tasks,
+    })
 }
 
-impl<P> Generation<P> {
-    fn lanes(&self) -> LaneSet<P> {
-        LaneSet {
-            lane: Arc::clone(&self.lane),
-            commit: Arc::clone(&self.commit),
-            stop: self.tasks.signal(),
-        }
+/// The lanes of `generation` as a runner reads them.
+fn lanes_of<P>(generation: &Generation<P>) -> LaneSet<P> {
+    LaneSet {
+        lane: Arc::clone(&generation.lane),
+        commit: Arc::clone(&generation.commit),
+        stop: generation.tasks.signal(),
     }
 }
 
 impl<P> Inner<P> {
-    /// The lanes running now.
-    fn generation(&self) -> Arc<Generation<P>> {
-        match self.generation.read() {
-            Ok(generation) => Arc::clone(&generation),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
-    }
-
-    /// Makes `next` the running generation, unless the outbox was shut down meanwhile (then
-    /// stops it and returns false).
-    fn install(&self, next: Generation<P>) -> bool {
-        let mut slot = match self.generation.write() {
-            Ok(slot) => slot,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        // Read under the lock `stop` reads the generation under, after setting `closed`: a
-        // generation installed here is the one it stops.
-        if *self.closed.borrow() {
-            next.tasks.request_stop();
-            return false;
-        }
-        self.current.replace(next.lanes());
-        *slot = Arc::new(next);
-        true
-    }
-
     /// Stops the subscription runners, then the lanes they read and every other task.
     async fn stop(&self) {
-        self.closed.send_replace(true);
+        self.generations.close();
         self.runners.shutdown().await;
-        self.generation().tasks.stop(SHUTDOWN_GRACE).await;
+        self.generations.running().stop().await;
+    }
+}
+
+/// The outbox as the rewind lifecycle sees it: the wiring stays here.
+impl<P> rewind::Hub<P> for Inner<P>
+where
+    P: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    fn generations(&self) -> &Generations<P> {
+        &self.generations
+    }
+
+    fn background_pool(&self) -> &PgPool {
+        &self.direct
+    }
+
+    fn on_rewind(&self) -> OnRewind {
+        self.config.on_rewind
+    }
+
+    async fn start(&self) -> Result<Generation<P>> {
+        start_generation(&self.direct, &self.config, self.statements).await
+    }
+
+    fn hand_over(&self, next: &Generation<P>) {
+        self.current.replace(lanes_of(next));
+    }
+
+    async fn stop(&self) {
+        Inner::stop(self).await;
     }
 }
 
@@ -240,56 +221,20 @@ where
             .unwrap_or_else(|| pool.clone());
         crate::migrate::check_schema_version(&direct).await?;
         crate::metrics::describe();
-        let generation = Generation::start(&direct, &config, statements).await?;
-        let outbox = Self {
-            inner: Arc::new(Inner {
-                current: Arc::new(CurrentLanes::new(generation.lanes())),
-                generation: RwLock::new(Arc::new(generation)),
-                pool,
-                direct,
-                config,
-                statements,
-                runners: Runners::new(),
-                closed: watch::Sender::new(false),
-            }),
-        };
-        outbox.watch_for_rewinds();
-        Ok(outbox)
-    }
-
-    /// Watches for the database going back in time under the outbox ([`Error::ServerRewound`]):
-    /// its lanes hold events the server no longer has, and going on with them would deliver
-    /// positions the server gives again to other events as if they had been delivered. The
-    /// lanes stop (every listener ends with the error), and then, per
-    /// [`OutboxConfig::on_rewind`], either new lanes start from what the server holds (the
-    /// runners claim again onto them) or the outbox stops. A task of its own, which ends with
-    /// the outbox; it holds the outbox only while it acts.
-    fn watch_for_rewinds(&self) {
-        let outbox = Arc::downgrade(&self.inner);
-        let mut closed = self.inner.closed.subscribe();
-        tokio::spawn(async move {
-            loop {
-                let (rewind, mut stopped) = match outbox.upgrade() {
-                    Some(inner) => {
-                        let generation = inner.generation();
-                        (
-                            Arc::clone(&generation.lane.rewind),
-                            generation.tasks.signal(),
-                        )
-                    }
-                    None => return,
-                };
-                tokio::select! {
-                    _ = closed.wait_for(|closed| *closed) => return,
-                    // Stopped without a rewind: the outbox was dropped.
-                    _ = stopped.stopped() => if !rewind.is_reported() { return },
-                    _ = rewind.reported() => {}
-                }
-                if !resume_after_rewind(&outbox, &rewind, &mut closed).await {
-                    return;
-                }
-            }
+        let generation = start_generation(&direct, &config, statements).await?;
+        let inner = Arc::new(Inner {
+            current: Arc::new(CurrentLanes::new(lanes_of(&generation))),
+            generations: Generations::new(generation),
+            pool,
+            direct,
+            config,
+            statements,
+            runners: Runners::new(),
         });
+        // Its lanes stop on a rewind, and then, per `OutboxConfig::on_rewind`, new lanes start
+        // from what the server holds or the outbox stops.
+        rewind::spawn(&inner);
+        Ok(Self { inner })
     }
 
     /// The pool this outbox publishes with ([`begin`](Self::begin)): the one given to
@@ -312,11 +257,11 @@ where
     /// after the database went back in time under it (try again shortly), or for good under
     /// [`OnRewind::Stop`].
     pub async fn begin(&self) -> Result<OutboxTransaction<P>> {
-        let generation = self.inner.generation();
+        let generation = self.inner.generations.running();
         if let Some(error) = generation.lane.rewind.error() {
             return Err(error);
         }
-        if generation.tasks.signal().is_stopped() || *self.inner.closed.borrow() {
+        if generation.tasks.signal().is_stopped() || self.inner.generations.is_closed() {
             return Err(Error::Shutdown);
         }
         let tx = self.inner.pool.begin().await?;
@@ -354,197 +299,11 @@ where
         tx: &mut Transaction<'_, Postgres>,
         events: impl IntoIterator<Item = P>,
     ) -> Result<Vec<EventSequence>> {
-        let generation = self.inner.generation();
+        let generation = self.inner.generations.running();
         if let Some(error) = generation.lane.rewind.error() {
             return Err(error);
         }
         publish_in(&generation.sink, tx, events).await
-    }
-
-    /// Whether transaction `xid`, which published the events `event_ids`, committed: the
-    /// question to ask after [`Error::CommitInDoubt`] (pass its `xid` and `event_ids`), or after
-    /// a caller-owned transaction that used [`publish_in`](Self::publish_in) lost its
-    /// `COMMIT`'s answer. `xid` is the 64-bit id in `ordo.events.commit_xid` and
-    /// [`Envelope::commit_xid`](crate::Envelope).
-    ///
-    /// The stored events are the proof, so that the answer holds across a failover:
-    /// `Committed` only if the server holds them under `xid`; `Aborted` if it rolled back, if
-    /// the server has no record of `xid` (a promoted standby that never received the
-    /// transaction), or if `xid` committed without them (a promoted standby gives a lost
-    /// transaction's id to a transaction of its own, whose fate the id alone would report);
-    /// `InProgress` while it can still commit: ask again later, and do not publish its events
-    /// again meanwhile.
-    ///
-    /// With no `event_ids` (a transaction that published nothing) there is no proof: the answer
-    /// is the server's word on `xid` alone, which a failover in between can make another
-    /// transaction's. Retention drops events, not transaction ids: ask within the retention
-    /// period, or a committed transaction whose events were dropped reads as `Aborted`.
-    ///
-    /// ```no_run
-    /// # async fn run(outbox: ordo::Outbox<String>) -> ordo::Result<()> {
-    /// let mut tx = outbox.begin().await?;
-    /// tx.publish("order 17 placed".to_owned())?;
-    /// match tx.commit().await {
-    ///     Err(ordo::Error::CommitInDoubt { xid, event_ids, .. }) => {
-    ///         match outbox.commit_status(xid, &event_ids).await? {
-    ///             ordo::CommitStatus::Committed => {}        // done: do not publish again
-    ///             ordo::CommitStatus::Aborted => {}          // retry the whole transaction
-    ///             _ => {}                                    // ask again later
-    ///         }
-    ///     }
-    ///     other => { other?; }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Database`] if the server cannot be asked: ask again later. With no
-    /// `event_ids`, also if `xid` is not a transaction id of this server yet ("in the future").
-    pub async fn commit_status(&self, xid: i64, event_ids: &[Uuid]) -> Result<CommitStatus> {
-        in_doubt::status(&self.inner.direct, xid, event_ids).await
-    }
-
-    /// Which of `ids` are stored in `ordo.events` as committed events. For a caller that lost
-    /// the transaction id of an in-doubt commit but kept its event ids
-    /// ([`OutboxTransaction::event_ids`]): an id found was published; an id not found was not
-    /// published *yet*, which is final only once the transaction that wrote it can no longer
-    /// be in progress (its connection is gone and the server has noticed). Prefer
-    /// [`commit_status`](Self::commit_status) when you have the xid.
-    ///
-    /// # Errors
-    /// [`Error::Database`] if the query fails.
-    pub async fn published(&self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
-        in_doubt::published(&self.inner.direct, ids).await
-    }
-
-    /// Starts a durable subscription: `subscriber` handles every event of the configured lane,
-    /// from the stored position (or the configured start for a new subscription), each in a
-    /// transaction that also checkpoints the position. One process runs a given subscription at
-    /// a time; others with the same name wait on standby and take over when its lease expires.
-    ///
-    /// When `P` is a tagged serde enum, the subscription takes only `P`'s own event types
-    /// unless `config` chooses ([`JobConfig::event_types`], [`JobConfig::all_types`]): a row of
-    /// another type (another service's, a plain-SQL insert) is skipped, never handed to the
-    /// handler to fail on.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a contradictory `config`; [`Error::LaneMismatch`] when the
-    /// stored subscription follows the other lane; [`Error::Database`] if its row cannot be
-    /// read or created; [`Error::ServerRewound`] as [`begin`](Self::begin) returns it.
-    pub async fn subscribe<S>(&self, config: JobConfig, subscriber: S) -> Result<SubscriptionHandle>
-    where
-        S: Subscriber<P>,
-    {
-        self.refuse_while_rewound()?;
-        subscription::spawn(
-            self.shared(),
-            &self.inner.runners,
-            config.resolve_types::<P>(),
-            subscriber,
-        )
-        .await
-    }
-
-    /// Starts a relay: every event of the configured lane is delivered to `sink` at least once,
-    /// with its id as the message id so that the receiver deduplicates, in order per key
-    /// (`keys` gives an event's keys, as [`Subscriber::keys`] does for a keyed subscription;
-    /// events with no key in common are sent in the same batches, in no particular order).
-    /// No sink I/O happens inside a database transaction: a batch is sent under one deadline,
-    /// then its results are stored, fenced by the relay's lease. See [`crate::relay`] and
-    /// `docs/relays.md`.
-    ///
-    /// **The relay forwards bytes.** Each message carries the payload's stored JSON text
-    /// unchanged (fields `P` does not know, `1.10` as written), whatever `P` is; `P` is only
-    /// decoded to run `keys`. A payload that does not decode as `P` is still sent, ordered
-    /// with every event (its keys cannot be known), and logged. When `P` is a tagged serde
-    /// enum the relay sends only `P`'s own event types unless `config` chooses
-    /// ([`RelayConfig::event_types`](crate::relay::RelayConfig::event_types),
-    /// [`all_types`](crate::relay::RelayConfig::all_types)).
-    ///
-    /// The relay has a row in `ordo.subscriptions` (its watermark and lease) under its name:
-    /// `ordo subscriptions` lists it, and a parked event's keys are its stalled keys
-    /// ([`list_stalled_keys`](crate::admin::list_stalled_keys),
-    /// [`retry_stalled_keys`](crate::admin::retry_stalled_keys) requeues them).
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "nats")]
-    /// # async fn example(outbox: ordo::Outbox<serde_json::Value>) -> ordo::Result<()> {
-    /// use ordo::relay::{RelayConfig, nats::NatsSink};
-    ///
-    /// let sink = NatsSink::builder("nats://127.0.0.1:4222").subject_prefix("billing").build()?;
-    /// let relay = outbox
-    ///     .relay(RelayConfig::new("billing-to-nats"), sink, |event| {
-    ///         // Per customer: one customer's events leave in order.
-    ///         ordo::Keys::one(event.payload["customer"].to_string())
-    ///     })
-    ///     .await?;
-    /// # relay.detach();
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for settings that cannot hold (naming them: `batch_size ×
-    /// per_event_budget ≤ batch_deadline < lease`); [`Error::LaneMismatch`] when a row of the
-    /// same name follows the other lane; [`Error::Database`] if its row cannot be read or
-    /// created; [`Error::ServerRewound`] as [`begin`](Self::begin) returns it.
-    pub async fn relay<K, F>(
-        &self,
-        config: crate::relay::RelayConfig,
-        sink: K,
-        keys: F,
-    ) -> Result<SubscriptionHandle>
-    where
-        K: crate::relay::Sink,
-        F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
-    {
-        self.relay_with_sinks(config, vec![sink], keys).await
-    }
-
-    /// [`relay`](Self::relay) with one batch in flight per sink: a slow receiver (one
-    /// recipient's endpoint taking seconds) holds the batch it is in, while the other sinks
-    /// carry the events of every key it does not hold. The sinks should deliver to the same
-    /// place (e.g. `n` sinks built from one builder's settings); one key's events still leave
-    /// one at a time, in order.
-    ///
-    /// # Errors
-    /// As [`relay`](Self::relay); [`Error::InvalidConfig`] for an empty `sinks`.
-    pub async fn relay_with_sinks<K, F>(
-        &self,
-        config: crate::relay::RelayConfig,
-        sinks: Vec<K>,
-        keys: F,
-    ) -> Result<SubscriptionHandle>
-    where
-        K: crate::relay::Sink,
-        F: Fn(&crate::Envelope<P>) -> crate::Keys + Send + Sync + 'static,
-    {
-        self.refuse_while_rewound()?;
-        let config = config.resolve_types::<P>();
-        crate::relay::start::spawn(
-            self.shared(),
-            &self.inner.runners,
-            config,
-            sinks,
-            Arc::new(keys),
-        )
-        .await
-    }
-
-    /// [`Error::ServerRewound`] while the lanes are stopped on a rewind: a consumer started now
-    /// would take its start (`StartFrom::Now`) from lanes the server went back under.
-    fn refuse_while_rewound(&self) -> Result<()> {
-        match self.inner.generation().lane.rewind.error() {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
-    }
-
-    /// What a runner reads from.
-    fn shared(&self) -> Shared<P> {
-        Shared {
-            pool: self.inner.direct.clone(),
-            lanes: Arc::clone(&self.inner.current),
-        }
     }
 
     /// The outbox's state as the database shows it: positions, lag of each lane and each
@@ -561,7 +320,7 @@ where
     ///
     /// 1. **Subscriptions**, all at once: each runner finishes the unit in hand (its handler's
     ///    transaction commits with the checkpoint), waiting at most the subscription's
-    ///    [lease](JobConfig::lease); a handler still running then is aborted, which rolls its
+    ///    [lease](crate::JobConfig::lease); a handler still running then is aborted, which rolls its
     ///    transaction back. Every lease this process holds is released before the next step,
     ///    so a standby elsewhere takes over at its next claim rather than when the lease
     ///    expires.
@@ -578,105 +337,6 @@ where
     /// waiting.
     pub async fn shutdown(&self) {
         self.inner.stop().await;
-    }
-}
-
-/// One rewind under the outbox `outbox` (reported on `rewind`): stops the lanes it ended, then
-/// starts new ones from what the server holds, retrying while the server does not answer, or
-/// stops the outbox under [`OnRewind::Stop`]. Returns whether the outbox goes on.
-async fn resume_after_rewind<P>(
-    outbox: &std::sync::Weak<Inner<P>>,
-    rewind: &insert_lane::Rewind,
-    closed: &mut watch::Receiver<bool>,
-) -> bool
-where
-    P: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    let Some(inner) = outbox.upgrade() else {
-        return false;
-    };
-    let error = rewind
-        .error()
-        .map(|error| error.to_string())
-        .unwrap_or_default();
-    metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(1.0);
-    metrics::counter!(crate::telemetry::metrics::SERVER_REWINDS).increment(1);
-    let resume = inner.config.on_rewind == OnRewind::Resume;
-    tracing::error!(
-        %error,
-        resume,
-        "ordo outbox: the database went back in time; every listener ends here, and {}",
-        if resume {
-            "the outbox starts again from what the server holds"
-        } else {
-            "the outbox stops (OnRewind::Stop)"
-        }
-    );
-    // Its listeners end with the error; the runners' reads end, and they claim again.
-    let ended = inner.generation();
-    ended.tasks.stop(SHUTDOWN_GRACE).await;
-    if !resume {
-        // Other processes may go on: the positions given again still get a history of their own.
-        let _ = commit_lane::new_history::begin_after_rewind(&inner.direct, &ended.commit, rewind)
-            .await;
-        inner.stop().await;
-        return false;
-    }
-    drop(inner);
-    let mut backoff = REWIND_RETRY_FIRST;
-    let mut history_begun = false;
-    loop {
-        let Some(inner) = outbox.upgrade() else {
-            return false;
-        };
-        if *closed.borrow() {
-            return false;
-        }
-        // Before the new lanes append anything: what they append at positions given again
-        // must belong to the new history.
-        if !history_begun {
-            match commit_lane::new_history::begin_after_rewind(&inner.direct, &ended.commit, rewind)
-                .await
-            {
-                Ok(_) => history_begun = true,
-                Err(error) => {
-                    tracing::warn!(%error, retry_in = ?backoff, "ordo outbox: beginning a new server history after the rewind failed; trying again");
-                    drop(inner);
-                    tokio::select! {
-                        _ = closed.wait_for(|closed| *closed) => return false,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(REWIND_RETRY_MAX);
-                    continue;
-                }
-            }
-        }
-        match Generation::start(&inner.direct, &inner.config, inner.statements).await {
-            Ok(next) => {
-                let (frontier, head) = (next.lane.frontier(), next.commit.head());
-                if !inner.install(next) {
-                    return false;
-                }
-                metrics::gauge!(crate::telemetry::metrics::SERVER_REWOUND).set(0.0);
-                tracing::warn!(
-                    insert_frontier = frontier,
-                    commit_head = head,
-                    "ordo outbox started again after the rewind, from what the server holds: \
-                     listen again to follow it; subscriptions and relays go on from their \
-                     positions stored there"
-                );
-                return true;
-            }
-            Err(error) => {
-                tracing::warn!(%error, retry_in = ?backoff, "ordo outbox: starting again after the rewind failed; trying again");
-            }
-        }
-        drop(inner);
-        tokio::select! {
-            _ = closed.wait_for(|closed| *closed) => return false,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(REWIND_RETRY_MAX);
     }
 }
 

@@ -54,7 +54,7 @@ where
     }
 
     fn listen_filtered(&self, start: Start<EventSequence>, filter: TypeFilter) -> EventStream<P> {
-        let generation = self.inner.generation();
+        let generation = self.inner.generations.running();
         let after = match start {
             Start::Beginning => 0,
             Start::After(position) => position.get(),
@@ -72,7 +72,7 @@ where
     /// The insert lane's frontier in this process: every sequence at or below it is resolved
     /// (a committed event or a placeholder).
     pub fn insert_frontier(&self) -> EventSequence {
-        EventSequence::new(self.inner.generation().lane.frontier())
+        EventSequence::new(self.inner.generations.running().lane.frontier())
     }
 
     /// A stream of the commit-ordered lane from `start`: dense [`CommitSequence`]s (+1 each
@@ -91,7 +91,7 @@ where
     ///
     /// `Start::Now` starts after the log head as this process knows it.
     pub fn listen_committed(&self, start: Start<CommitSequence>) -> CommitStream<P> {
-        let generation = self.inner.generation();
+        let generation = self.inner.generations.running();
         let after = match start {
             Start::Beginning => 0,
             Start::After(position) => position.get(),
@@ -116,6 +116,6 @@ where
     /// own transactions, whose positions it has before their append
     /// ([`OutboxConfig::early_commit_listeners`](crate::OutboxConfig::early_commit_listeners)).
     pub fn commit_head(&self) -> CommitSequence {
-        CommitSequence::new(self.inner.generation().commit.head())
+        CommitSequence::new(self.inner.generations.running().commit.head())
     }
 }

@@ -40,7 +40,7 @@ where
     ) -> Result<Vec<CommitSequence>> {
         crate::commit_lane::wait::commit_positions(
             &self.inner.direct,
-            self.inner.generation().commit.follow_head(),
+            self.inner.generations.running().commit.follow_head(),
             sequences,
             limit,
         )
@@ -75,7 +75,7 @@ where
     ) -> Result<()> {
         crate::subscription::wait::subscription_reached(
             &self.inner.direct,
-            self.inner.generation().commit.follow_head(),
+            self.inner.generations.running().commit.follow_head(),
             name,
             sequences,
             limit,

@@ -14,10 +14,11 @@
 //! one. Several processes that detect the same rewind begin one history between them (the
 //! function returns the one another began, when it covers the same positions).
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::CommitShared;
-use super::sql::BEGIN_HISTORY;
+use crate::commit_lane::CommitShared;
+use crate::commit_lane::sql::BEGIN_HISTORY;
 use crate::insert_lane::Rewind;
 use crate::telemetry::metrics::SERVER_REWOUND_POSITIONS;
 
@@ -49,7 +50,7 @@ pub(crate) async fn begin_after_rewind(
     // The published head never moves back: the highest position this process saw.
     let seen = commit.head();
     let known = commit.went_back.known_history();
-    type Row = (i64, i64, bool, Option<chrono::DateTime<chrono::Utc>>);
+    type Row = (i64, i64, bool, Option<DateTime<Utc>>);
     let row: Result<Row, sqlx::Error> = sqlx::query_as(BEGIN_HISTORY)
         .bind(i64::try_from(known).unwrap_or(i64::MAX))
         .bind(from.and_then(|from| i64::try_from(from).ok()))
@@ -79,6 +80,15 @@ pub(crate) async fn begin_after_rewind(
         from: u64::try_from(first).unwrap_or(1),
         began,
     };
+    log_begun(begun, seen, known, kept_until);
+    Ok(Some(begun))
+}
+
+/// Logs the history `begun`, with `seen` the highest position this process saw, `known` the
+/// history it knew before, and `kept_until` when the database last held what it lost. Where
+/// this call began it over positions this process saw, those are lost: counted, and named in
+/// an error.
+fn log_begun(begun: Begun, seen: u64, known: u64, kept_until: Option<DateTime<Utc>>) {
     if begun.began && seen >= begun.from {
         let lost = seen - begun.from + 1;
         metrics::counter!(SERVER_REWOUND_POSITIONS).increment(lost);
@@ -118,5 +128,4 @@ pub(crate) async fn begin_after_rewind(
             begun.from
         );
     }
-    Ok(Some(begun))
 }
