@@ -7,6 +7,9 @@
 //!   passes [`MAX_FN_LINES`]. Today's offenders are listed with their current size
 //!   ([`LONG_FILES`], [`LONG_FNS`]): the test fails when another file or function crosses the
 //!   line or a listed one grows, and says so when a listed one has shrunk (lower its entry).
+//! - every module of `src/` imports only modules on floors below its own, as the `## Floors`
+//!   block of ARCHITECTURE.md draws them (read from the file, so the drawing and the rule are
+//!   one): `crate::` paths in code, groups, and names the crate root or `admin` re-exports.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -460,4 +463,247 @@ fn function_lengths_count_braces_in_code_only() {
         function_lengths(&text),
         vec![("a".to_owned(), 5), ("b".to_owned(), 3)]
     );
+}
+
+// ---- Floors: which module of `src/` may import which ----
+
+/// The floors of ARCHITECTURE.md's `## Floors` block, lowest first: each a list of modules.
+fn floors() -> Vec<Vec<String>> {
+    let text = read_text("ARCHITECTURE.md").expect("ARCHITECTURE.md is readable");
+    let section = text
+        .split("\n## Floors\n")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a `## Floors` section");
+    let block = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the Floors section holds a ```text block");
+    let mut floors: Vec<Vec<String>> = block
+        .lines()
+        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+        .filter(|floor: &Vec<String>| !floor.is_empty())
+        .collect();
+    floors.reverse();
+    floors
+}
+
+/// The module of `src/` a source file belongs to (`src/relay/batch.rs` → `relay`), or `None`
+/// for the crate root and the CLI (a crate of its own, over the public API).
+fn module_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("src/")?;
+    let first = rest.split('/').next()?;
+    let module = first.strip_suffix(".rs").unwrap_or(first);
+    (module != "lib" && module != "main" && module != "bin").then(|| module.to_owned())
+}
+
+/// The names the crate root re-exports, each with the module it comes from (`Outbox` →
+/// `outbox`), read from `src/lib.rs`'s `pub use` statements, so that `crate::Outbox` counts
+/// as an import of `outbox`. `crate::admin::NAME` is looked up by `NAME` the same way.
+fn root_reexports(modules: &[String]) -> BTreeMap<String, String> {
+    let lib = code_only(&read_text("src/lib.rs").expect("src/lib.rs is readable"));
+    let mut names = BTreeMap::new();
+    for statement in lib.split(';') {
+        let Some(at) = statement.find("pub use ") else {
+            continue;
+        };
+        let path = statement[at + "pub use ".len()..].trim();
+        let path = path.strip_prefix("crate::").unwrap_or(path);
+        let Some(module) = path.split("::").next().map(str::trim) else {
+            continue;
+        };
+        if !modules.iter().any(|m| m == module) {
+            continue;
+        }
+        let tail = match (path.find('{'), path.rfind('}')) {
+            (Some(open), Some(close)) => &path[open + 1..close],
+            _ => path.rsplit("::").next().unwrap_or(""),
+        };
+        for item in tail.split(',') {
+            let item = item.trim();
+            let name = item.rsplit(" as ").next().unwrap_or(item);
+            let name = name.rsplit("::").next().unwrap_or(name).trim();
+            if !name.is_empty() {
+                names.insert(name.to_owned(), module.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The modules a file's code (comments and strings left out) names through `crate::`: the
+/// first segment of each path, or of each item of a `crate::{a::X, b}` group, with re-exports
+/// of the crate root and of `admin` looked up in `reexports`.
+fn imported_modules(
+    code: &str,
+    modules: &[String],
+    reexports: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let place = |segments: &[String]| -> Option<String> {
+        let first = segments.first()?;
+        if modules.contains(first) {
+            return Some(first.clone());
+        }
+        let name = if first == "admin" {
+            segments.get(1)?
+        } else {
+            first
+        };
+        reexports.get(name).cloned()
+    };
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let paths: Vec<String> = if rest.trim_start().starts_with('{') {
+            let mut depth = 0;
+            let mut group = String::new();
+            for c in rest.trim_start().chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                group.push(c);
+                if depth == 0 {
+                    break;
+                }
+            }
+            let inner = &group[1..group.len().saturating_sub(1)];
+            let mut items = Vec::new();
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        items.push(inner[start..i].to_owned());
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            items.push(inner[start..].to_owned());
+            items
+        } else {
+            vec![rest.chars().take(300).collect()]
+        };
+        for path in paths {
+            let mut segments = Vec::new();
+            let mut tail = path.as_str();
+            loop {
+                let segment = ident(tail);
+                if segment.is_empty() {
+                    break;
+                }
+                let after = tail.trim_start()[segment.len()..].to_owned();
+                segments.push(segment);
+                match after.strip_prefix("::") {
+                    Some(next) => tail = &path[path.len() - next.len()..],
+                    None => break,
+                }
+            }
+            if let Some(module) = place(&segments) {
+                found.push(module);
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn modules_import_only_the_floors_below_them() {
+    let floors = floors();
+    let floor_of: BTreeMap<String, usize> = floors
+        .iter()
+        .enumerate()
+        .flat_map(|(level, floor)| floor.iter().map(move |m| (m.clone(), level)))
+        .collect();
+    let mut modules: Vec<String> = source_files().iter().filter_map(|p| module_of(p)).collect();
+    modules.sort();
+    modules.dedup();
+    let reexports = root_reexports(&modules);
+    let mut failures = Vec::new();
+    for module in &modules {
+        if !floor_of.contains_key(module) {
+            failures.push(format!(
+                "src/{module}: on no floor of ARCHITECTURE.md's `## Floors` block"
+            ));
+        }
+    }
+    for floor in floor_of.keys() {
+        if !modules.contains(floor) {
+            failures.push(format!(
+                "ARCHITECTURE.md's floors name `{floor}`, which is no module of src/"
+            ));
+        }
+    }
+    for path in source_files() {
+        let Some(module) = module_of(&path) else {
+            continue;
+        };
+        let Some(&own) = floor_of.get(&module) else {
+            continue;
+        };
+        let Some(text) = read_text(&path) else {
+            continue;
+        };
+        for imported in imported_modules(&code_only(&text), &modules, &reexports) {
+            if imported == module {
+                continue;
+            }
+            match floor_of.get(&imported) {
+                Some(&theirs) if theirs < own => {}
+                Some(&theirs) if theirs == own => {
+                    failures.push(format!("{path}: imports `{imported}`, on its own floor"))
+                }
+                Some(_) => failures.push(format!(
+                    "{path}: imports `{imported}`, on a floor above `{module}`"
+                )),
+                None => {}
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} import(s) against ARCHITECTURE.md's floors:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn imports_are_found_in_paths_groups_and_reexports() {
+    let modules: Vec<String> = ["error", "outbox", "relay", "write", "ops"]
+        .map(str::to_owned)
+        .to_vec();
+    let reexports = BTreeMap::from([
+        ("Outbox".to_owned(), "outbox".to_owned()),
+        ("relay_attempts".to_owned(), "relay".to_owned()),
+    ]);
+    let code = [
+        "use crate::error::{Error, Result};",
+        "use crate::{write::transaction::OutboxTransaction, ops::{status, render}};",
+        "fn f(o: &crate::Outbox) { crate::admin::relay_attempts(); }",
+        "fn g() -> mycrate::relay::X { sqlx::Error }",
+    ]
+    .join("\n");
+    assert_eq!(
+        imported_modules(&code, &modules, &reexports),
+        ["error", "ops", "outbox", "relay", "write"]
+    );
+    let commented = code_only("// crate::relay::x\nlet s = \"crate::outbox\";");
+    assert!(imported_modules(&commented, &modules, &reexports).is_empty());
 }
