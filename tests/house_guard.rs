@@ -20,15 +20,14 @@ const MAX_FILE_LINES: usize = 400;
 /// The longest a function under `src/` may be, in lines from its `fn` line to its closing brace.
 const MAX_FN_LINES: usize = 80;
 
-/// Files over [`MAX_FILE_LINES`] when the rule was written (2026-12-07), with their length then.
+/// Files over [`MAX_FILE_LINES`], with their length when listed. `src/error.rs` is the public
+/// `Error` enum (about 460 of its lines: each variant with what an operator does about it);
+/// one enum cannot be split across files without changing the public type.
 const LONG_FILES: &[(&str, usize)] = &[("src/error.rs", 490)];
 
 /// Functions over [`MAX_FN_LINES`] when the rule was written (2026-12-07): file, name, length then. A name
 /// that occurs twice in a file is held to the larger length.
-const LONG_FNS: &[(&str, &str, usize)] = &[
-    ("src/bin/ordo/relay/mod.rs", "run", 84),
-    ("src/relay/batch.rs", "record", 97),
-];
+const LONG_FNS: &[(&str, &str, usize)] = &[];
 
 /// The words that, followed by a number, cite a work item. Spelled in pieces so that this
 /// file does not cite one itself.

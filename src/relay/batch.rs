@@ -263,6 +263,12 @@ impl<K: Sink> RelayRunner<K> {
             plan.push((slot, step));
         }
         self.apply(work, plan);
+        self.store(work, to_store);
+    }
+
+    /// Stores `to_store` (the watermark moved past what it can cover) from a task of its own,
+    /// after every write before it.
+    fn store(&mut self, work: &mut Work, mut to_store: Marks) {
         let watermark = self.advance_with(work, &mut to_store);
         let advance = to_store.advance_to;
         // What the status may call recorded once this write and every one before it are.

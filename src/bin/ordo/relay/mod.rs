@@ -167,36 +167,7 @@ where
             eprintln!("ordo: {asked} parked events of relay {name:?} requeued");
             Ok(())
         }
-        RelayAction::Replay { name, from } => {
-            let row = named(&name)?;
-            let to = from - 1;
-            let position = match row.lane {
-                Ordering::Commit => Position::Commit(CommitSequence::new(to)),
-                _ => Position::Insert(EventSequence::new(to)),
-            };
-            match admin::reset_subscription(&pool, &name, position, false).await {
-                Ok(()) => {}
-                // The library answers for `subscriptions reset --to`: say it in replay's terms.
-                Err(ordo::Error::PastHead { lane, head, .. }) => {
-                    return Err(format!(
-                        "relay {name:?} has nothing to deliver from {lane} position {from}: its lane ends at {head}; --from takes 1 to {head}"
-                    )
-                    .into());
-                }
-                Err(error) => return Err(error.into()),
-            }
-            eprintln!(
-                "ordo: relay {name:?} delivers again from {} position {from}",
-                row.lane
-            );
-            if row.status != RunStatus::Active {
-                eprintln!(
-                    "ordo: relay {name:?} is {}: `ordo relay resume {name}` runs it again",
-                    row.status
-                );
-            }
-            Ok(())
-        }
+        RelayAction::Replay { name, from } => replay(&pool, &name, named(&name)?, from).await,
         RelayAction::Resume { name } => {
             named(&name)?;
             admin::resume_subscription(&pool, &name).await?;
@@ -208,6 +179,38 @@ where
             attempts(&pool, &name, &event, json).await
         }
     }
+}
+
+/// `ordo relay replay NAME --from FROM`: the relay `row` moved back to deliver again from
+/// `from` on its lane.
+async fn replay(pool: &PgPool, name: &str, row: &ordo::SubscriptionStatus, from: u64) -> CliResult {
+    let to = from - 1;
+    let position = match row.lane {
+        Ordering::Commit => Position::Commit(CommitSequence::new(to)),
+        _ => Position::Insert(EventSequence::new(to)),
+    };
+    match admin::reset_subscription(pool, name, position, false).await {
+        Ok(()) => {}
+        // The library answers for `subscriptions reset --to`: say it in replay's terms.
+        Err(ordo::Error::PastHead { lane, head, .. }) => {
+            return Err(format!(
+                "relay {name:?} has nothing to deliver from {lane} position {from}: its lane ends at {head}; --from takes 1 to {head}"
+            )
+            .into());
+        }
+        Err(error) => return Err(error.into()),
+    }
+    eprintln!(
+        "ordo: relay {name:?} delivers again from {} position {from}",
+        row.lane
+    );
+    if row.status != RunStatus::Active {
+        eprintln!(
+            "ordo: relay {name:?} is {}: `ordo relay resume {name}` runs it again",
+            row.status
+        );
+    }
+    Ok(())
 }
 
 /// The relay `name` among the rows, or why not: no such row, or a subscription's (which the
