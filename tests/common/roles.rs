@@ -1,6 +1,6 @@
 //! Databases owned by a dedicated owner role (which ran the migrations, as in production),
 //! with one role of each kind `ordo grant` makes, for the least-privilege tests
-//! (`tests/roles.rs`, `tests/least_privilege.rs`).
+//! (`tests/roles.rs`, `tests/ops/least_privilege.rs`).
 
 use std::str::FromStr;
 use std::time::Duration;
