@@ -168,6 +168,13 @@ impl Roles {
     }
 }
 
+/// `url` with `role` as its user (the test roles log in without a password).
+pub fn url_as(url: &str, role: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{role}@{host}")
+}
+
 pub async fn pool(url: &str, role: Option<&str>, size: u32) -> PgPool {
     let mut options = PgConnectOptions::from_str(url).expect("a valid database URL");
     if let Some(role) = role {

@@ -9,66 +9,24 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::kafka::{MockKafka, committed, count, topic_name};
-use common::keyed::Parcel;
+use common::projection::{
+    Project, SOURCE, a_outbox, assert_projection_is_a_commit_lane, b_inbox, create_projection,
+    in_commit_order, start_writers, stop_once_projected, writers_done,
+};
 use common::relays::config;
 use common::{TestDb, eventually, run_then_kill};
-use ordo::HandlerError;
-use ordo::inbox::{
-    Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, KafkaInbox, Redelivery,
-};
+use ordo::inbox::{KafkaInbox, Redelivery};
 use ordo::relay::kafka::KafkaSink;
-use ordo::{Envelope, Keys, Outbox, OutboxConfig};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-const SOURCE: &str = "ordo-a";
 const RELAY: &str = "a-to-kafka";
 const GROUP: &str = "b-projection";
-const CONSUMER: &str = "b-projection";
-
-/// One key for every event: the relay sends in commit order, as watermark mode wants.
-fn in_commit_order(_: &Envelope<Parcel>) -> Keys {
-    Keys::one("all")
-}
-
-/// B's handler: one projection row per message, at its position. With a gate, it stops at
-/// that position, signals, and goes on when let go.
-#[derive(Default)]
-struct Project {
-    gate: Option<(u64, mpsc::UnboundedSender<()>, Arc<Notify>)>,
-}
-
-impl InboxHandler for Project {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        message: &InboxMessage,
-    ) -> Result<(), HandlerError> {
-        let parcel: Parcel = message.payload_as()?;
-        let position = message
-            .position
-            .ok_or("a watermark message has a position")?;
-        sqlx::query("INSERT INTO projection (position, event_id, parcel) VALUES ($1, $2, $3)")
-            .bind(i64::try_from(position)?)
-            .bind(&message.id)
-            .bind(i64::from(parcel.id))
-            .execute(&mut *tx)
-            .await?;
-        if let Some((at, entered, go)) = &self.gate
-            && *at == position
-        {
-            let _ = entered.send(());
-            go.notified().await;
-        }
-        Ok(())
-    }
-}
 
 /// B's adapter; `commit_interval` how often it commits the offsets it settled.
 fn adapter(kafka: &MockKafka, topic: &str, commit_interval: Duration) -> KafkaInbox {
@@ -85,17 +43,6 @@ fn adapter(kafka: &MockKafka, topic: &str, commit_interval: Duration) -> KafkaIn
         .expect("adapter")
 }
 
-fn b_inbox(pool: PgPool) -> Inbox {
-    let config = InboxConfig::new(CONSUMER).mode(InboxMode::Watermark);
-    Inbox::new(pool, config).expect("inbox")
-}
-
-async fn a_outbox(pool: PgPool) -> Outbox<Parcel> {
-    Outbox::<Parcel>::new(pool, OutboxConfig::default())
-        .await
-        .expect("outbox A")
-}
-
 fn relay_config() -> ordo::relay::RelayConfig {
     config(RELAY)
         .source(SOURCE)
@@ -110,36 +57,11 @@ fn sink(kafka: &MockKafka, topic: &str) -> KafkaSink {
         .expect("sink")
 }
 
-async fn projected(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM projection")
-        .fetch_one(pool)
-        .await
-        .expect("count the projection")
-}
-
 async fn in_topic(kafka: &Arc<MockKafka>, topic: &str) -> i64 {
     let (kafka, topic) = (Arc::clone(kafka), topic.to_owned());
     tokio::task::spawn_blocking(move || count(&kafka.bootstrap, &topic))
         .await
         .expect("count")
-}
-
-/// Writers on A: `transactions` each of one or two parcels, every fifth rolled back.
-async fn write(outbox: Outbox<Parcel>, writer: u32, transactions: u32) {
-    for n in 0..transactions {
-        let mut tx = outbox.begin().await.expect("begin");
-        let id = writer * 10_000 + n * 2;
-        tx.publish(Parcel::new(id, &["all"])).expect("publish");
-        if n % 3 == 0 {
-            tx.publish(Parcel::new(id + 1, &["all"])).expect("publish");
-        }
-        if n % 5 == 4 {
-            tx.rollback().await.expect("rollback");
-        } else {
-            tx.commit().await.expect("commit");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,43 +71,11 @@ async fn a_relay_over_kafka_into_a_watermark_inbox_projects_each_event_once_acro
     kafka.topic(&topic, 1);
     let a = TestDb::new().await;
     let b = TestDb::new().await;
-    sqlx::query(
-        // No unique constraint: a handler run twice would show as a second row, not as an error.
-        "CREATE TABLE projection (position BIGINT NOT NULL, event_id TEXT NOT NULL, parcel BIGINT NOT NULL)",
-    )
-    .execute(&b.pool)
-    .await
-    .expect("projection table");
+    create_projection(&b.pool).await;
     let outbox = a_outbox(a.pool.clone()).await;
-    let mut writers = tokio::task::JoinSet::new();
-    for writer in 1..=3 {
-        writers.spawn(write(outbox.clone(), writer, 120));
-    }
+    let writers = start_writers(&outbox);
 
-    // A's relay, killed once the topic holds 60 records.
-    let (url, victim_kafka, victim_topic) = (a.url.clone(), Arc::clone(&kafka), topic.clone());
-    tokio::task::spawn_blocking(move || {
-        run_then_kill(move || async move {
-            let pool = PgPool::connect(&url).await.expect("victim pool");
-            let outbox = a_outbox(pool).await;
-            let _relay = outbox
-                .relay(
-                    relay_config(),
-                    sink(&victim_kafka, &victim_topic),
-                    in_commit_order,
-                )
-                .await
-                .expect("relay");
-            let sent = eventually(PATIENCE, || async {
-                in_topic(&victim_kafka, &victim_topic).await >= 60
-            })
-            .await;
-            assert!(sent, "the first relay sent 60 records");
-        });
-    })
-    .await
-    .expect("the killed relay");
-
+    kill_a_relay_once_the_topic_holds_60(&a, &kafka, &topic).await;
     // Its successor, for the rest of the test (it takes over once the lease expires).
     let relay = outbox
         .relay(relay_config(), sink(&kafka, &topic), in_commit_order)
@@ -221,14 +111,7 @@ async fn a_relay_over_kafka_into_a_watermark_inbox_projects_each_event_once_acro
         offset,
         "the second adapter died before committing an offset"
     );
-
-    while let Some(written) = writers.join_next().await {
-        written.expect("a writer");
-    }
-    let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM ordo.events")
-        .fetch_one(&a.pool)
-        .await
-        .expect("count A's events");
+    let committed = writers_done(writers, &a).await;
 
     // B's next adapter, until the projection has every committed event: it gets positions
     // 1 to 40 again, which the inbox answers as duplicates.
@@ -240,43 +123,42 @@ async fn a_relay_over_kafka_into_a_watermark_inbox_projects_each_event_once_acro
         survivor.run(&inbox, &projecting, async move {
             let _ = stopped.await;
         }),
-        async {
-            let all =
-                eventually(PATIENCE, || async { projected(&b.pool).await >= committed }).await;
-            assert!(all, "B projected every committed event of A");
-            let _ = stop.send(());
-        }
+        stop_once_projected(&b.pool, committed, stop)
     );
     ran.expect("the adapter ran");
     relay.shutdown().await;
 
-    // Exactly A's committed events, each once, each at its commit position on A.
-    let on_a: BTreeMap<i64, String> = sqlx::query_as(
-        "SELECT l.commit_seq, e.id::text FROM ordo.commit_log AS l JOIN ordo.events AS e ON e.sequence = l.sequence",
-    )
-    .fetch_all(&a.pool)
-    .await
-    .expect("A's commit lane")
-    .into_iter()
-    .collect();
-    let rows: Vec<(i64, String)> = sqlx::query_as("SELECT position, event_id FROM projection")
-        .fetch_all(&b.pool)
-        .await
-        .expect("B's projection");
-    assert_eq!(rows.len() as i64, committed, "one projection row per event");
-    let on_b: BTreeMap<i64, String> = rows.into_iter().collect();
-    assert_eq!(on_a.len() as i64, committed);
-    assert_eq!(on_b, on_a, "B's projection is A's commit lane, once each");
-    let watermarks = ordo::inbox::list_watermarks(&b.pool, Some(CONSUMER))
-        .await
-        .expect("watermarks");
-    assert_eq!(watermarks.len(), 1);
-    assert_eq!(watermarks[0].source, SOURCE);
-    assert_eq!(watermarks[0].position, committed as u64);
+    assert_projection_is_a_commit_lane(&a, &b, committed).await;
     // The clean stop committed the survivor's offsets.
     let offset = group_offset(&kafka, &topic).await;
     assert!(offset.is_some_and(|o| o >= committed), "{offset:?}");
     drop(outbox);
+}
+
+/// A's relay, killed once the topic holds 60 records.
+async fn kill_a_relay_once_the_topic_holds_60(a: &TestDb, kafka: &Arc<MockKafka>, topic: &str) {
+    let (url, victim_kafka, victim_topic) = (a.url.clone(), Arc::clone(kafka), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        run_then_kill(move || async move {
+            let pool = PgPool::connect(&url).await.expect("victim pool");
+            let outbox = a_outbox(pool).await;
+            let _relay = outbox
+                .relay(
+                    relay_config(),
+                    sink(&victim_kafka, &victim_topic),
+                    in_commit_order,
+                )
+                .await
+                .expect("relay");
+            let sent = eventually(PATIENCE, || async {
+                in_topic(&victim_kafka, &victim_topic).await >= 60
+            })
+            .await;
+            assert!(sent, "the first relay sent 60 records");
+        });
+    })
+    .await
+    .expect("the killed relay");
 }
 
 async fn group_offset(kafka: &Arc<MockKafka>, topic: &str) -> Option<i64> {

@@ -15,34 +15,13 @@ use common::brokers::{NATS_ADDR, TestStream, addr, nats_url};
 use common::eventually;
 use common::keyed::Parcel;
 use common::relays::{config, keys};
-use common::roles::{Roles, denied};
+use common::roles::{Roles, denied, url_as};
 use common::subscribers::PATIENCE;
 use ordo::relay::nats::NatsSink;
 use ordo::relay::{Message, Outcomes, RelayEvent, RelayEventState, SendError, Sink};
 use ordo::{Headers, Ordering, Outbox, OutboxConfig, SubscriptionHandle};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-/// `url` with `role` as its user (the test roles log in without a password).
-fn url_as(url: &str, role: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-    format!("{scheme}://{role}@{host}")
-}
-
-/// `ordo ARGS` against `url`: (succeeded, stdout, stderr).
-fn ordo(url: &str, args: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .expect("run ordo");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
 
 async fn nats_relay(
     outbox: &Outbox<Parcel>,
@@ -149,7 +128,7 @@ async fn a_publishers_copy_of_an_events_id_is_never_sent_in_its_place() {
     // `ordo relay attempts` answers for the shared id (as a reader), and says which sequences
     // hold it; asked by the copy's position, it says the copy was refused.
     let reader_url = url_as(&roles.url, &roles.reader);
-    let (ok, out, err) = ordo(&reader_url, &["relay", "attempts", "orders", &real]);
+    let (ok, out, err) = common::ordo_at(&reader_url, &["relay", "attempts", "orders", &real]);
     assert!(ok, "{err}");
     assert!(
         out.contains(&format!(
@@ -161,7 +140,7 @@ async fn a_publishers_copy_of_an_events_id_is_never_sent_in_its_place() {
         out.contains(&format!("position {real_at}, event {real}")),
         "{out}"
     );
-    let (ok, out, err) = ordo(
+    let (ok, out, err) = common::ordo_at(
         &reader_url,
         &["relay", "attempts", "orders", &copy_at.to_string()],
     );
