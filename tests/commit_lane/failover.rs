@@ -35,8 +35,8 @@ use futures::StreamExt;
 use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode};
 use ordo::relay::nats::NatsSink;
 use ordo::{
-    CommitStatus, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox, OutboxConfig,
-    Start, SubscriptionHandle,
+    CommitStatus, CommitStream, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox,
+    OutboxConfig, Start, SubscriptionHandle,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
@@ -345,110 +345,34 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     let outbox = sender.outbox.clone();
     let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
     let consuming = downstream(receiving.clone(), &stream, stopping);
-
-    let mut committed = outbox.listen_committed(Start::Beginning);
-    let heard = Arc::new(Mutex::new(Vec::<(u64, Uuid)>::new()));
-    let hearing = Arc::clone(&heard);
-    let listener = tokio::spawn(async move {
-        while let Some(event) = committed.next().await {
-            let event = event.expect("the commit lane fails no read across the failover");
-            let entry = (event.commit_sequence.get(), event.event.id);
-            hearing.lock().expect("heard").push(entry);
-        }
-    });
+    let (heard, listener) = hear_the_commit_lane(&outbox);
 
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let writers = spawn_writers(&outbox, &outcomes, &stop);
-
-    let before =
-        common::eventually(PATIENCE, || async { acked(&outcomes) >= ACKED_EACH_SIDE }).await;
+    let before = acked_beyond(&outcomes, 0).await;
     assert!(before, "the writers publish before the failover");
     primary.kill();
     let acked_at_kill = acked(&outcomes);
     standby.promote().await;
     front.retarget(local(standby.port()));
-    let after = common::eventually(PATIENCE, || async {
-        acked(&outcomes) >= acked_at_kill + ACKED_EACH_SIDE
-    })
-    .await;
+    let after = acked_beyond(&outcomes, acked_at_kill).await;
     assert!(
         after,
         "the writers publish on the promoted server, through the same address"
     );
-    stop.store(true, AtomicOrdering::SeqCst);
-    for writer in writers {
-        writer.await.expect("a writer");
-    }
+    stop_writers(&stop, writers).await;
 
     let promoted = pool_on(&standby.url(), 2).await;
-    let stored: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM ordo.events WHERE commit_xid IS NOT NULL ORDER BY sequence",
-    )
-    .fetch_all(&promoted)
-    .await
-    .expect("the stored events");
-    let caught_up = common::eventually(PATIENCE, || async {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
-            .fetch_one(&promoted)
-            .await
-            .unwrap_or(0);
-        rows as usize >= stored.len() && outbox.commit_head().get() as usize >= stored.len()
-    })
-    .await;
-    assert!(
-        caught_up,
-        "the subscription and the commit lane catch up on the promoted server"
-    );
-
+    let stored = caught_up_on_the_promoted_server(&promoted, &outbox).await;
     let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
-    // Every acknowledged event is stored once; no refused one is.
-    let acked_copies = copies(&promoted, &outcomes.acked).await;
-    assert_eq!(
-        acked_copies.len(),
-        outcomes.acked.len(),
-        "an acknowledged event is missing from the promoted server"
-    );
-    assert!(
-        acked_copies.iter().all(|(_, n)| *n == 1),
-        "an acknowledged event is stored twice"
-    );
-    assert!(
-        copies(&promoted, &outcomes.refused).await.is_empty(),
-        "an event whose commit() failed is stored"
-    );
-    // An in-doubt commit, asked now, is answered by what the server holds.
-    for (xid, ids) in &outcomes.in_doubt {
-        let status = outbox.commit_status(*xid, ids).await.expect("ask");
-        let held = copies(&promoted, ids).await.len();
-        match status {
-            CommitStatus::Committed => assert_eq!(held, ids.len(), "{xid} said committed"),
-            CommitStatus::Aborted => assert_eq!(held, 0, "{xid} said aborted"),
-            other => panic!("{xid} still {other:?} after the failover"),
-        }
-    }
+    assert_what_the_writers_were_told_holds(&promoted, &outbox, &outcomes).await;
     assert_exactly_once(&promoted).await;
     check_log(&promoted, &ORDO)
         .await
         .expect("the commit log's invariants on the promoted server");
 
-    // Downstream: each stored event once, at its position on the promoted server.
-    let on_promoted = commit_lane_of(&promoted).await;
-    let relayed = common::eventually(PATIENCE, || async {
-        downstream_rows(&receiving).await.len() >= on_promoted.len()
-    })
-    .await;
-    let rows = downstream_rows(&receiving).await;
-    assert!(
-        relayed,
-        "downstream holds {} of {} events",
-        rows.len(),
-        on_promoted.len()
-    );
-    assert_eq!(
-        rows, on_promoted,
-        "downstream holds the promoted commit lane, each event once"
-    );
+    assert_downstream_holds_the_promoted_lane(&receiving, &promoted).await;
     let _ = stop_downstream.send(());
     consuming.await.expect("the adapter");
 
@@ -460,6 +384,133 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
     listener.abort();
     sender.shutdown().await;
     let seen = heard.lock().expect("heard").clone();
+    assert_heard_each_stored_event_once(all_heard, &seen, &stored);
+    eprintln!(
+        "failover: {} acknowledged ({acked_at_kill} before the kill), {} refused, {} in doubt, {} stored",
+        outcomes.acked.len(),
+        outcomes.refused.len(),
+        outcomes.in_doubt.len(),
+        stored.len()
+    );
+    pool.close().await;
+    promoted.close().await;
+    receiving.close().await;
+}
+
+/// What a listener heard: (position, event id), in the order it heard them.
+type Heard = Arc<Mutex<Vec<(u64, Uuid)>>>;
+
+/// A listener of `outbox`'s commit lane from the beginning, recording (position, event id) of
+/// every event it hears; it fails the test if a read fails across the failover.
+fn hear_the_commit_lane(outbox: &Outbox<Note>) -> (Heard, tokio::task::JoinHandle<()>) {
+    let mut committed = outbox.listen_committed(Start::Beginning);
+    let heard: Heard = Arc::new(Mutex::new(Vec::new()));
+    let hearing = Arc::clone(&heard);
+    let listener = tokio::spawn(async move {
+        while let Some(event) = committed.next().await {
+            let event = event.expect("the commit lane fails no read across the failover");
+            let entry = (event.commit_sequence.get(), event.event.id);
+            hearing.lock().expect("heard").push(entry);
+        }
+    });
+    (heard, listener)
+}
+
+/// Waits until the writers have [`ACKED_EACH_SIDE`] events acknowledged beyond `since`.
+async fn acked_beyond(outcomes: &Mutex<Outcomes>, since: usize) -> bool {
+    common::eventually(PATIENCE, || async {
+        acked(outcomes) >= since + ACKED_EACH_SIDE
+    })
+    .await
+}
+
+/// Stops the writers and waits for each to end.
+async fn stop_writers(stop: &AtomicBool, writers: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, AtomicOrdering::SeqCst);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+}
+
+/// The events the promoted server stores as committed, by sequence, once the subscription's
+/// projection and the commit lane of `outbox` have caught up with them.
+async fn caught_up_on_the_promoted_server(promoted: &PgPool, outbox: &Outbox<Note>) -> Vec<Uuid> {
+    let stored: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM ordo.events WHERE commit_xid IS NOT NULL ORDER BY sequence",
+    )
+    .fetch_all(promoted)
+    .await
+    .expect("the stored events");
+    let caught_up = common::eventually(PATIENCE, || async {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
+            .fetch_one(promoted)
+            .await
+            .unwrap_or(0);
+        rows as usize >= stored.len() && outbox.commit_head().get() as usize >= stored.len()
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the subscription and the commit lane catch up on the promoted server"
+    );
+    stored
+}
+
+/// Every acknowledged event is stored once; no refused one is; an in-doubt commit, asked now,
+/// is answered by what the server holds.
+async fn assert_what_the_writers_were_told_holds(
+    promoted: &PgPool,
+    outbox: &Outbox<Note>,
+    outcomes: &Outcomes,
+) {
+    let acked_copies = copies(promoted, &outcomes.acked).await;
+    assert_eq!(
+        acked_copies.len(),
+        outcomes.acked.len(),
+        "an acknowledged event is missing from the promoted server"
+    );
+    assert!(
+        acked_copies.iter().all(|(_, n)| *n == 1),
+        "an acknowledged event is stored twice"
+    );
+    assert!(
+        copies(promoted, &outcomes.refused).await.is_empty(),
+        "an event whose commit() failed is stored"
+    );
+    for (xid, ids) in &outcomes.in_doubt {
+        let status = outbox.commit_status(*xid, ids).await.expect("ask");
+        let held = copies(promoted, ids).await.len();
+        match status {
+            CommitStatus::Committed => assert_eq!(held, ids.len(), "{xid} said committed"),
+            CommitStatus::Aborted => assert_eq!(held, 0, "{xid} said aborted"),
+            other => panic!("{xid} still {other:?} after the failover"),
+        }
+    }
+}
+
+/// Downstream: each stored event once, at its position on the promoted server.
+async fn assert_downstream_holds_the_promoted_lane(receiving: &PgPool, promoted: &PgPool) {
+    let on_promoted = commit_lane_of(promoted).await;
+    let relayed = common::eventually(PATIENCE, || async {
+        downstream_rows(receiving).await.len() >= on_promoted.len()
+    })
+    .await;
+    let rows = downstream_rows(receiving).await;
+    assert!(
+        relayed,
+        "downstream holds {} of {} events",
+        rows.len(),
+        on_promoted.len()
+    );
+    assert_eq!(
+        rows, on_promoted,
+        "downstream holds the promoted commit lane, each event once"
+    );
+}
+
+/// What a listener `seen` (`all_heard`: as many as were `stored`): each stored event once, at
+/// dense positions.
+fn assert_heard_each_stored_event_once(all_heard: bool, seen: &[(u64, Uuid)], stored: &[Uuid]) {
     assert!(
         all_heard,
         "the listener heard {} of {} events",
@@ -479,16 +530,6 @@ async fn a_failover_to_a_synchronous_standby_loses_and_repeats_nothing_acknowled
         stored.iter().copied().collect::<BTreeSet<_>>(),
         "the commit lane delivered what the promoted server holds"
     );
-    eprintln!(
-        "failover: {} acknowledged ({acked_at_kill} before the kill), {} refused, {} in doubt, {} stored",
-        outcomes.acked.len(),
-        outcomes.refused.len(),
-        outcomes.in_doubt.len(),
-        stored.len()
-    );
-    pool.close().await;
-    promoted.close().await;
-    receiving.close().await;
 }
 
 /// The transaction id of the events `ids` on `pool`.
@@ -575,18 +616,7 @@ async fn an_in_doubt_commit_is_answered_by_what_the_promoted_server_holds() {
 
     // The promoted server gives the lost transactions' ids again, to transactions that commit.
     let promoted = pool_on(&standby.url(), 1).await;
-    let target = lost_xid.max(open_xid);
-    let mut reached = false;
-    for _ in 0..10_000 {
-        let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-            .fetch_one(&promoted)
-            .await
-            .expect("take an xid on the promoted server");
-        if xid >= target {
-            reached = true;
-            break;
-        }
-    }
+    let reached = take_xids_until(&promoted, lost_xid.max(open_xid)).await;
     assert!(reached, "the promoted server reaches the lost xids");
     // A bare xid now names another transaction (the promoted server's), whose fate
     // `pg_xact_status` reports; the events say this one is not in the promoted history.
@@ -647,18 +677,7 @@ async fn an_in_doubt_commit_lost_at_an_asynchronous_failover_is_retried_the_docu
     // The standby stops receiving; the primary commits, the answer is lost and the server
     // cannot be asked: in doubt.
     replication.set(Fault::Cut);
-    let mut tx = outbox.begin().await.expect("begin");
-    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT '{MARKER}'")))
-        .execute(&mut *tx)
-        .await
-        .expect("mark the connection");
-    tx.publish(Note { writer: 0, n: 1 }).expect("publish");
-    breaker.arm_then_unreachable(CommitFault::DropAfter);
-    let error = tx.commit().await.expect_err("the answer to COMMIT is lost");
-    let (xid, event_ids) = match &error {
-        Error::CommitInDoubt { xid, event_ids, .. } => (*xid, event_ids.clone()),
-        other => panic!("expected CommitInDoubt, got {other:?}"),
-    };
+    let (error, xid, event_ids) = commit_in_doubt(&outbox, &breaker).await;
     let on_primary = common::eventually(PATIENCE, || async {
         copies(&setup, &event_ids).await.len() == 1
     })
@@ -673,17 +692,7 @@ async fn an_in_doubt_commit_lost_at_an_asynchronous_failover_is_retried_the_docu
     // The promoted server never received it, and gives its id to a transaction of its own,
     // which commits.
     let promoted = pool_on(&standby.url(), 1).await;
-    let mut reached = false;
-    for _ in 0..10_000 {
-        let taken: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-            .fetch_one(&promoted)
-            .await
-            .expect("take an xid on the promoted server");
-        if taken >= xid {
-            reached = true;
-            break;
-        }
-    }
+    let reached = take_xids_until(&promoted, xid).await;
     assert!(reached, "the promoted server reaches the in-doubt xid");
     let reused = common::eventually(PATIENCE, || async {
         let fate: Option<String> =
@@ -713,8 +722,54 @@ async fn an_in_doubt_commit_lost_at_an_asynchronous_failover_is_retried_the_docu
         "the documented way says the events are not stored"
     );
 
-    // The documented retry, with the same ids, stores each once.
-    // (`begin` refuses while the outbox starts again from what the promoted server holds.)
+    retry_with_the_same_ids(&outbox, &event_ids).await;
+    let stored = copies(&promoted, &event_ids).await;
+    assert_eq!(stored.len(), event_ids.len());
+    assert!(stored.iter().all(|(_, count)| *count == 1));
+
+    outbox.shutdown().await;
+    pool.close().await;
+    promoted.close().await;
+    setup.close().await;
+}
+
+/// A transaction of one event whose `COMMIT` the primary carries out while `breaker` loses
+/// the answer and leaves the server unreachable: the error, its xid and its event ids.
+async fn commit_in_doubt(outbox: &Outbox<Note>, breaker: &Proxy) -> (Error, i64, Vec<Uuid>) {
+    let mut tx = outbox.begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT '{MARKER}'")))
+        .execute(&mut *tx)
+        .await
+        .expect("mark the connection");
+    tx.publish(Note { writer: 0, n: 1 }).expect("publish");
+    breaker.arm_then_unreachable(CommitFault::DropAfter);
+    let error = tx.commit().await.expect_err("the answer to COMMIT is lost");
+    let (xid, event_ids) = match &error {
+        Error::CommitInDoubt { xid, event_ids, .. } => (*xid, event_ids.clone()),
+        other => panic!("expected CommitInDoubt, got {other:?}"),
+    };
+    (error, xid, event_ids)
+}
+
+/// Takes transaction ids on `pool` (at most 10,000) until one is `target` or later: whether it
+/// got there.
+async fn take_xids_until(pool: &PgPool, target: i64) -> bool {
+    for _ in 0..10_000 {
+        let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(pool)
+            .await
+            .expect("take an xid on the promoted server");
+        if xid >= target {
+            return true;
+        }
+    }
+    false
+}
+
+/// The documented retry, with the same ids: publishes each of `event_ids` again in one
+/// transaction and commits it. (`begin` refuses while the outbox starts again from what the
+/// promoted server holds.)
+async fn retry_with_the_same_ids(outbox: &Outbox<Note>, event_ids: &[Uuid]) {
     let mut began = None;
     for _ in 0..600 {
         match outbox.begin().await {
@@ -739,14 +794,6 @@ async fn an_in_doubt_commit_lost_at_an_asynchronous_failover_is_retried_the_docu
             .expect("publish");
     }
     retry.commit().await.expect("the retry commits");
-    let stored = copies(&promoted, &event_ids).await;
-    assert_eq!(stored.len(), event_ids.len());
-    assert!(stored.iter().all(|(_, count)| *count == 1));
-
-    outbox.shutdown().await;
-    pool.close().await;
-    promoted.close().await;
-    setup.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -769,8 +816,89 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     let stream = TestStream::new().await;
     let sender = Sender::start(&pool, "through-loss", &stream).await;
     let outbox = sender.outbox.clone();
-    // A second process that does not fold, reading the commit lane from the folding one's
-    // appends: it learns of the loss only from what it reads of the promoted server.
+    let (follower, followed, following) = follow_without_folding(&pool).await;
+    let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
+    let consuming = downstream(receiving.clone(), &stream, stopping);
+
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = spawn_writers(&outbox, &outcomes, &stop);
+    let head_before = commit_what_the_standby_never_receives(
+        &outcomes,
+        &replication,
+        &outbox,
+        &receiving,
+        &followed,
+    )
+    .await;
+
+    let mut listener = outbox.listen_committed(Start::Beginning);
+    primary.kill();
+    standby.promote().await;
+    front.retarget(local(standby.port()));
+    // The outbox finds the promoted server below what its lanes passed: its listeners end
+    // with the error, writers are refused while its lanes start again from what the promoted
+    // server holds, and then everything goes on in the same process, nothing restarted.
+    assert_ends_with_the_rewind(&mut listener).await;
+    // The follower too, instead of skipping the positions given again.
+    let ended = tokio::time::timeout(PATIENCE, following)
+        .await
+        .expect("the follower's listener ends")
+        .expect("the follower's listener");
+    eprintln!("loss: the follower's listener ended: {ended:?}");
+    assert!(
+        matches!(ended, Some(Error::ServerRewound { .. })),
+        "the follower's listener ends with the rewind: {ended:?}"
+    );
+    let acked_at_kill = acked(&outcomes);
+    let after = acked_beyond(&outcomes, acked_at_kill).await;
+    assert!(after, "the same writers publish on the promoted server");
+    stop_writers(&stop, writers).await;
+    let rewound = outcomes.lock().expect("outcomes").rewound.clone();
+    eprintln!("loss: writers were told while the outbox started again: {rewound:?}");
+    assert_a_new_listener_reads_from_the_start(&follower).await;
+    follower.shutdown().await;
+
+    let promoted = pool_on(&standby.url(), 2).await;
+    let (stored, on_promoted) = folded_on_the_promoted_server(&promoted).await;
+    let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
+    let lost = outcomes.acked.len() as i64 - copies(&promoted, &outcomes.acked).await.len() as i64;
+    eprintln!(
+        "loss: {} acknowledged, {lost} of them lost; head before the kill {head_before}, \
+         promoted log {} entries, {stored} stored",
+        outcomes.acked.len(),
+        on_promoted.len()
+    );
+    assert!(
+        lost > 0,
+        "the cut lost acknowledged transactions (else this test proves nothing)"
+    );
+    assert_the_subscription_has_each_stored_event_once(&promoted, stored).await;
+
+    let (rows, promoted_ids) =
+        downstream_has_every_promoted_event(&receiving, &promoted, &on_promoted).await;
+    assert_the_rewind_is_reported(&promoted, &receiving, head_before, &rows, &promoted_ids).await;
+
+    let _ = stop_downstream.send(());
+    consuming.await.expect("the adapter");
+    sender.shutdown().await;
+    pool.close().await;
+    promoted.close().await;
+    receiving.close().await;
+    setup.close().await;
+}
+
+/// A second process that does not fold, reading the commit lane from the folding one's
+/// appends: it learns of the loss only from what it reads of the promoted server. Its outbox,
+/// the last position its listener read, and the listener's task, which ends with the error
+/// that ended the stream (`None` if it ended without one).
+async fn follow_without_folding(
+    pool: &PgPool,
+) -> (
+    Outbox<Note>,
+    Arc<AtomicU64>,
+    tokio::task::JoinHandle<Option<Error>>,
+) {
     let follower = Outbox::<Note>::new(pool.clone(), OutboxConfig::default().sequencer(false))
         .await
         .expect("the follower");
@@ -790,27 +918,28 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
             None
         }
     });
-    let (stop_downstream, stopping) = tokio::sync::oneshot::channel();
-    let consuming = downstream(receiving.clone(), &stream, stopping);
+    (follower, followed, following)
+}
 
-    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers = spawn_writers(&outbox, &outcomes, &stop);
-
-    // Kept: received by the standby. Then its replication is cut, and what follows is
-    // committed and relayed downstream, but never reaches it.
-    let kept = common::eventually(PATIENCE, || async { acked(&outcomes) >= ACKED_EACH_SIDE }).await;
+/// Kept: events the standby received. Then its replication is cut, and what follows is
+/// committed and relayed downstream (and read by the follower), but never reaches it. The
+/// commit head before the kill.
+async fn commit_what_the_standby_never_receives(
+    outcomes: &Mutex<Outcomes>,
+    replication: &TcpFault,
+    outbox: &Outbox<Note>,
+    receiving: &PgPool,
+    followed: &AtomicU64,
+) -> u64 {
+    let kept = acked_beyond(outcomes, 0).await;
     assert!(kept, "the writers publish");
     replication.set(common::tcp_fault::Fault::Cut);
-    let acked_at_cut = acked(&outcomes);
-    let doomed = common::eventually(PATIENCE, || async {
-        acked(&outcomes) >= acked_at_cut + ACKED_EACH_SIDE
-    })
-    .await;
+    let acked_at_cut = acked(outcomes);
+    let doomed = acked_beyond(outcomes, acked_at_cut).await;
     assert!(doomed, "the writers publish after the cut");
     let head_before = outbox.commit_head().get();
     let relayed = common::eventually(PATIENCE, || async {
-        downstream_rows(&receiving).await.len() as u64 >= head_before
+        downstream_rows(receiving).await.len() as u64 >= head_before
     })
     .await;
     assert!(
@@ -825,14 +954,11 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         read,
         "the follower reads every position up to {head_before} before the kill"
     );
+    head_before
+}
 
-    let mut listener = outbox.listen_committed(Start::Beginning);
-    primary.kill();
-    standby.promote().await;
-    front.retarget(local(standby.port()));
-    // The outbox finds the promoted server below what its lanes passed: its listeners end
-    // with the error, writers are refused while its lanes start again from what the promoted
-    // server holds, and then everything goes on in the same process, nothing restarted.
+/// `listener` ends with `Error::ServerRewound`, and then the stream is over.
+async fn assert_ends_with_the_rewind(listener: &mut CommitStream<Note>) {
     let ended = tokio::time::timeout(PATIENCE, async {
         while let Some(event) = listener.next().await {
             if let Err(error) = event {
@@ -848,29 +974,10 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         "the listener ends with the rewind: {ended:?}"
     );
     assert!(listener.next().await.is_none(), "then the stream is over");
-    // The follower too, instead of skipping the positions given again.
-    let ended = tokio::time::timeout(PATIENCE, following)
-        .await
-        .expect("the follower's listener ends")
-        .expect("the follower's listener");
-    eprintln!("loss: the follower's listener ended: {ended:?}");
-    assert!(
-        matches!(ended, Some(Error::ServerRewound { .. })),
-        "the follower's listener ends with the rewind: {ended:?}"
-    );
-    let acked_at_kill = acked(&outcomes);
-    let after = common::eventually(PATIENCE, || async {
-        acked(&outcomes) >= acked_at_kill + ACKED_EACH_SIDE
-    })
-    .await;
-    assert!(after, "the same writers publish on the promoted server");
-    stop.store(true, AtomicOrdering::SeqCst);
-    for writer in writers {
-        writer.await.expect("a writer");
-    }
-    let rewound = outcomes.lock().expect("outcomes").rewound.clone();
-    eprintln!("loss: writers were told while the outbox started again: {rewound:?}");
-    // A listener opened now on the follower reads the promoted server's lane.
+}
+
+/// A listener opened now on `follower` reads the promoted server's lane, from its start.
+async fn assert_a_new_listener_reads_from_the_start(follower: &Outbox<Note>) {
     let mut resumed = follower.listen_committed(Start::Beginning);
     let first = tokio::time::timeout(PATIENCE, resumed.next())
         .await
@@ -878,43 +985,34 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         .expect("open")
         .expect("an event");
     assert_eq!(first.commit_sequence.get(), 1, "from the start of the lane");
-    drop(resumed);
-    follower.shutdown().await;
+}
 
-    let promoted = pool_on(&standby.url(), 2).await;
+/// How many committed events the promoted server stores, and its commit lane once it covers
+/// them all.
+async fn folded_on_the_promoted_server(promoted: &PgPool) -> (i64, Vec<(i64, String)>) {
     let stored: i64 =
         sqlx::query_scalar("SELECT count(*) FROM ordo.events WHERE commit_xid IS NOT NULL")
-            .fetch_one(&promoted)
+            .fetch_one(promoted)
             .await
             .expect("count");
     // The last transactions may still be on their way into the log: read it once it holds
     // every stored event, or a survivor not yet folded counts as lost below.
     let folded = common::eventually(PATIENCE, || async {
-        commit_lane_of(&promoted).await.len() as i64 >= stored
+        commit_lane_of(promoted).await.len() as i64 >= stored
     })
     .await;
     assert!(
         folded,
         "the promoted server's log covers its {stored} events"
     );
-    let on_promoted = commit_lane_of(&promoted).await;
-    let outcomes = std::mem::take(&mut *outcomes.lock().expect("outcomes"));
-    let lost = outcomes.acked.len() as i64 - copies(&promoted, &outcomes.acked).await.len() as i64;
-    eprintln!(
-        "loss: {} acknowledged, {lost} of them lost; head before the kill {head_before}, \
-         promoted log {} entries, {stored} stored",
-        outcomes.acked.len(),
-        on_promoted.len()
-    );
-    assert!(
-        lost > 0,
-        "the cut lost acknowledged transactions (else this test proves nothing)"
-    );
+    (stored, commit_lane_of(promoted).await)
+}
 
-    // The subscription on the promoted server: every event it holds, once.
+/// The subscription on the promoted server: every event it holds, once.
+async fn assert_the_subscription_has_each_stored_event_once(promoted: &PgPool, stored: i64) {
     let caught_up = common::eventually(PATIENCE, || async {
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM projection")
-            .fetch_one(&promoted)
+            .fetch_one(promoted)
             .await
             .unwrap_or(0);
         rows >= stored
@@ -924,16 +1022,23 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         caught_up,
         "the subscription catches up on the promoted server"
     );
-    assert_exactly_once(&promoted).await;
-    check_log(&promoted, &ORDO)
+    assert_exactly_once(promoted).await;
+    check_log(promoted, &ORDO)
         .await
         .expect("the commit log's invariants on the promoted server");
+}
 
-    // Downstream: every event the promoted server holds, each once (by id: an event that
-    // survived may sit at another position on the new history than where it was handled).
+/// Downstream: every event the promoted server holds, each once (by id: an event that
+/// survived may sit at another position on the new history than where it was handled). What
+/// downstream holds, and the ids of the promoted server's lane.
+async fn downstream_has_every_promoted_event(
+    receiving: &PgPool,
+    promoted: &PgPool,
+    on_promoted: &[(i64, String)],
+) -> (Vec<(i64, String)>, BTreeSet<String>) {
     let promoted_ids: BTreeSet<String> = on_promoted.iter().map(|(_, id)| id.clone()).collect();
     let all_new = common::eventually(PATIENCE, || async {
-        let have: BTreeSet<String> = downstream_rows(&receiving)
+        let have: BTreeSet<String> = downstream_rows(receiving)
             .await
             .into_iter()
             .map(|(_, id)| id)
@@ -941,7 +1046,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         promoted_ids.is_subset(&have)
     })
     .await;
-    let rows = downstream_rows(&receiving).await;
+    let rows = downstream_rows(receiving).await;
     let have: BTreeSet<String> = rows.iter().map(|(_, id)| id.clone()).collect();
     eprintln!(
         "loss: downstream holds {} rows; {} of the promoted server's events missing",
@@ -953,15 +1058,15 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         let relay: Vec<(i64, Option<String>, String, Option<String>)> = sqlx::query_as(
             "SELECT position, lease_owner::text, status, last_error FROM ordo.subscriptions",
         )
-        .fetch_all(&promoted)
+        .fetch_all(promoted)
         .await
         .unwrap_or_default();
         let histories: Vec<(i64, i64)> =
             sqlx::query_as("SELECT history, from_commit_seq FROM ordo.commit_histories")
-                .fetch_all(&promoted)
+                .fetch_all(promoted)
                 .await
                 .unwrap_or_default();
-        let marks = ordo::inbox::list_watermarks(&receiving, Some("fo-downstream"))
+        let marks = ordo::inbox::list_watermarks(receiving, Some("fo-downstream"))
             .await
             .map(|m| ordo::admin::watermarks_table(&m))
             .unwrap_or_default();
@@ -969,19 +1074,32 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     }
     assert!(all_new, "downstream dropped events of the promoted server");
     assert_eq!(have.len(), rows.len(), "downstream handled an event twice");
-    // The rewind, reported: from where the promoted server's history began to the mark.
+    (rows, promoted_ids)
+}
+
+/// The rewind, reported by the downstream inbox: from where the promoted server's history
+/// began to the mark before the kill (`head_before`), naming the history before; and what
+/// downstream holds beyond the promoted lane (`rows` not in `promoted_ids`) are the lost
+/// events, at rewound positions.
+async fn assert_the_rewind_is_reported(
+    promoted: &PgPool,
+    receiving: &PgPool,
+    head_before: u64,
+    rows: &[(i64, String)],
+    promoted_ids: &BTreeSet<String>,
+) {
     let (newest, timeline, began): (i64, i32, i64) = sqlx::query_as(
         "SELECT history, timeline, from_commit_seq FROM ordo.commit_histories \
          ORDER BY history DESC LIMIT 1",
     )
-    .fetch_one(&promoted)
+    .fetch_one(promoted)
     .await
     .expect("the promoted history");
     assert!(timeline >= 2, "the promotion started a new timeline");
     let (older,): (i64,) =
         sqlx::query_as("SELECT max(history) FROM ordo.commit_histories WHERE history < $1")
             .bind(newest)
-            .fetch_one(&promoted)
+            .fetch_one(promoted)
             .await
             .expect("the history before it");
     let (from, through, old_history, history): (
@@ -993,7 +1111,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         "SELECT rewound_from, rewound_through, rewound_history, history \
              FROM ordo.inbox_watermarks WHERE consumer = 'fo-downstream'",
     )
-    .fetch_one(&receiving)
+    .fetch_one(receiving)
     .await
     .expect("the watermark");
     assert_eq!(
@@ -1012,7 +1130,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
     let older_histories: Vec<i64> =
         sqlx::query_scalar("SELECT history FROM ordo.commit_histories WHERE history < $1")
             .bind(newest)
-            .fetch_all(&promoted)
+            .fetch_all(promoted)
             .await
             .expect("the histories before it");
     assert!(
@@ -1020,7 +1138,7 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         "the rewind names a history before the newest: {old_history:?}, not in {older_histories:?} (the latest of them {older})"
     );
     assert_eq!(history, Some(newest));
-    let marks = ordo::inbox::list_watermarks(&receiving, Some("fo-downstream"))
+    let marks = ordo::inbox::list_watermarks(receiving, Some("fo-downstream"))
         .await
         .expect("the watermarks");
     let shown = ordo::admin::watermarks_table(&marks);
@@ -1028,7 +1146,6 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         shown.contains(&format!("positions {began} to {through} were given again")),
         "ordo inbox watermarks shows the rewind: {shown}"
     );
-    // What downstream holds beyond the promoted lane: the lost events, at rewound positions.
     let lost_downstream: Vec<&(i64, String)> = rows
         .iter()
         .filter(|(_, id)| !promoted_ids.contains(id))
@@ -1044,12 +1161,4 @@ async fn a_failover_that_loses_transactions_is_reported_and_drops_no_new_event()
         "downstream holds a lost event outside the rewind"
     );
     eprintln!("loss: rewind reported: positions {began}..={through} of history {older}");
-
-    let _ = stop_downstream.send(());
-    consuming.await.expect("the adapter");
-    sender.shutdown().await;
-    pool.close().await;
-    promoted.close().await;
-    receiving.close().await;
-    setup.close().await;
 }

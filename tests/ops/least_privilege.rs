@@ -11,45 +11,19 @@
 
 use crate::common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::invariants::{ORDO, check_log};
 use common::recording_sink::Recording;
 use common::roles::{Roles, denied};
+use common::subscribers::Seen;
 use common::{Note, eventually};
 use futures::StreamExt;
 use ordo::relay::RelayConfig;
-use ordo::{
-    Delivery, Envelope, Error, HandlerError, JobConfig, Keys, Ordering, Outbox, OutboxConfig,
-    Start, Subscriber,
-};
-use sqlx::{PgConnection, PgPool};
+use ordo::{Envelope, Error, JobConfig, Keys, Ordering, Outbox, OutboxConfig, Start};
+use sqlx::PgPool;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// Counts every event it handles, by sequence.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<u64>>>);
-
-impl Seen {
-    fn sequences(&self) -> Vec<u64> {
-        self.0.lock().map(|seen| seen.clone()).unwrap_or_default()
-    }
-}
-
-impl Subscriber<Note> for Seen {
-    async fn handle(
-        &self,
-        _tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if let Ok(mut seen) = self.0.lock() {
-            seen.push(event.sequence.get());
-        }
-        Ok(())
-    }
-}
 
 fn no_keys(_event: &Envelope<Note>) -> Keys {
     Keys::none()
@@ -145,8 +119,34 @@ async fn append(
 async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verifies() {
     let roles = Roles::new(1_000_000).await;
     let writer = roles.pool_as(&roles.writer, 4).await;
-    // Ten events folded by the writer's own outbox (through the function), then ten more
-    // with no sequencer running: the log stops at 10 until a real fold runs.
+    ten_folded_ten_unfolded_and_a_hole_at_21(&roles, &writer).await;
+    every_forgery_of_the_log_is_refused_as_every_role(&roles).await;
+
+    // What a folding role may do through the function is what a fold does: the events of the
+    // range, each once, whatever it hoped for.
+    let other = roles.pool_as(&roles.other, 1).await;
+    let entries = append(&other, 10, 20).await.expect("an append of 11 to 20");
+    let appended: Vec<(i64, i64)> = entries
+        .iter()
+        .filter_map(|(commit_seq, sequence)| Some(((*commit_seq)?, (*sequence)?)))
+        .collect();
+    assert_eq!(
+        appended,
+        (11..=20).map(|n| (n, n)).collect::<Vec<(i64, i64)>>()
+    );
+    assert_eq!(fold_state(&roles.admin).await, (20, 20));
+    other.close().await;
+
+    let (sequencer, reader) = the_real_fold_goes_on_and_a_reader_reads_it(&roles, &writer).await;
+    for pool in [writer, sequencer, reader] {
+        pool.close().await;
+    }
+}
+
+/// Ten events folded by the writer's own outbox (through the function), then ten more with no
+/// sequencer running: the log stops at 10 until a real fold runs. And a sequence drawn and
+/// never written: a hole at 21 that nothing has resolved yet.
+async fn ten_folded_ten_unfolded_and_a_hole_at_21(roles: &Roles, writer: &PgPool) {
     let outbox = Outbox::<Note>::new(writer.clone(), OutboxConfig::default())
         .await
         .expect("a writer's outbox");
@@ -162,13 +162,17 @@ async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verif
     publish(&quiet, 2, 10).await;
     quiet.shutdown().await;
     assert_eq!(fold_state(&roles.admin).await, (10, 10));
-    // A sequence drawn and never written: a hole at 21 that nothing has resolved yet.
     let hole: i64 = sqlx::query_scalar("SELECT nextval('ordo.events_sequence')")
-        .fetch_one(&writer)
+        .fetch_one(writer)
         .await
         .expect("draw a sequence");
     assert_eq!(hole, 21);
+}
 
+/// As every role: the forgeries of before refused by privilege, and through the fold's
+/// function a cursor it cannot verify refused (or, for a role that may not fold, the function
+/// itself); nothing is written.
+async fn every_forgery_of_the_log_is_refused_as_every_role(roles: &Roles) {
     let folding = [
         &roles.writer,
         &roles.sequencer,
@@ -218,29 +222,21 @@ async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verif
         assert_eq!(fold_state(&roles.admin).await, (10, 10), "after {role}");
         pool.close().await;
     }
+}
 
-    // What a folding role may do through the function is what a fold does: the events of the
-    // range, each once, whatever it hoped for.
-    let other = roles.pool_as(&roles.other, 1).await;
-    let entries = append(&other, 10, 20).await.expect("an append of 11 to 20");
-    let appended: Vec<(i64, i64)> = entries
-        .iter()
-        .filter_map(|(commit_seq, sequence)| Some(((*commit_seq)?, (*sequence)?)))
-        .collect();
-    assert_eq!(
-        appended,
-        (11..=20).map(|n| (n, n)).collect::<Vec<(i64, i64)>>()
-    );
-    assert_eq!(fold_state(&roles.admin).await, (20, 20));
-    other.close().await;
-
-    // The real fold, by the folding role, goes on from there: the hole resolved, one more event.
+/// The real fold, by the folding role, goes on from where the function's append left it (the
+/// hole resolved, one more event), and the commit lane, as a reader reads it, holds each event
+/// once, in the log's order. The sequencer's and the reader's pools.
+async fn the_real_fold_goes_on_and_a_reader_reads_it(
+    roles: &Roles,
+    writer: &PgPool,
+) -> (PgPool, PgPool) {
     let sequencer = roles.pool_as(&roles.sequencer, 4).await;
     let folder = Outbox::<Note>::new(sequencer.clone(), OutboxConfig::default())
         .await
         .expect("a sequencer's outbox folds");
     sqlx::query("INSERT INTO ordo.events (payload) VALUES ('{\"writer\": 3, \"n\": 0}')")
-        .execute(&writer)
+        .execute(writer)
         .await
         .expect("a writer publishes by SQL");
     assert!(commit_head_reaches(&roles.admin, 21).await, "the fold");
@@ -269,9 +265,7 @@ async fn no_role_rewrites_the_commit_log_and_the_fold_appends_only_what_it_verif
     assert_eq!(sequences, expected);
     drop(committed);
     watcher.shutdown().await;
-    for pool in [writer, sequencer, reader] {
-        pool.close().await;
-    }
+    (sequencer, reader)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,14 +638,6 @@ async fn each_role_does_its_part_of_a_deployment() {
     }
 }
 
-/// `url` with `role` as its user (the test roles log in without a password).
-#[cfg(all(feature = "cli", feature = "nats"))]
-fn url_as(url: &str, role: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-    format!("{scheme}://{role}@{host}")
-}
-
 #[cfg(all(feature = "cli", feature = "nats"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordo_relay_run_refuses_a_subscriptions_row_and_says_so() {
@@ -688,7 +674,10 @@ async fn ordo_relay_run_refuses_a_subscriptions_row_and_says_so() {
             "--backoff-max",
             "50ms",
         ])
-        .env("DATABASE_URL", url_as(&roles.url, &roles.writer))
+        .env(
+            "DATABASE_URL",
+            common::roles::url_as(&roles.url, &roles.writer),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -327,15 +327,28 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
         tracing::subscriber::set_default(tracing_subscriber::registry().with(recorder.clone()));
     let config = InboxConfig::new("replica").mode(InboxMode::Watermark);
     let inbox = Inbox::new(db.pool.clone(), config).expect("inbox");
-    let at = |position: u64| {
-        InboxMessage::new(format!("orders-{position}"), "{}").with_source("orders", position)
-    };
     let handler = common::inbox::Recording::default();
     assert_eq!(
         inbox.receive(&at(1), &handler).await.expect("1"),
         Receipt::Handled
     );
-    // The sender skipped position 2 for good (its relay was moved past it).
+    the_mark_notes_the_gap_once_per_position(&db, &inbox, &handler).await;
+    the_wait_is_logged_once_it_outlived_a_few_redeliveries(&db, &inbox, &handler, &recorder).await;
+    set_watermark_ends_the_wait(&db, &inbox, &handler).await;
+}
+
+/// Position `position` of the source `orders`.
+fn at(position: u64) -> InboxMessage {
+    InboxMessage::new(format!("orders-{position}"), "{}").with_source("orders", position)
+}
+
+/// The sender skipped position 2 for good (its relay was moved past it): 3, 4 and 3 again are
+/// refused as a gap, the mark notes the higher one, and the repeat writes nothing.
+async fn the_mark_notes_the_gap_once_per_position(
+    db: &TestDb,
+    inbox: &Inbox,
+    handler: &common::inbox::Recording,
+) {
     let row_version = || async {
         sqlx::query_scalar::<_, String>(
             "SELECT xmin::text FROM ordo.inbox_watermarks WHERE consumer = 'replica'",
@@ -346,7 +359,7 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
     };
     let mut versions = Vec::new();
     for position in [3, 4, 3] {
-        let receipt = inbox.receive(&at(position), &handler).await.expect("gap");
+        let receipt = inbox.receive(&at(position), handler).await.expect("gap");
         assert_eq!(receipt, Receipt::Gap { expected: 2 });
         versions.push(row_version().await);
     }
@@ -364,6 +377,15 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
         .expect("marks");
     let gap = marks[0].gap.clone().expect("the mark waits on a gap");
     assert_eq!((gap.expected, gap.received), (2, 4), "{gap:?}");
+}
+
+/// A wait younger than `GAP_SHOWN_AFTER` is not logged; a minute on, a redelivery logs it, once.
+async fn the_wait_is_logged_once_it_outlived_a_few_redeliveries(
+    db: &TestDb,
+    inbox: &Inbox,
+    handler: &common::inbox::Recording,
+    recorder: &Recorder,
+) {
     let warned = || -> Vec<_> {
         recorder
             .events()
@@ -382,7 +404,7 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
         .await
         .expect("age the gap");
     for _ in 0..2 {
-        let receipt = inbox.receive(&at(3), &handler).await.expect("gap");
+        let receipt = inbox.receive(&at(3), handler).await.expect("gap");
         assert_eq!(receipt, Receipt::Gap { expected: 2 });
     }
     let warned = warned();
@@ -397,7 +419,15 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
             && warned[0].fields.contains("since="),
         "{warned:?}"
     );
+}
 
+/// `ordo inbox watermarks` shows the wait; `ordo inbox set-watermark` refuses a typo, moves the
+/// real pair (the gap's wait ends), and with `--create` makes a mark for a new source.
+async fn set_watermark_ends_the_wait(
+    db: &TestDb,
+    inbox: &Inbox,
+    handler: &common::inbox::Recording,
+) {
     let (ok, table, err) = db.ordo(&["inbox", "watermarks"]);
     assert!(
         ok && table.contains("waiting on a gap since")
@@ -413,11 +443,11 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
     let (ok, _, err) = db.ordo(&["inbox", "set-watermark", "replica", "orders", "2"]);
     assert!(ok, "{err}");
     assert_eq!(
-        inbox.receive(&at(3), &handler).await.expect("3"),
+        inbox.receive(&at(3), handler).await.expect("3"),
         Receipt::Handled
     );
     assert_eq!(
-        inbox.receive(&at(4), &handler).await.expect("4"),
+        inbox.receive(&at(4), handler).await.expect("4"),
         Receipt::Handled
     );
     let marks = inbox::list_watermarks(&db.pool, Some("replica"))
@@ -439,7 +469,7 @@ async fn a_watermark_inbox_waiting_on_a_gap_says_so_and_set_watermark_ends_the_w
         inbox
             .receive(
                 &InboxMessage::new("b-11", "{}").with_source("billing", 11),
-                &handler
+                handler
             )
             .await
             .expect("11"),

@@ -12,14 +12,14 @@
 
 use crate::common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Note;
 use common::invariants::{ORDO, check_log};
-use common::roles::{Roles, denied, denied_ordo};
+use common::roles::{Roles, denied, denied_ordo, url_as};
+use common::subscribers::Seen;
 use ordo::inbox::{Inbox, InboxConfig, InboxHandler, InboxMessage, InboxMode, Receipt};
-use ordo::{Delivery, Error, HandlerError, JobConfig, Outbox, OutboxConfig, Subscriber};
+use ordo::{Error, HandlerError, JobConfig, Outbox, OutboxConfig};
 use sqlx::{PgConnection, PgPool};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -40,26 +40,6 @@ impl InboxHandler for Fails {
     async fn handle(&self, _tx: &mut PgConnection, _m: &InboxMessage) -> Result<(), HandlerError> {
         Err("refused by the test".into())
     }
-}
-
-fn url_as(url: &str, role: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
-    format!("{scheme}://{role}@{host}")
-}
-
-/// `ordo ARGS` against `url`: (succeeded, stdout, stderr).
-fn ordo(url: &str, args: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env("DATABASE_URL", url)
-        .output()
-        .expect("run ordo");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
 }
 
 async fn rows_affected(pool: &PgPool, sql: &str) -> u64 {
@@ -237,22 +217,6 @@ async fn no_role_moves_or_marks_another_consumers_inbox_and_each_receives_its_ow
     }
 }
 
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<u64>>>);
-
-impl Subscriber<Note> for Seen {
-    async fn handle(
-        &self,
-        _tx: &mut PgConnection,
-        event: &Delivery<Note>,
-    ) -> Result<(), HandlerError> {
-        if let Ok(mut seen) = self.0.lock() {
-            seen.push(event.sequence.get());
-        }
-        Ok(())
-    }
-}
-
 /// An upgrade from the schema before this change: subscription rows without a role, and an
 /// inbox consumer with rows. Only the consumer role may write the inbox (it is assigned the
 /// consumer); several roles could run subscriptions (the row stays unassigned until an
@@ -277,13 +241,35 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
         .await
         .expect("a subscription");
     legacy.shutdown().await;
-    // The consumer's inbox row, as the old schema's inbox wrote it.
     let consumer = roles.pool_as(&roles.consumer, 2).await;
+    upgrade_from_before_roles(&roles, &consumer).await;
+    no_role_takes_the_old_subscription_for_itself(&roles).await;
+
+    // The operator assigns it (the CLI, then again: idempotent); then the writer runs it.
+    let operator_url = url_as(&roles.url, &roles.operator);
+    let (ok, _, err) = common::ordo_at(
+        &operator_url,
+        &["subscriptions", "adopt", "legacy", "--role", &roles.writer],
+    );
+    assert!(ok, "{err}");
+    let operator = the_operator_assigns_it_and_the_writer_runs_it(&roles, &outbox, &seen).await;
+    the_old_inbox_is_its_consumers_and_an_unassigned_one_waits(&roles, &consumer, &operator_url)
+        .await;
+    outbox.shutdown().await;
+    for pool in [writer, consumer, operator] {
+        pool.close().await;
+    }
+}
+
+/// The consumer's inbox row as the old schema's inbox wrote it, the subscription rows as an
+/// ordo from before roles were recorded wrote them, then the upgrade: it assigns the old
+/// inbox consumer to the consumer role.
+async fn upgrade_from_before_roles(roles: &Roles, consumer: &PgPool) {
     sqlx::query(
         "INSERT INTO ordo.inbox (consumer, message_id, status, completed_at) \
          VALUES ('old-inbox', 'a', 'completed', now())",
     )
-    .execute(&consumer)
+    .execute(consumer)
     .await
     .expect("an inbox row at the old schema");
     // As an ordo from before roles were recorded wrote it.
@@ -302,8 +288,10 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
             .await
             .expect("the old consumer's name");
     assert_eq!(assigned.as_deref(), Some(roles.consumer.as_str()));
+}
 
-    // No role takes the old subscription for itself, by SQL or by starting on it.
+/// No role takes the old subscription for itself, by SQL or by starting on it.
+async fn no_role_takes_the_old_subscription_for_itself(roles: &Roles) {
     for role in [&roles.other, &roles.writer, &roles.consumer] {
         let pool = roles.pool_as(role, 2).await;
         let adopted = rows_affected(
@@ -349,14 +337,15 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
             .await
             .expect("the old row");
     assert_eq!(stored, (None, None));
+}
 
-    // The operator assigns it (the CLI, then again: idempotent); then the writer runs it.
-    let operator_url = url_as(&roles.url, &roles.operator);
-    let (ok, _, err) = ordo(
-        &operator_url,
-        &["subscriptions", "adopt", "legacy", "--role", &roles.writer],
-    );
-    assert!(ok, "{err}");
+/// The operator assigns the old subscription again (idempotent), refuses another role and a
+/// missing one; then the writer runs it. The operator's pool.
+async fn the_operator_assigns_it_and_the_writer_runs_it(
+    roles: &Roles,
+    outbox: &Outbox<Note>,
+    seen: &Seen,
+) -> PgPool {
     let operator = roles.pool_as(&roles.operator, 1).await;
     ordo::admin::adopt_subscription(&operator, "legacy", &roles.writer)
         .await
@@ -382,8 +371,16 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
     assert!(done, "{state:?}");
     legacy.shutdown().await;
 
-    // The inbox: the consumer goes on with its old name; another role is refused; an
-    // unassigned old name waits for the operator.
+    operator
+}
+
+/// The inbox: the consumer goes on with its old name; another role is refused; an
+/// unassigned old name waits for the operator (`ordo inbox adopt` as `operator_url`).
+async fn the_old_inbox_is_its_consumers_and_an_unassigned_one_waits(
+    roles: &Roles,
+    consumer: &PgPool,
+    operator_url: &str,
+) {
     let old_inbox = Inbox::new(consumer.clone(), InboxConfig::new("old-inbox")).expect("inbox");
     for (id, receipt) in [("a", Receipt::Duplicate), ("b", Receipt::Handled)] {
         let received = old_inbox
@@ -415,12 +412,12 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
         ),
         other => panic!("the consumer took an unassigned name: {other:?}"),
     }
-    match ordo::inbox::adopt_consumer(&consumer, "unknown-inbox", &roles.consumer).await {
+    match ordo::inbox::adopt_consumer(consumer, "unknown-inbox", &roles.consumer).await {
         Err(Error::Unadopted { .. }) => {}
         other => panic!("the consumer assigned a name itself: {other:?}"),
     }
-    let (ok, _, err) = ordo(
-        &operator_url,
+    let (ok, _, err) = common::ordo_at(
+        operator_url,
         &["inbox", "adopt", "unknown-inbox", "--role", &roles.consumer],
     );
     assert!(ok, "{err}");
@@ -431,10 +428,6 @@ async fn rows_from_before_roles_are_run_only_by_their_role_or_after_an_operator_
             .expect("received once assigned"),
         Receipt::Handled
     );
-    outbox.shutdown().await;
-    for pool in [writer, consumer, operator] {
-        pool.close().await;
-    }
 }
 
 /// (last_commit_seq, logged_through_sequence).

@@ -123,11 +123,21 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         .await
         .expect("the verifiers");
     let mut cases = Vec::new();
-    let formats = [Format::CloudEventsBinary, Format::CloudEventsStructured];
+    cases.extend(http_cases().await);
+    cases.extend(kafka_cases().await);
+    cases.extend(amqp_cases().await);
+    cases.extend(nats_cases().await);
+    verify(python, &cases);
+}
 
-    // HTTP, both modes, signed Standard Webhooks with two secrets.
+/// The formats every sink sends in.
+const FORMATS: [Format; 2] = [Format::CloudEventsBinary, Format::CloudEventsStructured];
+
+/// HTTP, both modes, signed Standard Webhooks with two secrets.
+async fn http_cases() -> Vec<Value> {
+    let mut cases = Vec::new();
     let responder = Responder::start(vec![Reply::status(204), Reply::status(204)]).await;
-    for format in formats {
+    for format in FORMATS {
         let sink = WebhookSink::builder(responder.url("/in"), SECRETS[0].to_vec())
             .also_sign_with(SECRETS[1].to_vec())
             .signature(Signature::StandardWebhooks)
@@ -158,12 +168,17 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         cases.push(webhook);
     }
 
-    // Kafka, both modes.
+    cases
+}
+
+/// Kafka, both modes.
+async fn kafka_cases() -> Vec<Value> {
+    let mut cases = Vec::new();
     let kafka = Arc::new(MockKafka::start(1));
     let topic = topic_name("envelopes");
     kafka.topic(&topic, 1);
     let mut sent = Vec::new();
-    for format in formats {
+    for format in FORMATS {
         let sink = KafkaSink::builder(&kafka.bootstrap)
             .topic(&topic)
             .build()
@@ -184,9 +199,14 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         cases.push(ce);
     }
 
-    // RabbitMQ (the AMQP binding's application properties), both modes.
+    cases
+}
+
+/// RabbitMQ (the AMQP binding's application properties), both modes.
+async fn amqp_cases() -> Vec<Value> {
+    let mut cases = Vec::new();
     let queue = TestQueue::new().await;
-    for format in formats {
+    for format in FORMATS {
         let sink = RabbitSink::builder(amqp_uri(addr(common::brokers::RABBIT_ADDR)))
             .exchange(&queue.exchange)
             .build()
@@ -215,9 +235,14 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         cases.push(ce);
     }
 
-    // NATS, both modes.
+    cases
+}
+
+/// NATS, both modes.
+async fn nats_cases() -> Vec<Value> {
+    let mut cases = Vec::new();
     let stream = TestStream::new().await;
-    for format in formats {
+    for format in FORMATS {
         let sink = NatsSink::builder(NATS_ADDR)
             .subject_prefix(&stream.prefix)
             .build()
@@ -235,7 +260,11 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         ce["expect"] = expected(&message);
         cases.push(ce);
     }
+    cases
+}
 
+/// Runs `tests/python/verify_envelopes.py` with `python` over `cases`: every one passes.
+fn verify(python: PathBuf, cases: &[Value]) {
     let mut verifier = Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -245,7 +274,7 @@ async fn cloudevents_and_standard_webhooks_pass_the_reference_libraries() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("run the verifier");
-    let input = serde_json::to_vec(&cases).expect("the cases");
+    let input = serde_json::to_vec(cases).expect("the cases");
     verifier
         .stdin
         .take()
