@@ -73,11 +73,25 @@ async fn every_documented_metric_is_emitted() {
     let outbox = Outbox::<Note>::new(db.pool.clone(), config)
         .await
         .expect("outbox");
+    four_events_and_a_hole_read_on_both_lanes(&db, &outbox).await;
+    three_subscriptions_retry_dead_letter_halt_and_skip(&outbox).await;
+    a_relay_delivers_every_event(&outbox).await;
+    an_inbox_receives_one_message_twice(&db).await;
+
+    let ready = eventually(Duration::from_secs(10), || async {
+        outbox.commit_head().get() >= 4
+    })
+    .await;
+    assert!(ready);
+    let snapshot: Snapshot = snapshotter.snapshot().into_vec();
+    assert_every_metric_has_the_scenarios_values(&snapshot);
+}
+
+/// A rolled-back plain-SQL writer leaves a hole below a committed event: a gap wait and a
+/// placeholder. Four events, read on both lanes.
+async fn four_events_and_a_hole_read_on_both_lanes(db: &TestDb, outbox: &Outbox<Note>) {
     let mut inserted = outbox.listen_inserted(Start::Beginning);
     let mut committed = outbox.listen_committed(Start::Beginning);
-
-    // A rolled-back plain-SQL writer leaves a hole below a committed event: a gap wait and a
-    // placeholder.
     let mut doomed = db.pool.begin().await.expect("begin");
     sqlx::query(r#"INSERT INTO ordo.events (payload) VALUES ('{"writer": 9, "n": 9}')"#)
         .execute(&mut *doomed)
@@ -96,6 +110,11 @@ async fn every_documented_metric_is_emitted() {
         inserted.next().await.expect("open").expect("event");
         committed.next().await.expect("open").expect("event");
     }
+}
+
+/// A subscription that retries writer one's events and dead-letters them, one that halts on
+/// them, and one that selects none of these events and passes over every one.
+async fn three_subscriptions_retry_dead_letter_halt_and_skip(outbox: &Outbox<Note>) {
     let retry = RetryPolicy {
         max_attempts: 2,
         initial_backoff: Duration::from_millis(1),
@@ -138,9 +157,11 @@ async fn every_documented_metric_is_emitted() {
         .await;
     assert!(passed, "the selective subscription passed over everything");
     skipping.shutdown().await;
+}
 
-    // A relay delivers every event to a sink that takes them all: its gauges and counters are
-    // labelled `relay`, never `subscription`.
+/// A relay delivers every event to a sink that takes them all: its gauges and counters are
+/// labelled `relay`, never `subscription`.
+async fn a_relay_delivers_every_event(outbox: &Outbox<Note>) {
     let relay = outbox
         .relay(
             ordo::relay::RelayConfig::new("metered-relay"),
@@ -158,8 +179,10 @@ async fn every_documented_metric_is_emitted() {
         "a running relay's status names the owner of its lease (the core notes every claim)"
     );
     relay.shutdown().await;
+}
 
-    // An inbox consumer receives one message twice.
+/// An inbox consumer receives one message twice.
+async fn an_inbox_receives_one_message_twice(db: &TestDb) {
     sqlx::query("CREATE TABLE effects (message_id TEXT NOT NULL, payload TEXT NOT NULL)")
         .execute(&db.pool)
         .await
@@ -171,13 +194,10 @@ async fn every_documented_metric_is_emitted() {
         let handler = common::inbox::Recording::default();
         inbox.receive(&message, &handler).await.expect("receive");
     }
+}
 
-    let ready = eventually(Duration::from_secs(10), || async {
-        outbox.commit_head().get() >= 4
-    })
-    .await;
-    assert!(ready);
-    let snapshot: Snapshot = snapshotter.snapshot().into_vec();
+/// Every documented metric of the scenario, at least at the value it implies.
+fn assert_every_metric_has_the_scenarios_values(snapshot: &Snapshot) {
     let sub = Some(("subscription", "metered"));
     let expectations: &[(&str, Label, f64)] = &[
         (names::EVENTS_PUBLISHED, None, 4.0),
@@ -212,7 +232,7 @@ async fn every_documented_metric_is_emitted() {
         (names::INBOX_RECEIPTS, Some(("receipt", "duplicate")), 1.0),
     ];
     for (name, label, at_least) in expectations {
-        let got = value(&snapshot, name, *label);
+        let got = value(snapshot, name, *label);
         assert!(got.is_some(), "{name} {label:?} was never emitted");
         assert!(
             got.unwrap_or(0.0) >= *at_least,
@@ -220,14 +240,14 @@ async fn every_documented_metric_is_emitted() {
         );
     }
     assert_eq!(
-        value(&snapshot, names::EVENTS_PUBLISHED, None),
+        value(snapshot, names::EVENTS_PUBLISHED, None),
         Some(4.0),
         "plain-SQL writes are not ordo's publishes"
     );
-    assert_eq!(value(&snapshot, names::COMMIT_HEAD, None), Some(4.0));
+    assert_eq!(value(snapshot, names::COMMIT_HEAD, None), Some(4.0));
     assert_eq!(
         value(
-            &snapshot,
+            snapshot,
             names::SUBSCRIPTION_LAG,
             Some(("subscription", "metered-relay"))
         ),

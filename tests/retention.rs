@@ -89,42 +89,7 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
     run_retention(&db.pool, &RetentionConfig::new().ahead(6))
         .await
         .expect("partitions ahead");
-    // 39 transactions of 10: sequences 1..=390, groups never cross a multiple of 100.
-    for n in 0..39u32 {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..10).map(|k| Note { writer: n, n: k }))
-            .expect("publish");
-        tx.commit().await.expect("commit");
-    }
-    // One transaction straddles 401: 391..=395, then (after ten others) 406..=410.
-    let mut long = db.pool.begin().await.expect("begin");
-    outbox
-        .publish_in(&mut long, (0..5).map(|k| Note { writer: 99, n: k }))
-        .await
-        .expect("first half");
-    for n in 0..10u32 {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish(Note {
-            writer: 100 + n,
-            n: 0,
-        })
-        .expect("publish");
-        tx.commit().await.expect("commit");
-    }
-    outbox
-        .publish_in(&mut long, (5..10).map(|k| Note { writer: 99, n: k }))
-        .await
-        .expect("second half");
-    long.commit().await.expect("commit");
-    for n in 0..20u32 {
-        let mut tx = outbox.begin().await.expect("begin");
-        tx.publish_all((0..5).map(|k| Note {
-            writer: 200 + n,
-            n: k,
-        }))
-        .expect("publish");
-        tx.commit().await.expect("commit");
-    }
+    write_510_events_one_transaction_straddling_401(&db, &outbox).await;
     assert!(
         eventually(Duration::from_secs(20), || async {
             outbox.commit_head().get() == 510
@@ -164,7 +129,64 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
     let kept = &report.partitions[1];
     assert!(!kept.drop && kept.reason.contains("slow"), "{kept:?}");
 
-    // Reading below the floor is a clear error, on both lanes.
+    reading_below_the_floor_is_a_clear_error(&outbox).await;
+    once_passed_they_go_but_a_straddled_partition(&db, &keep_nothing).await;
+
+    // The lanes and the sequencer keep going above the floor.
+    let mut tx = outbox.begin().await.expect("begin");
+    tx.publish(Note { writer: 7, n: 7 }).expect("publish");
+    tx.commit().await.expect("commit");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            outbox.commit_head().get() == 511
+        })
+        .await
+    );
+    check_log_after_retention(&db.pool).await;
+}
+
+/// 39 transactions of 10: sequences 1..=390, groups never cross a multiple of 100. One
+/// transaction straddles 401: 391..=395, then (after ten others) 406..=410. Then 20
+/// transactions of 5: up to 510.
+async fn write_510_events_one_transaction_straddling_401(db: &TestDb, outbox: &Outbox<Note>) {
+    for n in 0..39u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..10).map(|k| Note { writer: n, n: k }))
+            .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    let mut long = db.pool.begin().await.expect("begin");
+    outbox
+        .publish_in(&mut long, (0..5).map(|k| Note { writer: 99, n: k }))
+        .await
+        .expect("first half");
+    for n in 0..10u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish(Note {
+            writer: 100 + n,
+            n: 0,
+        })
+        .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+    outbox
+        .publish_in(&mut long, (5..10).map(|k| Note { writer: 99, n: k }))
+        .await
+        .expect("second half");
+    long.commit().await.expect("commit");
+    for n in 0..20u32 {
+        let mut tx = outbox.begin().await.expect("begin");
+        tx.publish_all((0..5).map(|k| Note {
+            writer: 200 + n,
+            n: k,
+        }))
+        .expect("publish");
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// Reading below the floor (101) is a clear error, on both lanes; from the floor, it reads.
+async fn reading_below_the_floor_is_a_clear_error(outbox: &Outbox<Note>) {
     let first = outbox
         .listen_inserted(Start::Beginning)
         .next()
@@ -208,13 +230,19 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
             .get(),
         101
     );
+}
 
-    // Once the subscription has passed them, they go, except where a transaction straddles.
+/// Once the subscription has passed them, the old partitions go, except where a transaction
+/// straddles, and that transaction is still whole.
+async fn once_passed_they_go_but_a_straddled_partition(
+    db: &TestDb,
+    keep_nothing: &RetentionConfig,
+) {
     sqlx::query("UPDATE ordo.subscriptions SET position = 510 WHERE name = 'slow'")
         .execute(&db.pool)
         .await
         .expect("position");
-    let report = run_retention(&db.pool, &keep_nothing)
+    let report = run_retention(&db.pool, keep_nothing)
         .await
         .expect("retention");
     assert_eq!(
@@ -249,18 +277,6 @@ async fn old_partitions_survive_while_a_slow_subscription_needs_them_and_go_afte
             .await
             .expect("count");
     assert_eq!(whole, 10);
-
-    // The lanes and the sequencer keep going above the floor.
-    let mut tx = outbox.begin().await.expect("begin");
-    tx.publish(Note { writer: 7, n: 7 }).expect("publish");
-    tx.commit().await.expect("commit");
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            outbox.commit_head().get() == 511
-        })
-        .await
-    );
-    check_log_after_retention(&db.pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use common::cluster::Cluster;
 use common::{Note, eventually};
 use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use ordo::{Outbox, OutboxConfig, Start, metrics as names};
+use ordo::{CommitStream, EventStream, Outbox, OutboxConfig, Start, metrics as names};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::{Instant, timeout};
@@ -107,6 +107,48 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
     // the commit lane.
     let mut got_inserted = Vec::new();
     let mut got_committed = Vec::new();
+    read_30_from_each(
+        &mut inserted,
+        &mut committed,
+        &mut got_inserted,
+        &mut got_committed,
+    )
+    .await;
+
+    cluster.stop_immediate();
+    // While the server is down both listeners keep reading (and failing): wait until each has
+    // retried at least once; an `Err` item meanwhile fails the test.
+    read_until_both_retried(
+        &mut inserted,
+        &mut committed,
+        &mut got_inserted,
+        &mut got_committed,
+    )
+    .await;
+    cluster.start();
+    publish(&outbox, 2, 5, 10).await;
+    read_until_150_from_each(
+        &mut inserted,
+        &mut committed,
+        &mut got_inserted,
+        &mut got_committed,
+    )
+    .await;
+    assert_each_event_once_in_publish_order(&got_inserted, &got_committed);
+    outbox.shutdown().await;
+    pool.close().await;
+}
+
+/// What a listener received: (position, writer, n).
+type Received = Vec<(u64, u32, u32)>;
+
+/// Thirty events from each lane, one after the other.
+async fn read_30_from_each(
+    inserted: &mut EventStream<Note>,
+    committed: &mut CommitStream<Note>,
+    got_inserted: &mut Received,
+    got_committed: &mut Received,
+) {
     for _ in 0..30 {
         let event = timeout(PATIENCE, inserted.next())
             .await
@@ -122,10 +164,16 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         let note = &item.event.payload;
         got_committed.push((item.commit_sequence.get(), note.writer, note.n));
     }
+}
 
-    cluster.stop_immediate();
-    // While the server is down both listeners keep reading (and failing): wait until each has
-    // retried at least once; an `Err` item meanwhile fails the test.
+/// Reads on from both lanes until each has retried at least once (the server is down); an
+/// `Err` item meanwhile fails the test.
+async fn read_until_both_retried(
+    inserted: &mut EventStream<Note>,
+    committed: &mut CommitStream<Note>,
+    got_inserted: &mut Received,
+    got_committed: &mut Received,
+) {
     retries_since_last_look();
     let (mut insert_retries, mut commit_retries) = (0, 0);
     let deadline = Instant::now() + PATIENCE;
@@ -150,9 +198,15 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         insert_retries += insert;
         commit_retries += commit;
     }
-    cluster.start();
-    publish(&outbox, 2, 5, 10).await;
+}
 
+/// Reads each lane until it has delivered 150 events.
+async fn read_until_150_from_each(
+    inserted: &mut EventStream<Note>,
+    committed: &mut CommitStream<Note>,
+    got_inserted: &mut Received,
+    got_committed: &mut Received,
+) {
     while got_inserted.len() < 150 {
         let event = timeout(PATIENCE, inserted.next())
             .await
@@ -170,9 +224,14 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         let note = &item.event.payload;
         got_committed.push((item.commit_sequence.get(), note.writer, note.n));
     }
-    // Every event once, in publish order. Sequences after a crash may jump (PostgreSQL logs
-    // sequence values ahead), so the insert lane's only have to increase; the commit log is
-    // dense.
+}
+
+/// Every event once, in publish order. Sequences after a crash may jump (PostgreSQL logs
+/// sequence values ahead), so the insert lane's only have to increase; the commit log is dense.
+fn assert_each_event_once_in_publish_order(
+    got_inserted: &[(u64, u32, u32)],
+    got_committed: &[(u64, u32, u32)],
+) {
     let published: Vec<(u32, u32)> = (0..100)
         .map(|n| (1, n))
         .chain((0..50).map(|n| (2, n)))
@@ -181,12 +240,12 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         got.iter().map(|&(_, writer, n)| (writer, n)).collect()
     };
     assert_eq!(
-        notes(&got_inserted),
+        notes(got_inserted),
         published,
         "insert lane: each event once, in order"
     );
     assert_eq!(
-        notes(&got_committed),
+        notes(got_committed),
         published,
         "commit lane: each event once, in order"
     );
@@ -203,8 +262,6 @@ async fn a_stream_survives_a_restart_of_its_pools_server() {
         (1..=150).collect::<Vec<u64>>(),
         "commit lane: dense"
     );
-    outbox.shutdown().await;
-    pool.close().await;
 }
 
 /// `ordo tail --follow`, run as a real process against the private cluster.

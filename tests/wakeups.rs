@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::counters::Counters;
 use common::{Note, TestDb};
 use futures::StreamExt;
-use metrics_util::debugging::DebuggingRecorder;
-use ordo::{Outbox, OutboxConfig, Start, metrics as names};
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
+use ordo::{EventStream, Outbox, OutboxConfig, Start, metrics as names};
 use sqlx::postgres::PgListener;
 use tokio::time::{Instant, timeout};
 
@@ -66,19 +66,7 @@ async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
 
     // 1. Alone, once the answers to its greeting had time to come, it holds its wake-ups.
     let mut counters = Counters::default();
-    let deadline = Instant::now() + PATIENCE;
-    let mut last = 0;
-    for n in 0.. {
-        let mut tx = writer.begin().await.expect("begin");
-        tx.publish(Note { writer: 1, n }).expect("publish");
-        last = tx.commit().await.expect("commit")[0].get();
-        counters.add(&snapshotter);
-        if counters.get(names::WAKEUPS, Some("held")) > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no wake-up was ever held back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let last = publish_until_a_wake_up_is_held(&writer, &mut counters, &snapshotter).await;
 
     // 2. Someone says, from SQL, that it listens: the held wake-up goes out at once, with no
     //    commit after it.
@@ -113,7 +101,48 @@ async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
             break;
         }
     }
-    for n in 0..40 {
+    each_commit_reaches_the_reader(&writer, &mut events, 0..40).await;
+
+    // 4. Both outboxes' LISTEN connections are killed: each greets again once reconnected, and
+    //    the writer's commits go on reaching the reader without its idle resync.
+    kill_both_listen_connections_and_hear_both_greet_again(&db, &mut ear).await;
+    each_commit_reaches_the_reader(&writer, &mut events, 40..60).await;
+    writer.shutdown().await;
+    reader.shutdown().await;
+}
+
+/// Publishes one event at a time until the writer counts a wake-up held back: the last
+/// sequence it published.
+async fn publish_until_a_wake_up_is_held(
+    writer: &Outbox<Note>,
+    counters: &mut Counters,
+    snapshotter: &Snapshotter,
+) -> u64 {
+    let deadline = Instant::now() + PATIENCE;
+    let mut last = 0;
+    for n in 0.. {
+        let mut tx = writer.begin().await.expect("begin");
+        tx.publish(Note { writer: 1, n }).expect("publish");
+        last = tx.commit().await.expect("commit")[0].get();
+        counters.add(snapshotter);
+        if counters.get(names::WAKEUPS, Some("held")) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no wake-up was ever held back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    last
+}
+
+/// Each of the writer's transactions `ns` (one event each, of writer 2) reaches the reader's
+/// `events` (its idle resync a minute away). Past the reader's answer window too: what carries
+/// them later is the presence each outbox says every second.
+async fn each_commit_reaches_the_reader(
+    writer: &Outbox<Note>,
+    events: &mut EventStream<Note>,
+    ns: std::ops::Range<u32>,
+) {
+    for n in ns {
         let mut tx = writer.begin().await.expect("begin");
         tx.publish(Note { writer: 2, n }).expect("publish");
         let sequence = tx.commit().await.expect("commit")[0];
@@ -124,13 +153,12 @@ async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
             .expect("an event");
         assert_eq!(event.sequence, sequence);
         assert_eq!(event.payload, Note { writer: 2, n });
-        // Past the reader's answer window too: what carries them now is the presence each
-        // says every second.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
-    // 4. Both outboxes' LISTEN connections are killed: each greets again once reconnected, and
-    //    the writer's commits go on reaching the reader without its idle resync.
+/// Kills the writer's and the reader's LISTEN connections; each greets again once reconnected.
+async fn kill_both_listen_connections_and_hear_both_greet_again(db: &TestDb, ear: &mut PgListener) {
     let killed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = current_database() AND application_name = 'ordo.listen') AS k",
@@ -154,19 +182,4 @@ async fn wake_ups_are_held_while_nobody_listens_and_reach_whoever_appears() {
             greeters.insert(instance.to_owned());
         }
     }
-    for n in 40..60 {
-        let mut tx = writer.begin().await.expect("begin");
-        tx.publish(Note { writer: 2, n }).expect("publish");
-        let sequence = tx.commit().await.expect("commit")[0];
-        let event = timeout(PATIENCE, events.next())
-            .await
-            .unwrap_or_else(|_| panic!("event {n} never reached the second outbox"))
-            .expect("the stream goes on")
-            .expect("an event");
-        assert_eq!(event.sequence, sequence);
-        assert_eq!(event.payload, Note { writer: 2, n });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    writer.shutdown().await;
-    reader.shutdown().await;
 }

@@ -5,7 +5,7 @@
 //! through `unnest`. Every statement here is shaped so that its plan stays cheap on a fresh
 //! database whose tables have no statistics: a stock server JIT-compiles any plan whose cost
 //! estimate crosses `jit_above_cost`, which costs hundreds of milliseconds on statements that
-//! run in well under one (`tests/plans.rs` checks each of them). The state row is read through
+//! run in well under one (`tests/ops/plans.rs` checks each of them). The state row is read through
 //! `LIMIT 1`: without statistics the planner guesses hundreds of rows for a one-page table and
 //! multiplies everything joined to it.
 
@@ -217,7 +217,7 @@ FROM ordo.begin_history($1, $2, $3) AS b
 "#;
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any). The sequencer's own are
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any). The sequencer's own are
 /// planned with the session settings of its connections.
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {

@@ -291,7 +291,7 @@ pub(crate) async fn has_progress(pool: &PgPool, name: &str) -> Result<bool, sqlx
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {
         name: "keyed subscription: load progress",

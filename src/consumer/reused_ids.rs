@@ -58,7 +58,7 @@ pub(crate) async fn refuse<P>(pool: &PgPool, read: &mut [Item<P>]) -> Result<(),
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
     name: "relay: ids reused by a read",
     sql: REUSED,

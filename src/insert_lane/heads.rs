@@ -69,7 +69,7 @@ pub(crate) async fn frontier_on(conn: &mut sqlx::PgConnection) -> Result<u64> {
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {
         name: "insert lane: sequence head",

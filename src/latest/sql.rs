@@ -65,7 +65,7 @@ pub(crate) async fn read(pool: &PgPool, types: &[String]) -> Result<Vec<LatestRo
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {
         name: "latest values: publish",

@@ -1,4 +1,4 @@
-//! The statements ordo runs on its hot paths, with sample arguments, for `tests/plans.rs`.
+//! The statements ordo runs on its hot paths, with sample arguments, for `tests/ops/plans.rs`.
 //!
 //! A stock PostgreSQL JIT-compiles any plan whose cost estimate crosses `jit_above_cost`
 //! (100,000 by default), and compiling takes hundreds of milliseconds: measured 316 ms to

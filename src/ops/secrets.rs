@@ -264,10 +264,10 @@ async fn refused(pool: &PgPool, error: &Error) {
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     // Its inner statements run with `jit = off` (a setting of the function, checked by
-    // tests/relay_secrets.rs): EXPLAIN does not see inside a function.
+    // tests/relay/secrets.rs): EXPLAIN does not see inside a function.
     HotStatement {
         name: "maintenance: scrub secrets",
         sql: SCRUB,

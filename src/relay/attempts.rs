@@ -372,7 +372,7 @@ fn state_of(progress: Option<&str>, in_backlog: bool, covered: bool) -> RelayEve
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     // On the failure path only, but once per failed attempt of a relay that may fail often.
     HotStatement {

@@ -219,7 +219,7 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
     name: "relay: watermark and route chains",
     sql: FLUSH_ROUTES,

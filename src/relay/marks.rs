@@ -167,7 +167,7 @@ impl Writer {
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[HotStatement {
     name: "relay: delivered marks",
     sql: DELIVERED,

@@ -223,7 +223,7 @@ SELECT lane, position, status, last_error FROM ordo.subscriptions WHERE name = $
 "#;
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {
         name: "subscription: checkpoint",

@@ -1,5 +1,5 @@
 //! A hot-path statement as a part declares it beside its SQL, for `ops::plans` (which lists
-//! them all) and `tests/plans.rs` (which fails if PostgreSQL would JIT-compile any).
+//! them all) and `tests/ops/plans.rs` (which fails if PostgreSQL would JIT-compile any).
 
 /// One hot-path statement: a name for the failure message, its text, its parameter types (as
 /// `PREPARE name(types)` takes them) and SQL literals for its parameters (`EXECUTE name(args)`).

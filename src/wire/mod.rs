@@ -1,7 +1,7 @@
 //! The wire contract: the names a relay's sink writes beside an event's payload and the inbox's
 //! broker adapter reads back, one module per broker, so that a name is written once for both
-//! ends (`tests/relay_to_inbox.rs` runs each pair end to end). Also how a broker's URL is shown.
-//! A leaf: it imports nothing of ordo's.
+//! ends (`tests/inbox/relay_to_inbox.rs` runs each pair end to end). Also how a broker's URL is
+//! shown. A leaf: it imports nothing of ordo's.
 //!
 //! NATS and HTTP headers are written as `Ordo-Position` (NATS header names are case-sensitive,
 //! so the adapter reads exactly these); RabbitMQ's header table as `ordo-position`.

@@ -116,7 +116,7 @@ pub(crate) async fn published(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<Uuid>, 
 }
 
 /// This file's statements on ordo's hot paths, with sample arguments, for `ops::plans`
-/// (`tests/plans.rs` fails if PostgreSQL would JIT-compile any).
+/// (`tests/ops/plans.rs` fails if PostgreSQL would JIT-compile any).
 pub(crate) const HOT_PATH: &[HotStatement] = &[
     HotStatement {
         name: "write: insert events",

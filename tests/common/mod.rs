@@ -40,16 +40,7 @@ impl TestDb {
     /// Runs the `ordo` command against this database: (succeeded, stdout, stderr).
     #[cfg(feature = "cli")]
     pub fn ordo(&self, args: &[&str]) -> (bool, String, String) {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .args(args)
-            .env("DATABASE_URL", &self.url)
-            .output()
-            .expect("run ordo");
-        (
-            output.status.success(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        ordo_at(&self.url, args)
     }
 
     /// Creates a database, runs ordo's migrations in it and returns a pool of 10 connections.
@@ -104,6 +95,22 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         drop_database_from_drop(server_url().to_owned(), self.name.clone());
     }
+}
+
+/// Runs the `ordo` command against `url` (a database, perhaps as another role):
+/// (succeeded, stdout, stderr).
+#[cfg(feature = "cli")]
+pub fn ordo_at(url: &str, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .output()
+        .expect("run ordo");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 /// What to do without a server; printed once per test binary, not once per test.
@@ -317,6 +324,7 @@ pub mod keyed;
 pub mod logs;
 pub mod lost;
 pub mod pgbouncer;
+pub mod projection;
 pub mod proxy;
 pub mod recording_sink;
 #[cfg(all(feature = "nats", feature = "rabbitmq"))]

@@ -1,6 +1,6 @@
 //! Databases owned by a dedicated owner role (which ran the migrations, as in production),
 //! with one role of each kind `ordo grant` makes, for the least-privilege tests
-//! (`tests/roles.rs`, `tests/least_privilege.rs`).
+//! (`tests/roles.rs`, `tests/ops/least_privilege.rs`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -166,6 +166,13 @@ impl Roles {
     pub fn adopt(&mut self, role: &str) {
         self.guard.roles.push(role.to_owned());
     }
+}
+
+/// `url` with `role` as its user (the test roles log in without a password).
+pub fn url_as(url: &str, role: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{role}@{host}")
 }
 
 pub async fn pool(url: &str, role: Option<&str>, size: u32) -> PgPool {

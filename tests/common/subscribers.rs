@@ -3,8 +3,8 @@
 //! count how often each event took effect.
 #![allow(dead_code)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ordo::{Delivery, Envelope, HandlerError, Outbox, OutboxConfig, RetryPolicy, Subscriber};
@@ -51,6 +51,30 @@ pub async fn project(tx: &mut PgConnection, event: &Envelope<Note>) -> Result<()
         .execute(&mut *tx)
         .await?;
     Ok(())
+}
+
+/// Records the sequence of every event it handles, and does nothing else.
+#[derive(Clone, Default)]
+pub struct Seen(Arc<Mutex<Vec<u64>>>);
+
+impl Seen {
+    /// The sequences handled, in the order they were.
+    pub fn sequences(&self) -> Vec<u64> {
+        self.0.lock().map(|seen| seen.clone()).unwrap_or_default()
+    }
+}
+
+impl Subscriber<Note> for Seen {
+    async fn handle(
+        &self,
+        _tx: &mut PgConnection,
+        event: &Delivery<Note>,
+    ) -> Result<(), HandlerError> {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.push(event.sequence.get());
+        }
+        Ok(())
+    }
 }
 
 /// Inserts a projection row per event; fails (after writing) with probability `fail_rate`.

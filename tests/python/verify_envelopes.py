@@ -4,7 +4,7 @@ the NATS messages through the JSON event format and the HTTP binding's header ma
 has no NATS binding; NATS's binary mode uses the same `ce-` headers), and Standard Webhooks
 signatures with the `standardwebhooks` library, for every secret of a rotation.
 
-Reads a JSON list of cases on stdin (written by tests/envelopes.rs); exits non-zero naming the
+Reads a JSON list of cases on stdin (written by tests/relay/envelopes.rs); exits non-zero naming the
 first case that fails, and prints `N passed, 0 failed` otherwise.
 """
 

@@ -20,7 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 ///   hundred rows, on a fresh database or a partition that has just started to fill), and keeps
 ///   it until the next ANALYZE, up to a minute later. Each append then read the whole
 ///   partition: 13 to 198 ms per append (65,751 rows read), the fold up to 12,000 events
-///   behind eight writers (`tests/plans.rs` checks the plans).
+///   behind eight writers (`tests/ops/plans.rs` checks the plans).
 pub(crate) const SESSION: &[(&str, &str)] = &[
     ("synchronous_commit", "off"),
     ("jit", "off"),
