@@ -10,6 +10,8 @@
 //! - every module of `src/` imports only modules on floors below its own, as the `## Floors`
 //!   block of ARCHITECTURE.md draws them (read from the file, so the drawing and the rule are
 //!   one): `crate::` paths in code, groups, and names the crate root or `admin` re-exports.
+//! - no function in a file under `tests/` passes [`MAX_TEST_FN_LINES`]: a longer test is split
+//!   into named steps.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -705,4 +707,31 @@ fn imports_are_found_in_paths_groups_and_reexports() {
     );
     let commented = code_only("// crate::relay::x\nlet s = \"crate::outbox\";");
     assert!(imported_modules(&commented, &modules, &reexports).is_empty());
+}
+
+/// The longest a test function under `tests/` may be: past it, a test is a script to split
+/// into named steps.
+const MAX_TEST_FN_LINES: usize = 120;
+
+#[test]
+fn test_functions_stay_short() {
+    let mut failures = Vec::new();
+    for path in tracked_files() {
+        if !(path.starts_with("tests/") && path.ends_with(".rs")) {
+            continue;
+        }
+        let Some(text) = read_text(&path) else {
+            continue;
+        };
+        for (name, length) in function_lengths(&text) {
+            if length > MAX_TEST_FN_LINES {
+                failures.push(format!("{path}: fn {name} is {length} lines"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "test functions over {MAX_TEST_FN_LINES} lines:\n{}",
+        failures.join("\n")
+    );
 }

@@ -124,7 +124,11 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
     if let Some((xid, ..)) = current {
         return Err(format!("group {xid} is cut off at the end of the log"));
     }
-    // 6. State consistent with the log.
+    check_state(pool, tables, log.len()).await
+}
+
+/// 6. The state row consistent with a log of `logged` rows.
+async fn check_state(pool: &PgPool, tables: &LogTables, logged: usize) -> Result<(), String> {
     let sql = format!(
         "SELECT s.last_commit_seq, s.logged_through_sequence, \
            (SELECT count(*) FROM ordo.events e WHERE e.payload IS NOT NULL \
@@ -137,10 +141,9 @@ pub async fn check_log(pool: &PgPool, tables: &LogTables) -> Result<(), String> 
         .fetch_one(pool)
         .await
         .map_err(|e| e.to_string())?;
-    if head != log.len() as i64 {
+    if head != logged as i64 {
         return Err(format!(
-            "last_commit_seq is {head} but the log has {} rows",
-            log.len()
+            "last_commit_seq is {head} but the log has {logged} rows"
         ));
     }
     if unlogged != 0 {
