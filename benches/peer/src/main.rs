@@ -65,7 +65,6 @@ use obix::{CommitLane, MailboxConfig};
 use ordo::{OutboxConfig, Start};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::types::Json;
 use tokio::time::MissedTickBehavior;
 
 #[path = "../../tools/examples/support/measure.rs"]
@@ -74,6 +73,8 @@ mod measure;
 mod order;
 #[path = "../../tools/examples/support/scratch.rs"]
 mod scratch;
+#[path = "../../tools/examples/support/write.rs"]
+mod write;
 
 use measure::{histogram, load, ms, nanos, quantiles};
 use order::{OrderPlaced, payload};
@@ -295,27 +296,17 @@ impl Writer {
         })
     }
 
-    /// One transaction publishing order `n`; returns the instant just before its commit was
-    /// called (for raw, just before its `INSERT`).
-    /// One transaction publishing order `n`: when `commit()` was called, and when it returned.
+    /// One transaction publishing order `n`: just before its commit was called (for raw, just
+    /// before its `INSERT`), and when the commit returned.
     async fn transaction(&self, n: u64) -> Result<(Instant, Instant)> {
         match self {
             Writer::Raw(pool) => {
-                let mut tx = pool.begin().await?;
-                let before = Instant::now();
-                sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
-                    .bind(Json(payload(n)))
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok((before, Instant::now()))
+                let stamps = write::plain(pool, n).await?;
+                Ok((stamps.before, stamps.after))
             }
             Writer::Ordo(outbox, _) => {
-                let mut tx = outbox.begin().await?;
-                tx.publish(payload(n))?;
-                let before = Instant::now();
-                tx.commit().await?;
-                Ok((before, Instant::now()))
+                let stamps = write::through_ordo(outbox, n).await?;
+                Ok((stamps.before, stamps.after))
             }
             Writer::Obix(outbox, _) => {
                 let mut op = outbox.begin_op().await?;
@@ -469,23 +460,10 @@ async fn single(variant: Variant, settings: &Settings, obix_sql: &Arc<String>) -
     let writer = Writer::start(variant, &db).await?;
     // Flat out.
     let mut n = 0u64;
-    let warm = Instant::now() + WARM_UP;
-    while Instant::now() < warm {
-        writer.transaction(n).await?;
-        n += 1;
-    }
-    let mut tx = histogram()?;
-    let started = Instant::now();
-    let until = started + Duration::from_secs_f64(settings.seconds);
-    let mut count = 0u64;
-    while Instant::now() < until {
-        let t = Instant::now();
-        writer.transaction(n).await?;
-        tx.record(nanos(t.elapsed()))?;
-        n += 1;
-        count += 1;
-    }
-    let tps = count as f64 / started.elapsed().as_secs_f64();
+    write::warm(WARM_UP, &mut n, |n| writer.transaction(n)).await?;
+    let run = write::flat_out(settings.seconds, &mut n, |n| writer.transaction(n)).await?;
+    let tx = run.latencies;
+    let tps = run.count as f64 / run.seconds;
     // Paced, with listeners in this process.
     let first = 1 << 40;
     let total = (f64::from(settings.rate) * settings.seconds) as u64;

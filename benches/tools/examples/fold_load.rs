@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dashmap::DashMap;
-use hdrhistogram::Histogram;
 use futures::StreamExt;
+use hdrhistogram::Histogram;
 use ordo::{Outbox, OutboxConfig, Start};
 use serde::{Deserialize, Serialize};
 

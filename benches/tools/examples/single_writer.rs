@@ -68,7 +68,6 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use ordo::{Outbox, OutboxConfig, Start};
 use sqlx::PgPool;
-use sqlx::types::Json;
 use tokio::sync::Mutex;
 use tokio::time::MissedTickBehavior;
 
@@ -78,6 +77,8 @@ mod measure;
 mod order;
 #[path = "support/scratch.rs"]
 mod scratch;
+#[path = "support/write.rs"]
+mod write;
 
 use measure::{histogram, load, ms, nanos, quantiles};
 use order::{OrderPlaced, payload};
@@ -294,15 +295,8 @@ impl Writer {
     async fn transaction(&self, n: u64) -> Result<(Instant, Option<Instant>)> {
         match self {
             Writer::Raw(pool) => {
-                let mut tx = pool.begin().await?;
-                let before = Instant::now();
-                sqlx::query("INSERT INTO ordo.events (payload) VALUES ($1)")
-                    .bind(Json(payload(n)))
-                    .execute(&mut *tx)
-                    .await?;
-                let before_commit = Instant::now();
-                tx.commit().await?;
-                Ok((before, Some(before_commit)))
+                let stamps = write::plain(pool, n).await?;
+                Ok((stamps.before, Some(stamps.before_commit)))
             }
             Writer::RawOneTrip(pool) => {
                 let mut tx = pool.begin().await?;
@@ -320,13 +314,7 @@ impl Writer {
                 drop(tx);
                 Ok((before, None))
             }
-            Writer::Ordo(outbox) => {
-                let mut tx = outbox.begin().await?;
-                tx.publish(payload(n))?;
-                let before = Instant::now();
-                tx.commit().await?;
-                Ok((before, None))
-            }
+            Writer::Ordo(outbox) => Ok((write::through_ordo(outbox, n).await?.before, None)),
         }
     }
 }
@@ -336,40 +324,22 @@ async fn flat_out(
     pool: &PgPool,
     seconds: f64,
 ) -> Result<(f64, Histogram<u64>, [f64; 3])> {
-    let mut tx = histogram()?;
     let mut n = 0u64;
-    let warm = Instant::now() + WARM_UP;
-    while Instant::now() < warm {
-        writer.transaction(n).await?;
-        n += 1;
-    }
+    write::warm(WARM_UP, &mut n, |n| writer.transaction(n)).await?;
     let (own0, machine0) = cpu();
     let commits0 = commits(pool).await?;
-    let started = Instant::now();
-    let until = started + Duration::from_secs_f64(seconds);
-    let mut count = 0u64;
-    while Instant::now() < until {
-        let t = Instant::now();
-        writer.transaction(n).await?;
-        tx.record(nanos(t.elapsed()))?;
-        n += 1;
-        count += 1;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let run = write::flat_out(seconds, &mut n, |n| writer.transaction(n)).await?;
     let (own1, machine1) = cpu();
     // One of the commits counted is this query's own transaction; negligible.
     let commits1 = commits(pool).await?;
     let jiffy_us = 1e6 / 100.0;
-    let per = |d: u64| d as f64 * jiffy_us / count as f64;
-    Ok((
-        count as f64 / elapsed,
-        tx,
-        [
-            per(own1 - own0),
-            per(machine1 - machine0),
-            (commits1 - commits0) as f64 / count as f64,
-        ],
-    ))
+    let per = |d: u64| d as f64 * jiffy_us / run.count as f64;
+    let per_transaction = [
+        per(own1 - own0),
+        per(machine1 - machine0),
+        (commits1 - commits0) as f64 / run.count as f64,
+    ];
+    Ok((run.per_second(), run.latencies, per_transaction))
 }
 
 type Received = Arc<Mutex<HashMap<u64, Instant>>>;
