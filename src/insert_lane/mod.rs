@@ -218,3 +218,87 @@ where
     }
     Ok((lane, handoff))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{LaneShared, OWN_COMMITS_CHECK, OWN_COMMITS_MAX};
+
+    fn lane() -> LaneShared<()> {
+        // Never connected: the own-commits set needs no database.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool only parses its URL");
+        LaneShared::new(pool, 0, 16, 1_024, 16)
+    }
+
+    #[tokio::test]
+    async fn own_commits_nobody_takes_stay_within_their_bound() {
+        let lane = lane();
+        let bound = OWN_COMMITS_MAX + OWN_COMMITS_CHECK as usize;
+        for xid in 0..(bound as i64 * 3) {
+            lane.note_own_commit(xid, Arc::from(vec![xid as u64]));
+            assert!(
+                lane.own_commits.len() <= bound,
+                "{} entries after {xid} notes",
+                lane.own_commits.len()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_own_commit_is_taken_once_and_a_forgotten_one_not_at_all() {
+        let lane = lane();
+        lane.note_own_commit(7, Arc::from(vec![3, 4]));
+        lane.note_own_commit(8, Arc::from(vec![5]));
+        lane.forget_own_commit(8);
+        assert_eq!(lane.take_own_commit(7).as_deref(), Some(&[3, 4][..]));
+        assert_eq!(lane.take_own_commit(7), None);
+        assert_eq!(lane.take_own_commit(8), None);
+    }
+
+    #[tokio::test]
+    async fn writers_and_a_taker_at_once_lose_nothing() {
+        let lane = Arc::new(lane());
+        let xid = |w: i64, i: i64| w * 1_000_000 + i;
+        let writers: Vec<_> = (0..4i64)
+            .map(|w| {
+                let lane = Arc::clone(&lane);
+                std::thread::spawn(move || {
+                    for i in 0..5_000i64 {
+                        lane.note_own_commit(xid(w, i), Arc::from(vec![xid(w, i) as u64]));
+                    }
+                })
+            })
+            .collect();
+        // The sequencer's side, while the writers note: each commit taken once it is there.
+        let taker = {
+            let lane = Arc::clone(&lane);
+            std::thread::spawn(move || {
+                let mut taken = 0u32;
+                for i in 0..5_000i64 {
+                    for w in 0..4i64 {
+                        let mut tries = 0u32;
+                        let sequences = loop {
+                            if let Some(sequences) = lane.take_own_commit(xid(w, i)) {
+                                break sequences;
+                            }
+                            tries += 1;
+                            assert!(tries < 10_000_000, "commit {} never noted", xid(w, i));
+                            std::thread::yield_now();
+                        };
+                        assert_eq!(&sequences[..], &[xid(w, i) as u64][..]);
+                        taken += 1;
+                    }
+                }
+                taken
+            })
+        };
+        for writer in writers {
+            writer.join().expect("a writer thread ends");
+        }
+        assert_eq!(taker.join().expect("the taker ends"), 20_000);
+        assert_eq!(lane.own_commits.len(), 0);
+    }
+}
